@@ -1,0 +1,1 @@
+"""Everything between files on disk and padded tensors: sources, tokenizers, batching, DataModules."""
