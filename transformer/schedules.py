@@ -1,0 +1,95 @@
+"""Learning-rate schedules, stepped once per optimizer step (Vaswani et al., 2017, section 5.3).
+
+Each builder takes the optimizer first so that Hydra can pass it as a partial
+(`_partial_: true`); the task calls it with the optimizer it built. The multipliers are small
+callable objects, so `LambdaLR.state_dict()` stores their fields and a resumed run restores them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+__all__ = ["CosineWithWarmup", "InverseSqrtWarmup", "constant", "cosine_with_warmup", "inverse_sqrt"]
+
+
+def _check_steps(name: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class InverseSqrtWarmup:
+    """Multiplier of the paper's schedule: linear warmup, then decay with the inverse square root of the step.
+
+    With `d_model` set it is the paper's formula, d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
+    to be multiplied by a base learning rate of about 1 (the "Noam" form). Without it the multiplier
+    peaks at exactly 1 at `step == warmup_steps`, so the optimizer's `lr` is the peak learning rate.
+    """
+
+    warmup_steps: int
+    d_model: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_steps("warmup_steps", self.warmup_steps, 1)
+        if self.d_model is not None:
+            _check_steps("d_model", self.d_model, 1)
+
+    def __call__(self, index: int) -> float:
+        step = index + 1  # LambdaLR counts from 0; the paper's first update is step 1
+        factor = min(step**-0.5, step * self.warmup_steps**-1.5)
+        if self.d_model is None:
+            return factor * self.warmup_steps**0.5  # = 1 at the peak
+        return self.d_model**-0.5 * factor
+
+
+@dataclass
+class CosineWithWarmup:
+    """Multiplier: linear warmup to 1, then half a cosine down to `min_ratio` at `total_steps`, flat after."""
+
+    warmup_steps: int
+    total_steps: int
+    min_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_steps("warmup_steps", self.warmup_steps, 0)
+        _check_steps("total_steps", self.total_steps, 1)
+        if self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"total_steps ({self.total_steps}) must be larger than warmup_steps ({self.warmup_steps})"
+            )
+        if not 0.0 <= self.min_ratio <= 1.0:
+            raise ValueError(f"min_ratio must be in [0, 1], got {self.min_ratio!r}")
+
+    def __call__(self, index: int) -> float:
+        step = index + 1
+        if step <= self.warmup_steps:
+            return step / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def inverse_sqrt(optimizer: Optimizer, warmup_steps: int = 4000, d_model: int | None = None) -> LambdaLR:
+    """The paper's schedule (section 5.3); see `InverseSqrtWarmup` for the two forms."""
+    return LambdaLR(optimizer, InverseSqrtWarmup(warmup_steps, d_model))
+
+
+def cosine_with_warmup(
+    optimizer: Optimizer, warmup_steps: int, total_steps: int, min_ratio: float = 0.0
+) -> LambdaLR:
+    """Linear warmup then cosine decay. The tasks fill `total_steps` from the trainer when it is left out."""
+    return LambdaLR(optimizer, CosineWithWarmup(warmup_steps, total_steps, min_ratio))
+
+
+@dataclass
+class _Constant:
+    def __call__(self, index: int) -> float:
+        return 1.0
+
+
+def constant(optimizer: Optimizer) -> LambdaLR:
+    """The optimizer's `lr` throughout (as a scheduler, so the learning-rate monitor still logs it)."""
+    return LambdaLR(optimizer, _Constant())
