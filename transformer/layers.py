@@ -10,6 +10,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.attention import KVCache, MultiHeadAttention, RotaryLike
+
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (Section 3.3); GELU, or SwiGLU (Shazeer, 2020) on request.
@@ -44,3 +46,130 @@ class FeedForward(nn.Module):
         else:
             hidden = F.relu(hidden)
         return self.linear2(self.dropout(hidden))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped in dropout + residual + LayerNorm (Section 3.1)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        norm_first: bool = False,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)  # on each sub-layer's output, before the residual add
+
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        *,
+        rotary: RotaryLike | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, S, D), key_padding_mask (B, S) True = pad -> (B, S, D), weights (B, H, S, S) if asked."""
+        residual = x
+        x = self.norm1(x) if self.norm_first else x
+        attended, weights = self.self_attn(
+            x,
+            x,
+            x,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            average_attn_weights=False,
+            rotary=rotary,
+        )
+        x = residual + self.dropout(attended)
+        x = x if self.norm_first else self.norm1(x)
+
+        residual = x
+        x = self.norm2(x) if self.norm_first else x
+        x = residual + self.dropout(self.feed_forward(x))
+        x = x if self.norm_first else self.norm2(x)
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention over the encoder memory, feed-forward (Section 3.1)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        norm_first: bool = False,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None = None,
+        *,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+        rotary: RotaryLike | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, T, D), memory (B, S, D), memory_key_padding_mask (B, S) True = pad.
+
+        Self-attention is causal. With `self_cache`, x holds only the new positions: they attend to
+        the cached ones and causally among themselves; `cross_cache` keeps the memory's projections.
+        Returns (B, T, D) and, if asked, self weights (B, H, T, T_all) and cross weights (B, H, T, S).
+        """
+        residual = x
+        x = self.norm1(x) if self.norm_first else x
+        attended, self_weights = self.self_attn(
+            x,
+            x,
+            x,
+            need_weights=need_weights,
+            average_attn_weights=False,
+            is_causal=True,  # with a cache, MultiHeadAttention aligns the mask with the last T keys
+            kv_cache=self_cache,
+            rotary=rotary,
+        )
+        x = residual + self.dropout(attended)
+        x = x if self.norm_first else self.norm1(x)
+
+        residual = x
+        x = self.norm2(x) if self.norm_first else x
+        attended, cross_weights = self.cross_attn(
+            x,
+            memory,
+            memory,
+            key_padding_mask=memory_key_padding_mask,
+            need_weights=need_weights,
+            average_attn_weights=False,
+            kv_cache=cross_cache,
+        )
+        x = residual + self.dropout(attended)
+        x = x if self.norm_first else self.norm2(x)
+
+        residual = x
+        x = self.norm3(x) if self.norm_first else x
+        x = residual + self.dropout(self.feed_forward(x))
+        x = x if self.norm_first else self.norm3(x)
+        return x, self_weights, cross_weights

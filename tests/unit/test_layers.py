@@ -1,0 +1,99 @@
+"""FeedForward variants and single encoder/decoder layers against torch.nn's layers with copied weights."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer.attention import KVCache
+from transformer.layers import DecoderLayer, EncoderLayer, FeedForward
+
+D, H, FF = 16, 4, 32
+
+
+def _load_from_torch(ours: nn.Module, reference: nn.Module) -> None:
+    """Copy a torch.nn.Transformer{Encoder,Decoder}Layer's weights into ours (names differ slightly)."""
+    renames = {
+        "linear1": "feed_forward.linear1",
+        "linear2": "feed_forward.linear2",
+        "multihead_attn": "cross_attn",
+    }
+    state = {}
+    for name, tensor in reference.state_dict().items():
+        head, _, rest = name.partition(".")
+        state[f"{renames.get(head, head)}.{rest}"] = tensor
+    ours.load_state_dict(state)  # strict: every parameter of ours is covered
+
+
+def test_feed_forward_formulas() -> None:
+    x = torch.randn(2, 3, D)
+    relu = FeedForward(D, FF, dropout=0.0)
+    expected = relu.linear2(torch.relu(relu.linear1(x)))
+    torch.testing.assert_close(relu(x), expected)
+    gelu = FeedForward(D, FF, dropout=0.0, activation="gelu")
+    torch.testing.assert_close(gelu(x), gelu.linear2(F.gelu(gelu.linear1(x))))
+    swiglu = FeedForward(D, FF, dropout=0.0, activation="swiglu")
+    assert swiglu.gate is not None
+    torch.testing.assert_close(swiglu(x), swiglu.linear2(F.silu(swiglu.linear1(x)) * swiglu.gate(x)))
+    with pytest.raises(ValueError, match="'tanh'"):
+        FeedForward(D, FF, activation="tanh")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_matches_torch(norm_first: bool) -> None:
+    reference = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+    ours = EncoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first)
+    _load_from_torch(ours, reference)
+    x = torch.randn(3, 7, D)
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[1, 5:] = padding[2, 2:] = True
+    reference.eval()  # eval takes torch's fused fast path: the strictest reference
+    expected = reference(x, src_key_padding_mask=padding)
+    out, weights = ours(x, padding)
+    assert weights is None
+    keep = ~padding  # torch's fast path may zero padded rows; only real positions are defined
+    torch.testing.assert_close(out[keep], expected[keep], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_matches_torch_and_its_cache(norm_first: bool) -> None:
+    reference = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+    ours = DecoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first).eval()
+    _load_from_torch(ours, reference)
+    x, memory = torch.randn(2, 6, D), torch.randn(2, 5, D)
+    memory_padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    causal = nn.Transformer.generate_square_subsequent_mask(6)
+    expected = reference(
+        x, memory, tgt_mask=causal, memory_key_padding_mask=memory_padding, tgt_is_causal=True
+    )
+    out, _, _ = ours(x, memory, memory_padding)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+    # the same positions fed one (then two) at a time through the caches
+    self_cache, cross_cache = KVCache(), KVCache(static=True)
+    pieces = []
+    for start, stop in [(0, 1), (1, 2), (2, 4), (4, 5), (5, 6)]:
+        piece, _, _ = ours(
+            x[:, start:stop], memory, memory_padding, self_cache=self_cache, cross_cache=cross_cache
+        )
+        pieces.append(piece)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_layers_return_per_head_weights_when_asked() -> None:
+    layer = DecoderLayer(D, H, FF, dropout=0.0).eval()
+    x, memory = torch.randn(2, 4, D), torch.randn(2, 3, D)
+    _, self_weights, cross_weights = layer(x, memory, need_weights=True)
+    assert self_weights is not None and cross_weights is not None
+    assert self_weights.shape == (2, H, 4, 4) and cross_weights.shape == (2, H, 4, 3)
+    assert torch.all(self_weights.triu(1) == 0)  # causal
+    torch.testing.assert_close(cross_weights.sum(-1), torch.ones(2, H, 4))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_dropout_only_in_training(norm_first: bool) -> None:
+    layer = EncoderLayer(D, H, FF, dropout=0.5, attention_dropout=0.5, norm_first=norm_first)
+    x = torch.randn(2, 5, D)
+    assert not torch.equal(layer(x)[0], layer(x)[0])
+    layer.eval()
+    torch.testing.assert_close(layer(x)[0], layer(x)[0])

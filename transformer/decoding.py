@@ -1,0 +1,221 @@
+"""Greedy and beam search over the decoder's KV cache, batched, with per-sentence stopping.
+
+Both share one step (`_next_log_probs`): one new position through the cached decoder, log-softmax,
+pad/BOS banned, EOS forced at a sentence's maximum length. Hypotheses are returned without the
+leading BOS, ending with EOS, right-padded with pad_id. Sentences that finish leave the batch, so
+the work shrinks as decoding goes and no sentence's result depends on the others in its batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from transformer.model import DecoderCache, Seq2SeqTransformer
+
+
+@contextmanager
+def _eval_mode(model: Seq2SeqTransformer) -> Iterator[None]:
+    """Decode without dropout and gradients, then restore the model's training flag."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _max_lengths(model: Seq2SeqTransformer, src: Tensor, max_len_a: float, max_len_b: float) -> Tensor:
+    """Per sentence (B,) long: at most floor(a * src_len + b) tokens, EOS included (src_len = non-pad).
+
+    Capped so that BOS plus every token fed back fits in the model's max_len positions.
+    """
+    src_lengths = src.ne(model.config.pad_id).sum(dim=1)  # (B,)
+    limit = (src_lengths.double() * max_len_a + max_len_b).floor().long()  # float64: 1.2 * 10 stays 12
+    return limit.clamp(min=1, max=model.config.max_len)
+
+
+def _next_log_probs(
+    model: Seq2SeqTransformer,
+    last_tokens: Tensor,
+    memory: Tensor,
+    src_padding_mask: Tensor,
+    cache: DecoderCache,
+    at_max_length: Tensor,
+) -> Tensor:
+    """The shared search step: last_tokens (N,) -> log-probabilities of the next token (N, V), float32.
+
+    `at_max_length` (N,) bool rows may only produce EOS (keeping its real log-probability).
+    """
+    config = model.config
+    logits = model.decode(last_tokens.unsqueeze(1), memory, src_padding_mask, cache)  # (N, 1, V)
+    log_probs = logits[:, -1].float().log_softmax(dim=-1)  # (N, V)
+    log_probs[:, [config.pad_id, config.bos_id]] = -math.inf  # never emitted: they would break the layout
+    if at_max_length.any():
+        eos = log_probs[:, config.eos_id].clone()
+        log_probs.masked_fill_(at_max_length.unsqueeze(1), -math.inf)
+        log_probs[:, config.eos_id] = torch.where(at_max_length, eos, log_probs[:, config.eos_id])
+    return log_probs
+
+
+def _check_lengths(max_len_a: float, max_len_b: float) -> None:
+    if max_len_a < 0 or max_len_b < 0:
+        raise ValueError(f"max_len_a ({max_len_a}) and max_len_b ({max_len_b}) must be >= 0")
+
+
+def greedy_search(
+    model: Seq2SeqTransformer, src: Tensor, *, max_len_a: float = 1.2, max_len_b: float = 10
+) -> Tensor:
+    """src (B, S) long -> hypotheses (B, L) long: the most likely token at each step, until EOS.
+
+    Rows hold the tokens after BOS, ending with EOS (forced at the sentence's max length
+    floor(max_len_a * src_len + max_len_b)), then pad_id; L is the longest hypothesis.
+    """
+    _check_lengths(max_len_a, max_len_b)
+    config = model.config
+    with _eval_mode(model):
+        batch = src.size(0)
+        max_lengths = _max_lengths(model, src, max_len_a, max_len_b)  # (B,)
+        src_padding_mask = model.padding_mask(src)  # (B, S)
+        memory = model.encode(src)  # (B, S, D); projected once into the cross-attention caches
+        cache = model.new_cache()
+        hypotheses = src.new_full((batch, int(max_lengths.max())), config.pad_id)  # (B, L_max)
+        rows = torch.arange(batch, device=src.device)  # original sentence of each row still decoding
+        last_tokens = src.new_full((batch,), config.bos_id)  # (N,)
+        step = 0
+        while rows.numel():
+            at_max_length = max_lengths[rows] == step + 1
+            log_probs = _next_log_probs(model, last_tokens, memory, src_padding_mask, cache, at_max_length)
+            last_tokens = log_probs.argmax(dim=-1)  # (N,)
+            hypotheses[rows, step] = last_tokens
+            step += 1
+            finished = last_tokens == config.eos_id
+            if finished.any():  # drop finished sentences from the batch and the caches
+                keep = (~finished).nonzero().squeeze(1)  # (N',)
+                rows, last_tokens = rows[keep], last_tokens[keep]
+                src_padding_mask = src_padding_mask[keep]
+                cache.reorder(keep)
+        return hypotheses[:, :step]
+
+
+def beam_search(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    *,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.2,
+    max_len_b: float = 10,
+    n_best: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """src (B, S) long -> (hypotheses (B, n_best, L) long, scores (B, n_best) float), best first.
+
+    Score = sum of token log-probabilities / ((5 + len) / 6) ** length_penalty (Wu et al., 2016),
+    len counting EOS. A sentence stops once `beam_size` hypotheses have ended (or at its max length
+    floor(max_len_a * src_len + max_len_b), where EOS is forced). Each step expands the 2 * beam_size
+    best candidates, so EOS candidates never crowd out live beams (as fairseq does). beam_size=1
+    reproduces `greedy_search` token for token. A sentence with fewer than n_best finished
+    hypotheses (possible only at max length 1) gets pad_id rows scored -inf.
+    """
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best!r}")
+    _check_lengths(max_len_a, max_len_b)
+    with _eval_mode(model):
+        return _beam_search(model, src, beam_size, length_penalty, max_len_a, max_len_b, n_best)
+
+
+def _beam_search(
+    model: Seq2SeqTransformer,
+    src: Tensor,
+    beam_size: int,
+    length_penalty: float,
+    max_len_a: float,
+    max_len_b: float,
+    n_best: int,
+) -> tuple[Tensor, Tensor]:
+    config = model.config
+    device = src.device
+    batch = src.size(0)
+    max_lengths = _max_lengths(model, src, max_len_a, max_len_b)  # (B,)
+    sentence_padding_mask = model.padding_mask(src)  # (B, S)
+    src_padding_mask = sentence_padding_mask  # (n * beams, S): one row per live beam
+    memory = model.encode(src)  # (B, S, D)
+    cache = model.new_cache()
+    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]  # per sentence: (score, tokens)
+
+    # The live state: n sentences, each with `beams` rows (1 at the first step: all beams would be equal).
+    sentences = torch.arange(batch, device=device)  # (n,) original index of each live sentence
+    beams = 1
+    scores = torch.zeros(batch, 1, device=device)  # (n, beams) summed log-probabilities
+    prefixes = src.new_empty(batch, 0)  # (n * beams, t) tokens generated so far
+    n_candidates = min(2 * beam_size, config.tgt_vocab_size)
+    step = 0
+    while sentences.numel():
+        n = sentences.numel()
+        at_max_length = (max_lengths[sentences] == step + 1).repeat_interleave(beams)  # (n * beams,)
+        last_tokens = prefixes[:, -1] if step else src.new_full((n,), config.bos_id)
+        log_probs = _next_log_probs(model, last_tokens, memory, src_padding_mask, cache, at_max_length)
+
+        # 1. best candidates: each beam's top 2K tokens suffice for the top 2K overall; the stable sort
+        #    keeps a beam's own order on ties, so one beam reproduces greedy's argmax exactly
+        top_log_probs, top_tokens = log_probs.topk(n_candidates, dim=-1)  # (n * beams, 2K)
+        totals = scores.unsqueeze(-1) + top_log_probs.view(n, beams, n_candidates)  # (n, beams, 2K)
+        totals = totals.view(n, beams * n_candidates)
+        cand_scores, order = totals.sort(dim=-1, descending=True, stable=True)
+        cand_scores, order = cand_scores[:, :n_candidates], order[:, :n_candidates]  # (n, 2K)
+        cand_beams = order // n_candidates  # (n, 2K) which beam of the sentence each extends
+        cand_tokens = top_tokens.view(n, beams * n_candidates).gather(1, order)  # (n, 2K)
+        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_beams  # rows of prefixes
+
+        # 2. EOS among the K best candidates ends a hypothesis
+        length = step + 1
+        normalizer = ((5.0 + length) / 6.0) ** length_penalty
+        is_eos = cand_tokens == config.eos_id  # (n, 2K)
+        ended = is_eos[:, :beam_size] & torch.isfinite(cand_scores[:, :beam_size])  # (n, K)
+        done = max_lengths[sentences] <= length  # (n,)
+        if ended.any():
+            for i, k in ended.nonzero().tolist():
+                tokens = torch.cat([prefixes[cand_rows[i, k]], cand_tokens[i, k : k + 1]])
+                hypotheses = finished[int(sentences[i])]
+                hypotheses.append((cand_scores[i, k].item() / normalizer, tokens))
+            counts = torch.tensor([len(finished[int(s)]) for s in sentences.tolist()], device=device)
+            done |= counts >= beam_size
+
+        # 3. the K best non-EOS candidates of each unfinished sentence live on
+        live = (~done).nonzero().squeeze(1)  # (n',)
+        if not live.numel():
+            break
+        rank = torch.arange(n_candidates, device=device) + is_eos[live] * n_candidates  # EOS last
+        pick = rank.argsort(dim=-1, stable=True)[:, :beam_size]  # (n', K)
+        rows = cand_rows[live].gather(1, pick).view(-1)  # (n' * K,) parent rows
+        scores = cand_scores[live].gather(1, pick)  # (n', K)
+        new_tokens = cand_tokens[live].gather(1, pick).view(-1, 1)  # (n' * K, 1)
+        prefixes = torch.cat([prefixes[rows], new_tokens], dim=1)  # (n' * K, t + 1)
+        src_padding_mask = sentence_padding_mask[sentences[live]].repeat_interleave(beam_size, dim=0)
+        cache.reorder(rows)
+        sentences, beams = sentences[live], beam_size
+        step += 1
+    return _pack(finished, n_best, config.pad_id, device)
+
+
+def _pack(
+    finished: list[list[tuple[float, Tensor]]], n_best: int, pad_id: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """The n_best highest-scoring hypotheses per sentence -> (B, n_best, L) padded, scores (B, n_best)."""
+    batch = len(finished)
+    best = [sorted(hyps, key=lambda hyp: hyp[0], reverse=True)[:n_best] for hyps in finished]
+    length = max((len(tokens) for hyps in best for _, tokens in hyps), default=0)
+    hypotheses = torch.full((batch, n_best, length), pad_id, dtype=torch.long, device=device)
+    scores = torch.full((batch, n_best), -math.inf, device=device)
+    for b, hyps in enumerate(best):
+        for k, (score, tokens) in enumerate(hyps):
+            hypotheses[b, k, : len(tokens)] = tokens
+            scores[b, k] = score
+    return hypotheses, scores

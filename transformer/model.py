@@ -1,0 +1,343 @@
+"""The encoder and decoder stacks, the encoder-decoder Transformer and an encoder-only classifier.
+
+Vaswani et al. (2017), Section 3: embeddings scaled by sqrt(D) plus positions, N layers per stack,
+a final LayerNorm per stack when pre-LN, and a linear projection to the target vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from torch import Tensor, nn
+
+from transformer.attention import KVCache, RotaryLike
+from transformer.config import TransformerConfig
+from transformer.layers import DecoderLayer, EncoderLayer
+from transformer.positional import RotaryEmbedding, build_absolute_positional
+
+
+class Encoder(nn.Module):
+    """A stack of `EncoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        norm_first: bool = False,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first)
+            for _ in range(n_layers)
+        )
+        # pre-LN leaves the residual stream un-normalized; post-LN layers already end with a norm
+        self.norm = nn.LayerNorm(d_model) if norm_first else None
+
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, *, rotary: RotaryLike | None = None
+    ) -> Tensor:
+        """x (B, S, D) embedded source, key_padding_mask (B, S) True = pad -> memory (B, S, D)."""
+        return self._run(x, key_padding_mask, rotary, need_weights=False)[0]
+
+    def forward_with_attention(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, *, rotary: RotaryLike | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """As `forward`, plus each layer's self-attention weights (B, H, S, S)."""
+        return self._run(x, key_padding_mask, rotary, need_weights=True)
+
+    def _run(
+        self, x: Tensor, key_padding_mask: Tensor | None, rotary: RotaryLike | None, need_weights: bool
+    ) -> tuple[Tensor, list[Tensor]]:
+        maps = []
+        for layer in self.layers:
+            x, weights = layer(x, key_padding_mask, rotary=rotary, need_weights=need_weights)
+            if weights is not None:
+                maps.append(weights)
+        return (self.norm(x) if self.norm is not None else x), maps
+
+
+class DecoderCache:
+    """Incremental-decoding state of a `Decoder`: per layer a self- and a cross-attention `KVCache`.
+
+    `offset` is the number of target positions already decoded (the position of the next one);
+    `reorder(index)` selects batch rows (beam search, or dropping finished sentences).
+    """
+
+    def __init__(self, n_layers: int) -> None:
+        self.self_attn = [KVCache(static=False) for _ in range(n_layers)]
+        self.cross_attn = [KVCache(static=True) for _ in range(n_layers)]
+
+    @property
+    def offset(self) -> int:
+        return len(self.self_attn[0])
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (LongTensor (B',)) of every cache, in that order."""
+        for cache in (*self.self_attn, *self.cross_attn):
+            cache.reorder(index)
+
+
+class Decoder(nn.Module):
+    """A stack of `DecoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        norm_first: bool = False,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first)
+            for _ in range(n_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else None
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.layers))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None = None,
+        *,
+        cache: DecoderCache | None = None,
+        rotary: RotaryLike | None = None,
+    ) -> Tensor:
+        """x (B, T, D) embedded target, memory (B, S, D), memory_key_padding_mask (B, S) -> (B, T, D).
+
+        Self-attention is causal. Right-padded targets need no padding mask of their own: a real
+        position never sees a later pad, and pad positions' outputs are ignored by the loss.
+        With `cache`, x holds only the new position(s), which attend to everything cached.
+        """
+        return self._run(x, memory, memory_key_padding_mask, cache, rotary, need_weights=False)[0]
+
+    def forward_with_attention(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None = None,
+        *,
+        rotary: RotaryLike | None = None,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """As `forward`, plus per-layer self (B, H, T, T) and cross (B, H, T, S) attention weights."""
+        return self._run(x, memory, memory_key_padding_mask, None, rotary, need_weights=True)
+
+    def _run(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None,
+        cache: DecoderCache | None,
+        rotary: RotaryLike | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        self_maps, cross_maps = [], []
+        for i, layer in enumerate(self.layers):
+            x, self_weights, cross_weights = layer(
+                x,
+                memory,
+                memory_key_padding_mask,
+                self_cache=cache.self_attn[i] if cache is not None else None,
+                cross_cache=cache.cross_attn[i] if cache is not None else None,
+                rotary=rotary,
+                need_weights=need_weights,
+            )
+            if self_weights is not None and cross_weights is not None:
+                self_maps.append(self_weights)
+                cross_maps.append(cross_weights)
+        return (self.norm(x) if self.norm is not None else x), self_maps, cross_maps
+
+
+class _Embedder(nn.Module):
+    """Token embedding * sqrt(D) (Section 3.4), plus absolute positions (Section 3.5), then dropout."""
+
+    def __init__(self, embedding: nn.Embedding, positional: nn.Module | None, dropout: float) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.positional = positional
+        self.scale = math.sqrt(embedding.embedding_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """tokens (B, T) long at positions offset .. offset+T-1 -> (B, T, D)."""
+        x = self.embedding(tokens) * self.scale  # (B, T, D)
+        if self.positional is not None:
+            x = self.positional(x, offset)
+        return self.dropout(x)
+
+
+def _build_positional(config: TransformerConfig) -> nn.Module | None:
+    return build_absolute_positional(config.positional, config.d_model, config.max_len)
+
+
+def _build_rotary(config: TransformerConfig) -> RotaryEmbedding | None:
+    return RotaryEmbedding(config.d_head, config.max_len) if config.positional == "rope" else None
+
+
+def _build_encoder(config: TransformerConfig) -> Encoder:
+    return Encoder(
+        config.d_model,
+        config.n_heads,
+        config.d_ff,
+        config.n_encoder_layers,
+        config.dropout,
+        config.attention_dropout,
+        config.activation,
+        config.norm_first,
+    )
+
+
+def _init_weights(module: nn.Module) -> None:
+    """Xavier-uniform matrices and zero biases, as the paper's reference code (tensor2tensor) does."""
+    for name, param in module.named_parameters():
+        if param.dim() > 1:
+            nn.init.xavier_uniform_(param)
+        elif name.endswith("bias"):
+            nn.init.zeros_(param)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """The encoder-decoder Transformer (Section 3, Figure 1); padding masks come from `config.pad_id`."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        if config.n_decoder_layers < 1:
+            raise ValueError(
+                f"Seq2SeqTransformer needs n_decoder_layers >= 1, got {config.n_decoder_layers} "
+                "(an encoder-only model is TransformerClassifier)"
+            )
+        self.config = config
+        d_model = config.d_model
+        self.output_projection = nn.Linear(d_model, config.tgt_vocab_size, bias=False)
+        tgt_embedding = nn.Embedding(config.tgt_vocab_size, d_model)
+        if config.tie_embeddings in ("decoder", "all"):
+            tgt_embedding.weight = self.output_projection.weight  # one (V, D) matrix (Section 3.4)
+        src_embedding = (
+            tgt_embedding if config.tie_embeddings == "all" else nn.Embedding(config.src_vocab_size, d_model)
+        )
+        # sinusoids are a fixed table, so one module serves both sides; learned positions get one per side
+        src_positional = _build_positional(config)
+        tgt_positional = src_positional if config.positional == "sinusoidal" else _build_positional(config)
+        self.src_embed = _Embedder(src_embedding, src_positional, config.dropout)
+        self.tgt_embed = _Embedder(tgt_embedding, tgt_positional, config.dropout)
+        self.rotary = _build_rotary(config)
+        self.encoder = _build_encoder(config)
+        self.decoder = Decoder(
+            d_model,
+            config.n_heads,
+            config.d_ff,
+            config.n_decoder_layers,
+            config.dropout,
+            config.attention_dropout,
+            config.activation,
+            config.norm_first,
+        )
+        _init_weights(self)
+
+    def padding_mask(self, tokens: Tensor) -> Tensor:
+        """tokens (B, L) long -> (B, L) bool, True where tokens == pad_id."""
+        return tokens.eq(self.config.pad_id)
+
+    def encode(self, src: Tensor) -> Tensor:
+        """src (B, S) long -> memory (B, S, D)."""
+        return self.encoder(self.src_embed(src), self.padding_mask(src), rotary=self.rotary)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty incremental-decoding state for `decode(..., cache=...)`."""
+        return self.decoder.new_cache()
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+        *,
+        return_hidden: bool = False,
+    ) -> Tensor:
+        """tgt_in (B, T) long, memory (B, S, D), src_padding_mask (B, S) True = pad -> logits (B, T, V).
+
+        With `cache`, tgt_in holds only the new position(s) (after the `cache.offset` already decoded)
+        and the cache is extended in place; the cross-attention keys/values of `memory` are projected
+        on the first cached call and reused afterwards (later calls do not read `memory`).
+        """
+        offset = cache.offset if cache is not None else 0
+        hidden = self.decoder(
+            self.tgt_embed(tgt_in, offset), memory, src_padding_mask, cache=cache, rotary=self.rotary
+        )  # (B, T, D)
+        return hidden if return_hidden else self.output_projection(hidden)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, *, return_hidden: bool = False) -> Tensor:
+        """src (B, S), tgt_in (B, T) long -> logits (B, T, V), or the final hidden states (B, T, D).
+
+        `return_hidden` lets a loss project to the vocabulary in chunks via `output_projection`.
+        """
+        src_padding_mask = self.padding_mask(src)
+        memory = self.encoder(self.src_embed(src), src_padding_mask, rotary=self.rotary)
+        return self.decode(tgt_in, memory, src_padding_mask, return_hidden=return_hidden)
+
+    def attention_maps(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
+        """Per-layer attention weights: "encoder_self" (B, H, S, S), "decoder_self" (B, H, T, T),
+        "cross" (B, H, T, S); heads are kept apart (not averaged)."""
+        src_padding_mask = self.padding_mask(src)
+        memory, encoder_maps = self.encoder.forward_with_attention(
+            self.src_embed(src), src_padding_mask, rotary=self.rotary
+        )
+        _, self_maps, cross_maps = self.decoder.forward_with_attention(
+            self.tgt_embed(tgt_in), memory, src_padding_mask, rotary=self.rotary
+        )
+        return {"encoder_self": encoder_maps, "decoder_self": self_maps, "cross": cross_maps}
+
+
+class TransformerClassifier(nn.Module):
+    """Encoder-only Transformer with a linear head on a pooled representation (cf. BERT)."""
+
+    def __init__(
+        self, config: TransformerConfig, num_classes: int, pooling: Literal["cls", "mean"] = "cls"
+    ) -> None:
+        super().__init__()
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        self.config = config
+        self.pooling = pooling
+        self.src_embed = _Embedder(
+            nn.Embedding(config.src_vocab_size, config.d_model), _build_positional(config), config.dropout
+        )
+        self.rotary = _build_rotary(config)
+        self.encoder = _build_encoder(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.head = nn.Linear(config.d_model, num_classes)
+        _init_weights(self)
+
+    def forward(self, src: Tensor) -> Tensor:
+        """src (B, S) long -> logits (B, C); "cls" pools position 0 (BOS), "mean" the non-pad positions."""
+        padding_mask = src.eq(self.config.pad_id)  # (B, S)
+        hidden = self.encoder(self.src_embed(src), padding_mask, rotary=self.rotary)  # (B, S, D)
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]  # (B, D)
+        else:
+            keep = (~padding_mask).unsqueeze(-1).to(hidden.dtype)  # (B, S, 1)
+            pooled = (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)  # (B, D)
+        return self.head(self.dropout(pooled))
+
+    def attention_maps(self, src: Tensor) -> dict[str, list[Tensor]]:
+        """Per-layer encoder self-attention weights under "encoder_self", each (B, H, S, S)."""
+        _, maps = self.encoder.forward_with_attention(
+            self.src_embed(src), src.eq(self.config.pad_id), rotary=self.rotary
+        )
+        return {"encoder_self": maps}
