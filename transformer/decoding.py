@@ -116,11 +116,13 @@ def beam_search(
     """src (B, S) long -> (hypotheses (B, n_best, L) long, scores (B, n_best) float), best first.
 
     Score = sum of token log-probabilities / ((5 + len) / 6) ** length_penalty (Wu et al., 2016),
-    len counting EOS. A sentence stops once `beam_size` hypotheses have ended (or at its max length
-    floor(max_len_a * src_len + max_len_b), where EOS is forced). Each step expands the 2 * beam_size
-    best candidates, so EOS candidates never crowd out live beams (as fairseq does). beam_size=1
-    reproduces `greedy_search` token for token. A sentence with fewer than n_best finished
-    hypotheses (possible only at max length 1) gets pad_id rows scored -inf.
+    len counting EOS. Each step ranks the 2 * beam_size best extensions: EOS ones among the first
+    beam_size end a hypothesis, the best beam_size others live on (so EOS never crowds out live
+    beams, as in fairseq). A sentence stops at its max length floor(max_len_a * src_len + max_len_b)
+    (EOS forced), or once beam_size hypotheses have ended and none of its live beams, normalized at
+    the current length, beats the beam_size-th of them (Hugging Face's default heuristic; exact when
+    length_penalty=0). beam_size=1 reproduces `greedy_search` token for token. A sentence with fewer
+    than n_best finished hypotheses (possible only for tiny max lengths) gets pad_id rows scored -inf.
     """
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
@@ -149,13 +151,14 @@ def _beam_search(
     memory = model.encode(src)  # (B, S, D)
     cache = model.new_cache()
     finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]  # per sentence: (score, tokens)
+    kth_best = torch.full((batch,), -math.inf, device=device)  # K-th best finished score, once there are K
 
     # The live state: n sentences, each with `beams` rows (1 at the first step: all beams would be equal).
     sentences = torch.arange(batch, device=device)  # (n,) original index of each live sentence
     beams = 1
     scores = torch.zeros(batch, 1, device=device)  # (n, beams) summed log-probabilities
     prefixes = src.new_empty(batch, 0)  # (n * beams, t) tokens generated so far
-    n_candidates = min(2 * beam_size, config.tgt_vocab_size)
+    per_beam = min(2 * beam_size, config.tgt_vocab_size)  # tokens considered per beam
     step = 0
     while sentences.numel():
         n = sentences.numel()
@@ -163,44 +166,50 @@ def _beam_search(
         last_tokens = prefixes[:, -1] if step else src.new_full((n,), config.bos_id)
         log_probs = _next_log_probs(model, last_tokens, memory, src_padding_mask, cache, at_max_length)
 
-        # 1. best candidates: each beam's top 2K tokens suffice for the top 2K overall; the stable sort
-        #    keeps a beam's own order on ties, so one beam reproduces greedy's argmax exactly
-        top_log_probs, top_tokens = log_probs.topk(n_candidates, dim=-1)  # (n * beams, 2K)
-        totals = scores.unsqueeze(-1) + top_log_probs.view(n, beams, n_candidates)  # (n, beams, 2K)
-        totals = totals.view(n, beams * n_candidates)
-        cand_scores, order = totals.sort(dim=-1, descending=True, stable=True)
+        # 1. the 2K best candidates: each beam's top 2K tokens suffice for the top 2K overall; the stable
+        #    sort keeps a beam's own order on ties, so one beam reproduces greedy's argmax exactly
+        n_candidates = min(2 * beam_size, beams * per_beam)
+        top_log_probs, top_tokens = log_probs.topk(per_beam, dim=-1)  # (n * beams, 2K)
+        totals = scores.unsqueeze(-1) + top_log_probs.view(n, beams, per_beam)  # (n, beams, 2K)
+        cand_scores, order = totals.view(n, beams * per_beam).sort(dim=-1, descending=True, stable=True)
         cand_scores, order = cand_scores[:, :n_candidates], order[:, :n_candidates]  # (n, 2K)
-        cand_beams = order // n_candidates  # (n, 2K) which beam of the sentence each extends
-        cand_tokens = top_tokens.view(n, beams * n_candidates).gather(1, order)  # (n, 2K)
-        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_beams  # rows of prefixes
+        cand_tokens = top_tokens.view(n, beams * per_beam).gather(1, order)  # (n, 2K)
+        # row of `prefixes` / the caches that each candidate extends: sentence i's beam order // per_beam
+        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + order // per_beam  # (n, 2K)
 
-        # 2. EOS among the K best candidates ends a hypothesis
+        # 2. EOS among the K best candidates ends a hypothesis (-inf ones are dead beams' leftovers)
         length = step + 1
         normalizer = ((5.0 + length) / 6.0) ** length_penalty
         is_eos = cand_tokens == config.eos_id  # (n, 2K)
         ended = is_eos[:, :beam_size] & torch.isfinite(cand_scores[:, :beam_size])  # (n, K)
-        done = max_lengths[sentences] <= length  # (n,)
-        if ended.any():
-            for i, k in ended.nonzero().tolist():
-                tokens = torch.cat([prefixes[cand_rows[i, k]], cand_tokens[i, k : k + 1]])
-                hypotheses = finished[int(sentences[i])]
-                hypotheses.append((cand_scores[i, k].item() / normalizer, tokens))
-            counts = torch.tensor([len(finished[int(s)]) for s in sentences.tolist()], device=device)
-            done |= counts >= beam_size
+        for i, k in ended.nonzero().tolist():
+            sentence = int(sentences[i])
+            tokens = torch.cat([prefixes[cand_rows[i, k]], cand_tokens[i, k : k + 1]])
+            finished[sentence].append((cand_scores[i, k].item() / normalizer, tokens))
+            if len(finished[sentence]) >= beam_size:  # the bar a live beam must clear: the K-th best
+                kth_best[sentence] = sorted(score for score, _ in finished[sentence])[-beam_size]
 
-        # 3. the K best non-EOS candidates of each unfinished sentence live on
+        # 3. the K best non-EOS candidates live on; should EOS ones have to fill the K slots (tiny
+        #    vocabularies), they stay as dead beams scored -inf
+        beams = min(beam_size, n_candidates)
+        rank = torch.arange(n_candidates, device=device) + is_eos * n_candidates  # EOS ranked last
+        pick = rank.argsort(dim=-1, stable=True)[:, :beams]  # (n, K)
+        new_tokens = cand_tokens.gather(1, pick)  # (n, K)
+        scores = cand_scores.gather(1, pick).masked_fill(new_tokens == config.eos_id, -math.inf)
+
+        # 4. a sentence is done at its max length, or once K hypotheses ended and its best live beam,
+        #    normalized at the current length, scores below the K-th of them (exact for
+        #    length_penalty=0; with one beam it stops exactly where greedy search stops)
+        done = (max_lengths[sentences] <= length) | (kth_best[sentences] >= scores[:, 0] / normalizer)
         live = (~done).nonzero().squeeze(1)  # (n',)
         if not live.numel():
             break
-        rank = torch.arange(n_candidates, device=device) + is_eos[live] * n_candidates  # EOS last
-        pick = rank.argsort(dim=-1, stable=True)[:, :beam_size]  # (n', K)
-        rows = cand_rows[live].gather(1, pick).view(-1)  # (n' * K,) parent rows
-        scores = cand_scores[live].gather(1, pick)  # (n', K)
-        new_tokens = cand_tokens[live].gather(1, pick).view(-1, 1)  # (n' * K, 1)
-        prefixes = torch.cat([prefixes[rows], new_tokens], dim=1)  # (n' * K, t + 1)
-        src_padding_mask = sentence_padding_mask[sentences[live]].repeat_interleave(beam_size, dim=0)
+        rows = cand_rows.gather(1, pick)[live].view(-1)  # (n' * K,) parent rows of the new beams
+        scores = scores[live]  # (n', K)
+        prefixes = torch.cat([prefixes[rows], new_tokens[live].view(-1, 1)], dim=1)  # (n' * K, t + 1)
+        sentences = sentences[live]
+        src_padding_mask = sentence_padding_mask[sentences].repeat_interleave(beams, dim=0)  # (n' * K, S)
         cache.reorder(rows)
-        sentences, beams = sentences[live], beam_size
         step += 1
     return _pack(finished, n_best, config.pad_id, device)
 
