@@ -1,0 +1,275 @@
+"""Lightning tasks on a character-level copy task: losses, metrics, BLEU, checkpoint contents."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from transformer.optim import adamw
+from transformer.schedules import cosine_with_warmup, inverse_sqrt
+from transformer.tasks import ClassificationTask, TranslationTask
+
+PAD, BOS, EOS = 0, 1, 2
+ALPHABET = "abcdefgh"
+
+
+class CharTokenizer:
+    """The Tokenizer protocol on characters: ids 4.. are letters."""
+
+    pad_id, bos_id, eos_id = PAD, BOS, EOS
+    vocab_size = 4 + len(ALPHABET)
+
+    def encode(self, text: str) -> list[int]:
+        return [BOS, *(4 + ALPHABET.index(c) for c in text), EOS]
+
+    def decode(self, ids: list[int]) -> str:
+        out = []
+        for i in ids:
+            if i == EOS:
+                break
+            if i >= 4:
+                out.append(ALPHABET[i - 4])
+        return "".join(out)
+
+    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+
+def _pad(rows: list[list[int]]) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+
+
+class CopyData(L.LightningDataModule):
+    """Copy random letter strings; the contract's batch layout, splits 'train', 'val', 'test'."""
+
+    def __init__(self, n_train: int = 256, n_eval: int = 32, batch_size: int = 32, classify: bool = False):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.tokenizer = self.src_tokenizer = self.tgt_tokenizer = CharTokenizer()
+        self.classify = classify
+        self.texts = {
+            split: [
+                "".join(
+                    ALPHABET[int(i)]
+                    for i in torch.randint(0, 4, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g)
+                )
+                for _ in range(n)
+            ]
+            for split, n in (("train", n_train), ("val", n_eval), ("test", n_eval))
+        }
+        self.batch_size = batch_size
+
+    def references(self, split: str) -> list[str]:
+        return self.texts[split]
+
+    def _collate(self, items: list[tuple[int, str]]) -> dict[str, torch.Tensor]:
+        ids = [self.tokenizer.encode(t) for _, t in items]
+        batch = {"src": _pad(ids), "id": torch.tensor([i for i, _ in items])}
+        if self.classify:  # label: does the string contain an "a"?
+            batch["label"] = torch.tensor([int("a" in t) for _, t in items])
+        else:
+            batch["tgt_in"] = _pad([r[:-1] for r in ids])
+            batch["tgt_out"] = _pad([r[1:] for r in ids])
+        return batch
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        data = list(enumerate(self.texts[split]))
+        return DataLoader(data, batch_size=self.batch_size, shuffle=shuffle, collate_fn=self._collate)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+
+TINY = {
+    "src_vocab_size": CharTokenizer.vocab_size,
+    "d_model": 32,
+    "n_heads": 2,
+    "n_encoder_layers": 1,
+    "n_decoder_layers": 1,
+    "d_ff": 64,
+    "dropout": 0.0,
+    "max_len": 32,
+}
+
+
+def _trainer(tmp_path, **kwargs) -> L.Trainer:
+    defaults = dict(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+def _translation(**kwargs) -> TranslationTask:
+    return TranslationTask(
+        TINY,
+        optimizer=functools.partial(adamw, lr=3e-3),
+        scheduler=functools.partial(inverse_sqrt, warmup_steps=10),
+        **kwargs,
+    )
+
+
+def test_hparams_are_plain_data() -> None:
+    task = _translation(label_smoothing=0.2)
+    assert set(task.hparams) == {
+        "config",
+        "label_smoothing",
+        "decoding",
+        "val_bleu_every_n_epochs",
+        "compile",
+    }
+    assert task.hparams.config == TINY and task.hparams.label_smoothing == 0.2
+    assert task.hparams.decoding["beam_size"] == 1
+
+
+def test_loss_does_not_depend_on_padding() -> None:
+    task = _translation().eval()
+    batch = CopyData()._collate([(0, "abc"), (1, "abcabc")])
+    padded = {
+        k: torch.nn.functional.pad(v, (0, 3), value=PAD) if v.dim() == 2 else v for k, v in batch.items()
+    }
+    a, b = task._token_loss(batch), task._token_loss(padded)
+    torch.testing.assert_close(a.loss, b.loss)
+    assert a.n_tokens.item() == b.n_tokens.item() == 4 + 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"label_smoothing": 1.0}, "label_smoothing"),
+        ({"val_bleu_every_n_epochs": 0}, "val_bleu_every_n_epochs"),
+        ({"decoding": {"beam": 4}}, "decoding"),
+    ],
+)
+def test_bad_arguments_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        _translation(**kwargs)
+
+
+def test_bad_model_config_names_the_field() -> None:
+    with pytest.raises(ValueError, match="n_heads"):
+        TranslationTask({**TINY, "n_heads": 3})
+
+
+def test_training_step_overfits_one_batch() -> None:
+    task = _translation()
+    optimizer = adamw(task.model, lr=1e-2)
+    batch = CopyData()._collate([(0, "abcd"), (1, "dcba"), (2, "bad")])
+    losses = []
+    for _ in range(80):
+        out = task._token_loss(batch)
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert task._token_loss(batch).n_correct.item() == 5 + 5 + 4  # every token right
+
+
+def test_translation_logs_loss_metrics_and_bleu(tmp_path) -> None:
+    data = CopyData()
+    task = _translation()
+    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3)
+    trainer.fit(task, datamodule=data)
+    metrics = trainer.callback_metrics
+    expected = ("train/loss", "val/loss", "val/ppl", "val/token_acc", "val/bleu", "val/chrf", "val/bleu_best")
+    for name in (*expected, "val/exact_match", "train/tokens_per_s", "train/pad_ratio"):
+        assert name in metrics, name
+    assert metrics["val/bleu_best"] >= metrics["val/bleu"]
+    assert 0 < metrics["train/pad_ratio"] < 1
+    assert math.isclose(metrics["val/ppl"], math.exp(metrics["val/nll"]), rel_tol=1e-5)
+    (result,) = trainer.test(task, datamodule=data, verbose=False)
+    assert {"test/bleu", "test/chrf", "test/loss", "test/exact_match", "test/ppl", "test/token_acc"} <= set(
+        result
+    )
+
+
+def test_exact_match_and_bleu_of_perfect_hypotheses(tmp_path) -> None:
+    data = CopyData(n_eval=8)
+    data.texts["test"] = [f"sentence number {i} has five words" for i in range(8)]
+    task = _translation()
+    trainer = _trainer(tmp_path)
+    task.trainer = trainer
+    trainer.datamodule = data  # what fit/test set; here the scoring is checked on its own
+    task._hypotheses = dict(enumerate(data.references("test")))
+    scores = task._score("test")
+    assert scores["exact_match"] == 100.0 and scores["bleu"] == pytest.approx(100.0)
+    task._hypotheses = {0: "zzz", **{i: r for i, r in enumerate(data.references("test")) if i}}
+    assert task._score("test")["exact_match"] == pytest.approx(100.0 * 7 / 8)
+
+
+def test_val_bleu_every_n_epochs(tmp_path) -> None:
+    task = _translation(val_bleu_every_n_epochs=2)
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2)
+    trainer.fit(task, datamodule=CopyData())
+    assert "val/loss" in trainer.callback_metrics and "val/bleu" not in trainer.callback_metrics
+
+
+def test_checkpoint_is_plain_and_self_describing(tmp_path) -> None:
+    task = _translation(run_config={"model": {"config": TINY}, "seed": 1})
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2)
+    trainer.fit(task, datamodule=CopyData())
+    path = tmp_path / "x.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)  # refuses anything but plain data and tensors
+    assert checkpoint["config"] == {"model": {"config": TINY}, "seed": 1}
+    assert checkpoint["hyper_parameters"]["config"] == TINY
+    assert not any("_orig_mod" in k for k in checkpoint["state_dict"])
+    assert "bleu_best" in checkpoint
+    restored = TranslationTask.load_from_checkpoint(path)
+    for name, value in task.state_dict().items():
+        torch.testing.assert_close(restored.state_dict()[name], value)
+
+
+def test_compiled_checkpoint_has_no_prefix(tmp_path) -> None:
+    task = _translation(compile=True)
+    task.configure_model()
+    task.on_save_checkpoint(checkpoint := {"state_dict": task.state_dict()})
+    assert checkpoint["state_dict"].keys() == TranslationTask(TINY).state_dict().keys()
+
+
+def test_cosine_total_steps_come_from_the_trainer(tmp_path) -> None:
+    task = TranslationTask(
+        TINY,
+        optimizer=functools.partial(adamw, lr=1e-3),
+        scheduler=functools.partial(cosine_with_warmup, warmup_steps=2, total_steps=None),
+    )
+    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0)
+    trainer.fit(task, datamodule=CopyData())
+    (config,) = trainer.lr_scheduler_configs
+    assert config.interval == "step"
+    assert config.scheduler.lr_lambdas[0].total_steps == 6
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)  # decayed to the end
+
+
+def test_classification_task(tmp_path) -> None:
+    task = ClassificationTask(
+        {**TINY, "n_decoder_layers": 0}, num_classes=2, optimizer=functools.partial(adamw, lr=3e-3)
+    )
+    data = CopyData(classify=True)
+    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=4)
+    trainer.fit(task, datamodule=data)
+    metrics = trainer.callback_metrics
+    for name in ("train/loss", "train/acc", "val/loss", "val/acc", "val/f1", "val/acc_best"):
+        assert name in metrics, name
+    assert metrics["val/acc_best"] >= metrics["val/acc"]
+    (result,) = trainer.test(task, datamodule=data, verbose=False)
+    assert {"test/acc", "test/f1", "test/loss"} <= set(result)

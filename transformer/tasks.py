@@ -1,0 +1,412 @@
+"""LightningModules: translation (label-smoothed CE, perplexity, decoded sacreBLEU) and classification.
+
+The tasks build their model from plain data (`TransformerConfig` fields) and keep only plain data in
+their hyperparameters, so checkpoints load with `torch.load(weights_only=True)`. Optimizer and
+scheduler arrive as factories (Hydra partials): `optimizer(model)`, `scheduler(optimizer)`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import lightning as L
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from transformer.config import TransformerConfig
+from transformer.decoding import beam_search, greedy_search
+from transformer.losses import TokenLoss, label_smoothed_cross_entropy
+from transformer.model import Seq2SeqTransformer, TransformerClassifier
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ClassificationTask", "TranslationTask"]
+
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
+
+_COMPILE_PREFIX = "_orig_mod."
+DEFAULT_DECODING = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10.0}
+
+
+def _plain(value: Any) -> Any:
+    """Mappings / sequences (e.g. OmegaConf containers) as dicts / lists, so checkpoints hold plain data."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Throughput:
+    """Tokens per second between consecutive training steps (data loading + forward + backward + update)."""
+
+    def __init__(self) -> None:
+        self._last_time: float | None = None
+        self._last_tokens = 0
+
+    def step(self, n_tokens: int) -> float | None:
+        now = time.perf_counter()
+        rate = None
+        if self._last_time is not None and now > self._last_time:
+            rate = self._last_tokens / (now - self._last_time)
+        self._last_time, self._last_tokens = now, n_tokens
+        return rate
+
+    def reset(self) -> None:  # the gap across validation or epoch ends is not training time
+        self._last_time = None
+
+
+class _TokenMeans(nn.Module):
+    """Token-weighted means over an epoch (synced across processes by torchmetrics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss, self.nll, self.acc = MeanMetric(), MeanMetric(), MeanMetric()
+
+    def update(self, out: TokenLoss) -> None:
+        weight = out.n_tokens.float()
+        self.loss.update(out.loss.detach(), weight)
+        self.nll.update(out.nll.detach(), weight)
+        self.acc.update(out.n_correct.float() / out.n_tokens.clamp(min=1), weight)
+
+    def compute_and_reset(self) -> dict[str, Tensor]:
+        nll = self.nll.compute()
+        values = {"loss": self.loss.compute(), "nll": nll, "ppl": nll.exp(), "token_acc": self.acc.compute()}
+        for metric in (self.loss, self.nll, self.acc):
+            metric.reset()
+        return values
+
+
+class _TaskBase(L.LightningModule):
+    """What both tasks share: optimizer/scheduler wiring, optional compile, self-sufficient checkpoints."""
+
+    model: nn.Module
+
+    def __init__(
+        self,
+        optimizer: OptimizerFactory | None,
+        scheduler: SchedulerFactory | None,
+        run_config: Mapping[str, Any] | None,
+    ) -> None:
+        super().__init__()
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        # the resolved Hydra config of the run, stored in every checkpoint (not a hyperparameter)
+        self.run_config = _plain(run_config) if run_config is not None else None
+        self.throughput = _Throughput()
+
+    def configure_model(self) -> None:
+        """`torch.compile` in place (`nn.Module.compile`): state_dict keys keep their names."""
+        if self.hparams.get("compile") and not getattr(self, "_compiled", False):
+            self.model.compile()
+            self._compiled = True
+
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_factory is None:
+            raise ValueError(f"{type(self).__name__} has no optimizer: pass `optimizer` (model.optimizer)")
+        optimizer = self.optimizer_factory(self.model)
+        if self.scheduler_factory is None:
+            return optimizer
+        kwargs = {}
+        keywords = getattr(self.scheduler_factory, "keywords", {})
+        if "total_steps" in inspect.signature(self.scheduler_factory).parameters and (
+            keywords.get("total_steps") is None
+        ):
+            kwargs["total_steps"] = int(self.trainer.estimated_stepping_batches)
+        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_epoch_start(self) -> None:
+        self.throughput.reset()
+
+    def on_validation_start(self) -> None:
+        self.throughput.reset()
+
+    def _log_throughput(self, n_real: int, n_total: int, batch_size: int) -> None:
+        rate = self.throughput.step(n_real)
+        self.log("train/pad_ratio", 1.0 - n_real / max(n_total, 1), batch_size=batch_size)
+        if rate is not None:  # per process; non-pad tokens
+            self.log("train/tokens_per_s", rate, prog_bar=True, batch_size=batch_size)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["state_dict"]
+        for key in [k for k in state if _COMPILE_PREFIX in k]:  # a model compiled from the outside
+            state[key.replace(_COMPILE_PREFIX, "")] = state.pop(key)
+        if self.run_config is not None:
+            checkpoint["config"] = self.run_config
+        for logger in self.loggers:  # so that `ckpt_path=` resumes the same wandb run
+            if type(logger).__name__ == "WandbLogger":
+                checkpoint["wandb_run_id"] = str(logger.version)
+
+
+class TranslationTask(_TaskBase):
+    """Sequence-to-sequence training (section 5) with validation BLEU from greedy or beam search."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        label_smoothing: float = 0.1,
+        decoding: Mapping[str, Any] | None = None,
+        val_bleu_every_n_epochs: int = 1,
+        compile: bool = False,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(optimizer, scheduler, run_config)
+        config = _plain(config)
+        decoding = {**DEFAULT_DECODING, **_plain(decoding or {})}
+        unknown = sorted(set(decoding) - set(DEFAULT_DECODING))
+        if unknown:
+            raise ValueError(
+                f"unknown decoding option(s) {unknown}; expected some of {sorted(DEFAULT_DECODING)}"
+            )
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+        if isinstance(val_bleu_every_n_epochs, bool) or not (
+            isinstance(val_bleu_every_n_epochs, int) and val_bleu_every_n_epochs >= 1
+        ):
+            raise ValueError(
+                f"val_bleu_every_n_epochs must be an integer >= 1, got {val_bleu_every_n_epochs!r}"
+            )
+        self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
+        self.model = Seq2SeqTransformer(TransformerConfig.from_dict(config))
+        self.pad_id = self.model.config.pad_id
+        self.val_means, self.test_means = _TokenMeans(), _TokenMeans()
+        self._hypotheses: dict[int, str] = {}  # example id -> detokenized hypothesis, this epoch
+        self.bleu_best = -math.inf
+
+    # --- loss -------------------------------------------------------------------------------------
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        return self.model(src, tgt_in)
+
+    def _token_loss(self, batch: Mapping[str, Tensor]) -> TokenLoss:
+        tgt_out = batch["tgt_out"]
+        hidden = self.model(batch["src"], batch["tgt_in"], return_hidden=True)  # (B, T, D)
+        keep = tgt_out.ne(self.pad_id)  # (B, T)
+        # project only the non-pad positions: the (D x V) projection and the softmax skip the padding
+        logits = self.model.output_projection(hidden[keep])  # (N, V)
+        return label_smoothed_cross_entropy(
+            logits, tgt_out[keep], ignore_index=self.pad_id, label_smoothing=self.hparams.label_smoothing
+        )
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        out = self._token_loss(batch)
+        B = batch["src"].size(0)
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=B)
+        self.log("train/ppl", out.nll.detach().exp(), batch_size=B)
+        self.log("train/token_acc", out.n_correct / out.n_tokens.clamp(min=1), batch_size=B)
+        n_src = int(batch["src"].ne(self.pad_id).sum())
+        self._log_throughput(n_src + int(out.n_tokens), batch["src"].numel() + batch["tgt_out"].numel(), B)
+        return out.loss
+
+    # --- validation and test: token metrics, then decoding and BLEU -------------------------------
+
+    def _decodes_this_epoch(self) -> bool:
+        if self.trainer.sanity_checking:
+            return True  # one batch through the decoding path before training starts
+        return (self.current_epoch + 1) % self.hparams.val_bleu_every_n_epochs == 0
+
+    def on_validation_epoch_start(self) -> None:
+        self._hypotheses = {}
+
+    def on_test_epoch_start(self) -> None:
+        self._hypotheses = {}
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self.val_means.update(self._token_loss(batch))
+        if self._decodes_this_epoch():
+            self._decode(batch)
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self.test_means.update(self._token_loss(batch))
+        self._decode(batch)
+
+    @torch.no_grad()
+    def translate(self, src: Tensor) -> Tensor:
+        """src (B, S) -> best hypotheses (B, L) token ids after BOS, with this task's decoding settings."""
+        d = self.hparams.decoding
+        lengths = {"max_len_a": d["max_len_a"], "max_len_b": d["max_len_b"]}
+        if d["beam_size"] == 1:
+            return greedy_search(self.model, src, **lengths)
+        tokens, _ = beam_search(
+            self.model, src, beam_size=d["beam_size"], length_penalty=d["length_penalty"], **lengths
+        )
+        return tokens[:, 0]  # (B, L)
+
+    def _decode(self, batch: Mapping[str, Tensor]) -> None:
+        texts = self._datamodule().tgt_tokenizer.decode_batch(self.translate(batch["src"]).tolist())
+        self._hypotheses.update(zip(batch["id"].tolist(), texts))
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_means("val", self.val_means)
+        if not self._decodes_this_epoch():
+            return
+        scores = self._score("val")
+        for name, value in scores.items():
+            self.log(f"val/{name}", value, prog_bar=name == "bleu", sync_dist=True)
+        if not self.trainer.sanity_checking:
+            self.bleu_best = max(self.bleu_best, scores["bleu"])
+            self.log("val/bleu_best", self.bleu_best, sync_dist=True)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_means("test", self.test_means)
+        for name, value in self._score("test").items():
+            self.log(f"test/{name}", value, sync_dist=True)
+
+    def _log_means(self, stage: str, means: _TokenMeans) -> None:
+        for name, value in means.compute_and_reset().items():
+            self.log(f"{stage}/{name}", value, prog_bar=name == "loss", sync_dist=True)
+
+    def _score(self, stage: Literal["val", "test"]) -> dict[str, float]:
+        """sacreBLEU (13a, detokenized), chrF and sentence exact match of this epoch's hypotheses.
+
+        Every process decoded its share of the split; all of them gather every hypothesis and
+        compute the same corpus scores (corpus BLEU is not a mean of per-process BLEUs).
+        """
+        hypotheses = self._gather(self._hypotheses)
+        self._hypotheses = {}
+        references = self._datamodule().references(self._split_name(stage))
+        ids = sorted(hypotheses)
+        hyps, refs = [hypotheses[i] for i in ids], [references[i] for i in ids]
+        if not hyps:
+            return {"bleu": 0.0, "chrf": 0.0, "exact_match": 0.0}
+        return {
+            "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
+            "exact_match": 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs)) / len(hyps),
+        }
+
+    def _gather(self, local: dict[int, str]) -> dict[int, str]:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return dict(local)
+        parts: list[dict[int, str] | None] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(parts, local)
+        merged: dict[int, str] = {}
+        for part in parts:
+            merged.update(part or {})
+        return merged
+
+    def _datamodule(self) -> Any:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None:
+            raise ValueError(
+                "TranslationTask decodes against a datamodule's tokenizer and references: "
+                "pass `datamodule=` to the Trainer's fit/validate/test"
+            )
+        return datamodule
+
+    def _split_name(self, stage: str) -> str:
+        return getattr(self._datamodule(), f"{stage}_split", stage)
+
+    # --- checkpoint extras -----------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["bleu_best"] = self.bleu_best
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.bleu_best = checkpoint.get("bleu_best", -math.inf)
+
+
+class ClassificationTask(_TaskBase):
+    """Sentence classification with an encoder-only Transformer: cross entropy, accuracy, macro-F1."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        num_classes: int,
+        pooling: Literal["cls", "mean"] = "cls",
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        label_smoothing: float = 0.0,
+        compile: bool = False,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(optimizer, scheduler, run_config)
+        config = _plain(config)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+        self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
+        self.model = TransformerClassifier(TransformerConfig.from_dict(config), num_classes, pooling)
+        self.pad_id = self.model.config.pad_id
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": metric
+                for stage in ("train", "val", "test")
+                for name, metric in (
+                    ("acc", MulticlassAccuracy(num_classes, average="micro")),
+                    ("f1", MulticlassF1Score(num_classes, average="macro")),
+                    ("loss", MeanMetric()),
+                )
+            }
+        )
+        self.acc_best = -math.inf
+
+    def forward(self, src: Tensor) -> Tensor:
+        """src (B, S) -> logits (B, C)."""
+        return self.model(src)
+
+    def _step(self, stage: str, batch: Mapping[str, Tensor]) -> Tensor:
+        logits = self.model(batch["src"])  # (B, C)
+        labels = batch["label"]  # (B,)
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
+        preds = logits.argmax(dim=-1)  # (B,)
+        self.metrics[f"{stage}_acc"].update(preds, labels)
+        self.metrics[f"{stage}_f1"].update(preds, labels)
+        self.metrics[f"{stage}_loss"].update(loss.detach(), labels.numel())
+        return loss
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self._step("train", batch)
+        B = batch["src"].size(0)
+        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        self._log_throughput(int(batch["src"].ne(self.pad_id).sum()), batch["src"].numel(), B)
+        return loss
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self._step("val", batch)
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self._step("test", batch)
+
+    def _log_epoch(self, stage: str) -> dict[str, float]:
+        names = ("acc", "f1") if stage == "train" else ("loss", "acc", "f1")  # train/loss is per step
+        values = {}
+        for name in names:
+            metric = self.metrics[f"{stage}_{name}"]
+            values[name] = float(metric.compute())  # synced across processes
+            metric.reset()
+            self.log(f"{stage}/{name}", values[name], prog_bar=name == "acc", sync_dist=True)
+        return values
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        values = self._log_epoch("val")
+        if not self.trainer.sanity_checking:
+            self.acc_best = max(self.acc_best, values["acc"])
+            self.log("val/acc_best", self.acc_best, sync_dist=True)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["acc_best"] = self.acc_best
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.acc_best = checkpoint.get("acc_best", -math.inf)
