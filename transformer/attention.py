@@ -321,12 +321,12 @@ class MultiHeadAttention(nn.Module):
             q = rotary(q, offset)
             k = rotary(k, offset)
         if kv_cache is not None:
+            if kv_cache.key is not None and kv_cache.key.shape[0] != batch:
+                raise ValueError(f"KVCache holds batch size {kv_cache.key.shape[0]}, query has {batch}")
             if static_hit:
                 k, v = kv_cache.key, kv_cache.value
             else:
                 k, v = kv_cache.update(k, v)  # (B, H, S_cached + S, Dh)
-            if k.shape[0] != batch:
-                raise ValueError(f"KVCache holds batch size {k.shape[0]}, query has {batch}")
         k_len = k.shape[2]
         self._check_masks(attn_mask, key_padding_mask, batch, q_len, k_len)
 
