@@ -1,0 +1,235 @@
+"""Token-budget batches with length bucketing (DDP-aware, resumable) and collates into padded tensors.
+
+A batch costs (number of examples) x (longest example), i.e. the tokens of its padded tensor, and
+never exceeds `max_tokens`. For translation the length of an example is max(source, target input)
+length, so the budget bounds the padded `src` and the padded `tgt_in`/`tgt_out` tensors each.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DistributedSampler
+
+from data.tokenization import PAD_ID
+
+log = logging.getLogger(__name__)
+
+
+class TokenBudgetBatchSampler(DistributedSampler):
+    """Yields lists of example indices whose padded size fits `max_tokens` (cf. paper §5.1 batching).
+
+    shuffle=True: each epoch permutes the examples with seed+epoch, sorts them by length within pools
+    of `pool_size` (None = one pool: the batch count is then the same every epoch), packs batches
+    greedily and shuffles the batches. shuffle=False: all examples sorted by length (ties by index),
+    batches in that order: deterministic, for evaluation.
+
+    With several replicas every rank computes the same batch list and takes every `num_replicas`-th
+    batch; the list is first padded by repeating its first batches (or cut, with drop_last) so that all
+    ranks get the same count. It subclasses `DistributedSampler` so that Lightning calls `set_epoch`
+    and never wraps it; pass it as `DataLoader(dataset, sampler=..., batch_size=None)` (the dataset is
+    then indexed with a list of indices) or as `batch_sampler=`.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        max_tokens: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        pool_size: int | None = None,
+        num_replicas: int = 1,
+        rank: int = 0,
+        drop_last: bool = False,
+        max_sentences: int | None = None,
+    ) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.ndim != 1 or len(self.lengths) == 0:
+            raise ValueError(f"lengths must be a non-empty 1-d sequence, got shape {self.lengths.shape}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        longest = int(self.lengths.argmax())
+        if self.lengths[longest] > max_tokens:
+            raise ValueError(
+                f"max_tokens={max_tokens} is smaller than example {longest} of length "
+                f"{self.lengths[longest]}: every example must fit in a batch"
+            )
+        if pool_size is not None and pool_size < 1:
+            raise ValueError(f"pool_size must be positive or None, got {pool_size}")
+        if max_sentences is not None and max_sentences < 1:
+            raise ValueError(f"max_sentences must be positive or None, got {max_sentences}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}")
+        # Not DistributedSampler.__init__: it wants a dataset and torch.distributed; these are its fields.
+        self.num_replicas, self.rank, self.shuffle, self.seed, self.drop_last = (
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+        )
+        self.max_tokens, self.pool_size, self.max_sentences = max_tokens, pool_size, max_sentences
+        self.epoch = 0
+        self._resume_from = 0  # batches of `self.epoch` already consumed before a restart
+        self._yielded = 0  # batches of `self.epoch` handed out by the current/last iterator
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    # -- the batches of one epoch ------------------------------------------------------------------
+    def _all_batches(self, epoch: int) -> list[list[int]]:
+        """Every rank's batches of `epoch`, in order, before splitting across ranks."""
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch])
+            order = rng.permutation(len(self.lengths))
+            pool = self.pool_size or len(order)
+            # Stable sort inside each pool: ties keep the random order, so batches differ per epoch.
+            pools = [order[i : i + pool] for i in range(0, len(order), pool)]
+            order = np.concatenate([p[np.argsort(self.lengths[p], kind="stable")] for p in pools])
+        else:
+            order = np.argsort(self.lengths, kind="stable")
+        batches = self._pack(order)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _pack(self, order: np.ndarray) -> list[list[int]]:
+        """Greedy: add examples while (count + 1) x longest still fits the budget."""
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        longest = 0
+        cap = self.max_sentences or math.inf
+        for index, length in zip(order.tolist(), self.lengths[order].tolist()):
+            if batch and ((len(batch) + 1) * max(longest, length) > self.max_tokens or len(batch) >= cap):
+                batches.append(batch)
+                batch, longest = [], 0
+            batch.append(index)
+            longest = max(longest, length)
+        batches.append(batch)
+        return batches
+
+    def batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This rank's batches for `epoch` (default: the current one), whole epoch, no resume offset."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        batches = self._all_batches(epoch)
+        if self.num_replicas > 1:
+            if self.drop_last:
+                batches = batches[: len(batches) - len(batches) % self.num_replicas]
+            else:
+                missing = -len(batches) % self.num_replicas
+                batches = batches + (batches * (missing // len(batches) + 1))[:missing]
+            batches = batches[self.rank :: self.num_replicas]
+        if not batches:
+            raise ValueError(
+                f"drop_last with {self.num_replicas} replicas leaves no batch "
+                f"({len(self.lengths)} examples, max_tokens={self.max_tokens})"
+            )
+        self._cache = (epoch, batches)
+        return batches
+
+    # -- the sampler protocol --------------------------------------------------------------------
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches()
+        start, self._resume_from = self._resume_from, 0
+        self._yielded = start
+        for batch in batches[start:]:
+            self._yielded += 1
+            yield batch
+
+    def __len__(self) -> int:
+        """Batches of the current epoch on this rank (a resumed epoch still counts them all)."""
+        return len(self.batches())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iterator yields (Lightning calls this every epoch)."""
+        if epoch != self.epoch:
+            self.epoch, self._resume_from, self._yielded = epoch, 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Epoch and batches already yielded in it: enough to continue exactly where it stopped."""
+        return {"epoch": self.epoch, "batches_yielded": max(self._yielded, self._resume_from)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """The next iterator skips the batches of `state["epoch"]` that were already yielded."""
+        self.epoch = int(state["epoch"])
+        self._resume_from = self._yielded = int(state["batches_yielded"])
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
+    """Right-pad id lists into a (B, L) long tensor, L = the longest."""
+    longest = max(len(seq) for seq in seqs)
+    out = torch.full((len(seqs), longest), pad_id, dtype=torch.long)  # (B, L)
+    for row, seq in enumerate(seqs):
+        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return out
+
+
+class TranslationCollator:
+    """Examples {"src_ids", "tgt_ids": [BOS .. EOS], "id"} -> src, tgt_in, tgt_out, masks, id.
+
+    Examples without "tgt_ids" (prediction on raw text) give only src, src_padding_mask and id.
+    """
+
+    def __init__(self, pad_id: int = PAD_ID) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
+        src = pad_sequences([ex["src_ids"] for ex in examples], self.pad_id)  # (B, S)
+        batch = {
+            "src": src,
+            "src_padding_mask": src == self.pad_id,  # (B, S) True = padding
+            "id": torch.tensor([ex["id"] for ex in examples], dtype=torch.long),  # (B,)
+        }
+        if "tgt_ids" in examples[0]:
+            # Teacher forcing: the decoder reads [BOS y1..yn] and predicts [y1..yn EOS].
+            tgt_in = pad_sequences([ex["tgt_ids"][:-1] for ex in examples], self.pad_id)  # (B, T)
+            tgt_out = pad_sequences([ex["tgt_ids"][1:] for ex in examples], self.pad_id)  # (B, T)
+            batch.update(tgt_in=tgt_in, tgt_out=tgt_out, tgt_padding_mask=tgt_in == self.pad_id)
+        return batch
+
+
+class ClassificationCollator:
+    """Examples {"src_ids", "label", "id"} -> src, src_padding_mask, label, id (label omitted if absent)."""
+
+    def __init__(self, pad_id: int = PAD_ID) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
+        src = pad_sequences([ex["src_ids"] for ex in examples], self.pad_id)  # (B, S)
+        batch = {
+            "src": src,
+            "src_padding_mask": src == self.pad_id,  # (B, S) True = padding
+            "id": torch.tensor([ex["id"] for ex in examples], dtype=torch.long),  # (B,)
+        }
+        if "label" in examples[0]:
+            batch["label"] = torch.tensor([ex["label"] for ex in examples], dtype=torch.long)  # (B,)
+        return batch
+
+
+class IndexedBatches(torch.utils.data.Dataset):
+    """Map-style view that returns the list of examples for a list of indices (for `sampler=` loaders).
+
+    An integer index gives a one-example list, so Lightning's `overfit_batches`, which swaps in a
+    SequentialSampler, still works (with batches of one).
+    """
+
+    def __init__(self, examples: Any) -> None:  # a datasets.Dataset or any indexable of dicts
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, indices: int | Sequence[int]) -> list[Mapping[str, Any]]:
+        if isinstance(indices, int):
+            indices = [indices]
+        columns = self.examples[list(indices)]
+        if isinstance(columns, Mapping):  # datasets.Dataset gives a dict of columns
+            return [dict(zip(columns, row)) for row in zip(*columns.values())]
+        return list(columns)

@@ -1,0 +1,184 @@
+"""BPE tokenizers (HuggingFace `tokenizers`): train on a split, save/load `tokenizer.json`, encode/decode.
+
+Special tokens have fixed ids everywhere: <pad>=0, <s>=1, </s>=2, <unk>=3. Encoding adds <s> ... </s>;
+decoding drops specials, stops at the first </s> and returns detokenized text (for sacreBLEU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+log = logging.getLogger(__name__)
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # their ids are their positions: 0, 1, 2, 3
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+_SPACE = "▁"  # SentencePiece's visible space: marks word starts so decoding restores spaces exactly
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the data pipeline needs from a tokenizer (tests may pass a character-level fake)."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class BPETokenizer:
+    """A trained `tokenizers.Tokenizer` with the project's special tokens, BOS/EOS and detokenization."""
+
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
+        for expected_id, token in enumerate(SPECIAL_TOKENS):
+            if tokenizer.token_to_id(token) != expected_id:
+                raise ValueError(
+                    f"special token {token!r} has id {tokenizer.token_to_id(token)}, expected {expected_id}"
+                )
+        self.tokenizer = tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` as [BOS, ..., EOS]."""
+        return self.tokenizer.encode(text).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts))]
+
+    def tokens(self, text: str) -> list[str]:
+        """The subword strings of `text` (for inspection and reports)."""
+        return self.tokenizer.encode(text).tokens
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text of `ids` up to the first EOS, special tokens removed."""
+        return self.tokenizer.decode(self._until_eos(ids), skip_special_tokens=True)
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return self.tokenizer.decode_batch([self._until_eos(ids) for ids in batch], skip_special_tokens=True)
+
+    def _until_eos(self, ids: Iterable[int]) -> list[int]:
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # tensors and arrays too
+        return ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+
+    def to_json(self) -> str:
+        return self.tokenizer.to_str()
+
+    @classmethod
+    def from_json(cls, text: str) -> BPETokenizer:
+        return cls(tokenizers.Tokenizer.from_str(text))
+
+    def save(self, path: str | Path) -> None:
+        """Write `tokenizer.json` atomically (a reader never sees a half-written file)."""
+        _atomic_write(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> BPETokenizer:
+        return cls(tokenizers.Tokenizer.from_file(str(path)))
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+def train_bpe(
+    texts: Iterable[str],
+    vocab_size: int,
+    *,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+    length: int | None = None,
+) -> BPETokenizer:
+    """Train a BPE model on `texts` (NFKC-normalized, split at spaces and punctuation).
+
+    The vocabulary can end up smaller than `vocab_size` when the corpus has fewer merges to offer.
+    """
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    tokenizer = tokenizers.Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.NFKC()
+    # Metaspace keeps spaces as "▁" so decode(encode(x)) == x; punctuation is split off so that
+    # "Hund." and "Hund" share one token.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="always"), pre_tokenizers.Punctuation()]
+    )
+    tokenizer.decoder = decoders.Metaspace(replacement=_SPACE, prepend_scheme="always")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=show_progress,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A {EOS}", special_tokens=[(BOS, BOS_ID), (EOS, EOS_ID)]
+    )
+    return BPETokenizer(tokenizer)
+
+
+def bpe_fingerprint(texts: Iterable[str], **settings: object) -> str:
+    """A hash of the training texts and settings: equal fingerprints give identical tokenizers."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"tokenizers": tokenizers.__version__, **settings}, sort_keys=True).encode())
+    for text in texts:
+        digest.update(text.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def load_or_train_bpe(
+    path: str | Path,
+    texts: Sequence[str],
+    vocab_size: int,
+    *,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+) -> BPETokenizer:
+    """Load `path` when its stored fingerprint matches `texts` + settings, else train and save it there.
+
+    The fingerprint lives next to it in `path` + ".fingerprint"; both files are replaced atomically.
+    """
+    path = Path(path)
+    fingerprint = bpe_fingerprint(texts, vocab_size=vocab_size, min_frequency=min_frequency)
+    stamp = path.with_name(path.name + ".fingerprint")
+    if path.is_file() and stamp.is_file() and stamp.read_text().strip() == fingerprint:
+        log.info("Reusing tokenizer %s (training data and settings unchanged)", path)
+        return BPETokenizer.load(path)
+    log.info("Training BPE tokenizer (vocab_size=%d) on %d texts -> %s", vocab_size, len(texts), path)
+    tokenizer = train_bpe(
+        texts, vocab_size, min_frequency=min_frequency, show_progress=show_progress, length=len(texts)
+    )
+    tokenizer.save(path)
+    _atomic_write(stamp, fingerprint + "\n")  # written last: a stamp always describes a complete file
+    return tokenizer
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
