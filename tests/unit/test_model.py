@@ -1,6 +1,7 @@
 """Seq2SeqTransformer / Encoder / TransformerClassifier: torch.nn parity, masking, caching, tying."""
 
 import re
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,6 +12,15 @@ from transformer.model import Encoder, Seq2SeqTransformer, TransformerClassifier
 
 PAD = 0
 POSITIONALS = ["sinusoidal", "learned", "rope"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread; two threads on a busy 2-core machine spin for seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _config(**overrides: object) -> TransformerConfig:
