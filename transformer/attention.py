@@ -283,8 +283,9 @@ class MultiHeadAttention(nn.Module):
         Masks as in `nn.MultiheadAttention`: bool True = do not attend, float = added to the scores;
         key_padding_mask (N, S), attn_mask (L, S) or (N*H, L, S). `is_causal` without attn_mask applies
         `make_causal_mask` itself; with attn_mask it is a hint that the mask is causal. With a
-        non-static `kv_cache`, S counts the cached positions too. Returns (output, weights or None);
-        weights are (N, L, S), or (N, H, L, S) when `average_attn_weights=False`.
+        non-static `kv_cache`, S counts the cached positions too; a filled static one is used instead
+        of key/value (which may then be None). Returns (output, weights or None); weights are
+        (N, L, S), or (N, H, L, S) when `average_attn_weights=False`.
         """
         static_hit = kv_cache is not None and kv_cache.static and kv_cache.key is not None
         self._check_inputs(query, key, value, static_hit)
@@ -293,42 +294,28 @@ class MultiHeadAttention(nn.Module):
         same_kv = key is value and not static_hit
         same_qkv = same_kv and query is key
         is_batched = query.dim() == 3
-        if not is_batched:  # (L, E) -> (1, L, E)
-            if key_padding_mask is not None and key_padding_mask.dim() != 1:
-                raise ValueError(
-                    "key_padding_mask for unbatched input must have shape (S,), "
-                    f"got {tuple(key_padding_mask.shape)}"
-                )
-            query = query.unsqueeze(0)
-            key = None if key is None else key.unsqueeze(0)
-            value = None if value is None else value.unsqueeze(0)
-            if key_padding_mask is not None:
-                key_padding_mask = key_padding_mask.unsqueeze(0)
-        elif not self.batch_first:  # the torch module's default layout is (L, N, E)
-            query = query.transpose(0, 1)
-            key = None if key is None else key.transpose(0, 1)
-            value = None if value is None else value.transpose(0, 1)
-        if static_hit:
-            key = value = None
+        query, key, value, key_padding_mask = self._to_batch_first(
+            query, None if static_hit else key, None if static_hit else value, key_padding_mask
+        )
         batch, q_len, _ = query.shape
-        if not static_hit and key is not None and key.shape[0] != batch:
-            raise ValueError(f"query and key batch sizes differ: {batch} vs {key.shape[0]}")
+        cached = 0 if kv_cache is None else len(kv_cache)
+        if kv_cache is not None and cached and kv_cache.key.shape[0] != batch:
+            raise ValueError(f"KVCache holds batch size {kv_cache.key.shape[0]}, query has {batch}")
+        if key is None:  # a filled static cache
+            k_len = cached
+        else:
+            if key.shape[0] != batch:
+                raise ValueError(f"query and key batch sizes differ: {batch} vs {key.shape[0]}")
+            k_len = key.shape[1] + (cached if kv_cache is not None and not kv_cache.static else 0)
+        self._check_masks(attn_mask, key_padding_mask, batch, q_len, k_len)  # before the cache changes
 
         # 1. project and split heads; rotary positions continue after what the cache holds
         q, k, v = self._project(query, key, value, same_qkv, same_kv)  # (B, H, T, Dh), (B, H, S, Dh) x 2
-        offset = 0 if kv_cache is None or kv_cache.static else len(kv_cache)
         if rotary is not None:
-            q = rotary(q, offset)
-            k = rotary(k, offset)
+            q = rotary(q, cached)
+            k = rotary(k, cached)
         if kv_cache is not None:
-            if kv_cache.key is not None and kv_cache.key.shape[0] != batch:
-                raise ValueError(f"KVCache holds batch size {kv_cache.key.shape[0]}, query has {batch}")
-            if static_hit:
-                k, v = kv_cache.key, kv_cache.value
-            else:
-                k, v = kv_cache.update(k, v)  # (B, H, S_cached + S, Dh)
-        k_len = k.shape[2]
-        self._check_masks(attn_mask, key_padding_mask, batch, q_len, k_len)
+            k, v = (kv_cache.key, kv_cache.value) if key is None else kv_cache.update(k, v)  # (B, H, S, Dh)
 
         # 2. extra key/value columns of the torch module: learned bias_k/bias_v, then a zero key/value
         n_extra = 0
@@ -391,6 +378,26 @@ class MultiHeadAttention(nn.Module):
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p)
         return torch.matmul(weights, v), weights  # (B, H, T, Dh), (B, H, T, S)
+
+    def _to_batch_first(
+        self, query: Tensor, key: Tensor | None, value: Tensor | None, key_padding_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """Bring inputs to (B, L, E) and the padding mask to (B, S), whatever the caller's layout."""
+        if query.dim() == 3:
+            if self.batch_first:
+                return query, key, value, key_padding_mask
+            # the torch module's default layout is (L, N, E)
+            key, value = (None if t is None else t.transpose(0, 1) for t in (key, value))
+            return query.transpose(0, 1), key, value, key_padding_mask
+        if key_padding_mask is not None:  # unbatched: (L, E) -> (1, L, E), (S,) -> (1, S)
+            if key_padding_mask.dim() != 1:
+                raise ValueError(
+                    "key_padding_mask for unbatched input must have shape (S,), "
+                    f"got {tuple(key_padding_mask.shape)}"
+                )
+            key_padding_mask = key_padding_mask.unsqueeze(0)
+        key, value = (None if t is None else t.unsqueeze(0) for t in (key, value))
+        return query.unsqueeze(0), key, value, key_padding_mask
 
     def _check_masks(
         self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, batch: int, q_len: int, k_len: int

@@ -654,6 +654,12 @@ def test_cache_reorder_for_beams() -> None:
     assert self_cache.key.shape[0] == 4 and len(self_cache) == 6
     with pytest.raises(ValueError, match="KVCache holds batch size 4"):
         decoder_self(x[:2, :1], x[:2, :1], x[:2, :1], kv_cache=self_cache)
+    step = x[:, :1]
+    with pytest.raises(ValueError, match=r"\(4, 7\), got \(4, 6\)"):  # S counts the cached positions
+        decoder_self(
+            step, step, step, kv_cache=self_cache, key_padding_mask=torch.zeros(4, 6, dtype=torch.bool)
+        )
+    assert len(self_cache) == 6  # a rejected call leaves the cache as it was
 
 
 # ---------------------------------------------------------------------------------------------------
