@@ -84,7 +84,7 @@ def greedy_search(
         src_padding_mask = model.padding_mask(src)  # (B, S)
         memory = model.encode(src)  # (B, S, D); projected once into the cross-attention caches
         cache = model.new_cache()
-        hypotheses = src.new_full((batch, int(max_lengths.max())), config.pad_id)  # (B, L_max)
+        hypotheses = src.new_full((batch, int(max_lengths.max()) if batch else 0), config.pad_id)
         rows = torch.arange(batch, device=src.device)  # original sentence of each row still decoding
         last_tokens = src.new_full((batch,), config.bos_id)  # (N,)
         step = 0

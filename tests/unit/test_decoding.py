@@ -230,3 +230,11 @@ def test_bad_arguments_raise() -> None:
         beam_search(model, src, beam_size=2, n_best=3)
     with pytest.raises(ValueError, match="max_len_a"):
         greedy_search(model, src, max_len_a=-1.0)
+
+
+def test_empty_batch() -> None:
+    model = _random_model()
+    src = torch.zeros(0, 5, dtype=torch.long)
+    assert greedy_search(model, src).shape == (0, 0)
+    hypotheses, scores = beam_search(model, src, beam_size=2, n_best=2)
+    assert hypotheses.shape == (0, 2, 0) and scores.shape == (0, 2)
