@@ -4,7 +4,7 @@ Both modules run batch_first self-attention on the same inputs; repeats are inte
 which goes first) and medians reported. Prints a table, then one JSON line with the speedups
 (torch time / ours time; > 1 means ours is faster).
 
-    python benchmarks/bench_attention.py [--repeats 7] [--threads N] [--quick]
+    python benchmarks/bench_attention.py [--repeats 7] [--threads N] [--quick] [--only 'L=256']
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="only the L=32 cases")
+    parser.add_argument("--only", default="", help="only cases whose name contains this")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,6 +75,7 @@ def main() -> None:
     ]
     if args.quick:
         cases = [c for c in cases if c[1] == 32]
+    cases = [c for c in cases if args.only in c[0]]
 
     rows = []
     for name, length, padding, causal, need_weights in cases:

@@ -364,7 +364,8 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, n_extra: int
     ) -> tuple[Tensor, Tensor]:
         """softmax(QK^T / sqrt(Dh) + mask) V written out, for when the weights are returned."""
-        scores = torch.matmul(q, k.transpose(-2, -1)).mul_(1.0 / math.sqrt(self.head_dim))  # (B, H, T, S)
+        # scaling q (T x Dh) is cheaper than scaling the scores (T x S) and makes the copy matmul needs anyway
+        scores = torch.matmul(q * (1.0 / math.sqrt(self.head_dim)), k.transpose(-2, -1))  # (B, H, T, S)
         empty = None
         if mask is not None:
             if n_extra == 0:
