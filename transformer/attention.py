@@ -210,30 +210,26 @@ class MultiHeadAttention(nn.Module):
 
     def _split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(
-            1, 2
-        )  # (B, L, D) -> (B, H, L, Dh)
+        # (B, L, D) -> (B, L, H, Dh) -> (B, H, L, Dh)
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
     def _project(
         self, query: Tensor, key: Tensor | None, value: Tensor | None, same_qkv: bool, same_kv: bool
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Step 1, the input projections: one matmul for q, k, v in self-attention, one fused matmul for
         k and v when key is value; returns (B, H, T, Dh) and two (B, H, S, Dh) (None if key is None)."""
-        batch, q_len, d = query.shape
+        d = self.embed_dim
         packed = self.in_proj_weight is not None
         if packed and same_qkv:
-            qkv = self._linear(query, slice(None), self.in_proj_weight)  # (B, T, 3D)
-            qkv = qkv.view(batch, q_len, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv.unbind(0)  # 3 x (B, H, T, Dh)
-            return q, k, v
+            # split (not unbind of a permuted view): its backward is one cat straight into (B, T, 3D)
+            q, k, v = self._linear(query, slice(None), self.in_proj_weight).split(d, dim=-1)  # 3 x (B, T, D)
+            return self._split_heads(q), self._split_heads(k), self._split_heads(v)  # 3 x (B, H, T, Dh)
         q = self._split_heads(self._linear(query, slice(0, d), self.q_proj_weight))  # (B, H, T, Dh)
         if key is None or value is None:
             return q, None, None
         if packed and same_kv:
-            kv = self._linear(key, slice(d, None), None)  # (B, S, 2D)
-            kv = kv.view(batch, key.shape[1], 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            k, v = kv.unbind(0)  # 2 x (B, H, S, Dh)
-            return q, k, v
+            k, v = self._linear(key, slice(d, None), None).split(d, dim=-1)  # 2 x (B, S, D)
+            return q, self._split_heads(k), self._split_heads(v)  # (B, H, T, Dh), 2 x (B, H, S, Dh)
         k = self._split_heads(self._linear(key, slice(d, 2 * d), self.k_proj_weight))  # (B, H, S, Dh)
         v = self._split_heads(self._linear(value, slice(2 * d, None), self.v_proj_weight))
         return q, k, v
