@@ -34,8 +34,8 @@ class DataError(ValueError):
 
 
 # -- reading files -------------------------------------------------------------------------------
-def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file (plain or .gz), stripped of surrounding whitespace."""
+def read_lines(path: str | Path, strip: bool = True) -> list[str]:
+    """Lines of a UTF-8 text file (plain or .gz), stripped of surrounding whitespace (or only of the newline)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"missing file {path}")
@@ -45,7 +45,8 @@ def read_lines(path: str | Path) -> list[str]:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
-                    lines.append(raw.decode("utf-8").strip())
+                    text = raw.decode("utf-8")
+                    lines.append(text.strip() if strip else text.rstrip("\r\n"))
                 except UnicodeDecodeError as err:
                     raise DataError(
                         f"{path}:{number}: invalid UTF-8 ({err.reason} at byte {err.start} of the line)"
@@ -182,11 +183,11 @@ def load_synthetic(
 def _read_rows(path: Path, text_column: str, label_column: str) -> list[tuple[int, str, str | None]]:
     """(line number, text, raw label or None) of a TSV/CSV/JSONL file with a header / keys."""
     kind = path.name.removesuffix(".gz").rpartition(".")[2].lower()
-    lines = read_lines(path)
+    lines = read_lines(path, strip=False)  # a TSV line may start with an empty field
     rows: list[tuple[int, str, str | None]] = []
     if kind == "jsonl":
         for number, line in enumerate(lines, start=1):
-            if not line:
+            if not line.strip():
                 rows.append((number, "", None))  # blank line: dropped and counted by the caller
                 continue
             try:
@@ -211,7 +212,7 @@ def _read_rows(path: Path, text_column: str, label_column: str) -> list[tuple[in
     label_at = header.index(label_column) if label_column in header else None
     for fields in reader:
         number = reader.line_num
-        if not any(fields):
+        if not any(field.strip() for field in fields):
             rows.append((number, "", None))  # blank line: dropped and counted by the caller
             continue
         if len(fields) != len(header):
