@@ -35,7 +35,7 @@ class DataError(ValueError):
 
 # -- reading files -------------------------------------------------------------------------------
 def read_lines(path: str | Path, strip: bool = True) -> list[str]:
-    """Lines of a UTF-8 text file (plain or .gz), stripped of surrounding whitespace (or only of the newline)."""
+    """Lines of a UTF-8 file (plain or .gz), stripped of surrounding whitespace (or only of the newline)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"missing file {path}")

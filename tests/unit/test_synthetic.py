@@ -65,8 +65,10 @@ def test_non_trivial_and_modest_length() -> None:
     inverted = [s for s in src if s.startswith("yesterday we ")]
     assert inverted and all(pairs[s].split()[2] == "wir" for s in inverted)
     # Gender and case: "one X" becomes einen / eine / ein depending on the noun.
-    articles = {pairs[s].split()[pairs[s].split().index(w) - 1] for s in src for w in ("Apfel", "Katze", "Buch")
-                if w in pairs[s].split()}  # fmt: skip
+    articles = set()
+    for s in src:
+        words = pairs[s].split()
+        articles |= {words[words.index(noun) - 1] for noun in ("Apfel", "Katze", "Buch") if noun in words}
     assert {"einen", "eine", "ein"} <= articles
 
 
