@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
 from torch import Tensor
@@ -229,7 +230,7 @@ class IndexedBatches(torch.utils.data.Dataset):
     def __getitem__(self, indices: int | Sequence[int]) -> list[Mapping[str, Any]]:
         if isinstance(indices, int):
             indices = [indices]
-        columns = self.examples[list(indices)]
-        if isinstance(columns, Mapping):  # datasets.Dataset gives a dict of columns
-            return [dict(zip(columns, row)) for row in zip(*columns.values())]
-        return list(columns)
+        if not isinstance(self.examples, datasets.Dataset):
+            return [self.examples[i] for i in indices]
+        columns = self.examples[list(indices)]  # one Arrow read for the whole batch: {column: values}
+        return [dict(zip(columns, row)) for row in zip(*columns.values())]
