@@ -1,0 +1,325 @@
+"""Scoring a trained network on one split: decoded sacreBLEU (translation) or label metrics (classification).
+
+The functions take the datamodules' batch dicts and return plain results; the numbers are computed
+exactly as `transformer.tasks` computes its `test/*` metrics, so evaluating a checkpoint reproduces
+what its training run reported. No Hydra, no files, no `data/` here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MulticlassCalibrationError,
+    MulticlassConfusionMatrix,
+    MulticlassF1Score,
+    MulticlassPrecision,
+    MulticlassRecall,
+)
+
+from transformer.decoding import beam_search, greedy_search
+from transformer.losses import label_smoothed_cross_entropy
+from transformer.model import Seq2SeqTransformer, TransformerClassifier
+
+__all__ = [
+    "ClassificationResult",
+    "LengthBucket",
+    "TranslationResult",
+    "attention_maps",
+    "bleu_by_length",
+    "decoding_settings",
+    "score_classification",
+    "score_translation",
+    "translate",
+]
+
+Batch = Mapping[str, Tensor]
+DECODING_KEYS = ("search", "beam_size", "length_penalty", "max_len_a", "max_len_b")
+SEARCHES = ("auto", "greedy", "beam")  # auto: greedy search for beam_size 1, as the tasks do
+
+
+def decoding_settings(saved: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint's decoding settings with the non-null `overrides` on top, checked."""
+    settings: dict[str, Any] = {"search": "auto", **saved}
+    for key, value in overrides.items():
+        if key not in DECODING_KEYS:
+            raise ValueError(f"unknown decoding option decode.{key}; expected some of {list(DECODING_KEYS)}")
+        if value is not None:
+            settings[key] = value
+    beam_size = settings.get("beam_size")
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"decode.beam_size must be an integer >= 1, got {beam_size!r}")
+    if settings["search"] not in SEARCHES:
+        raise ValueError(f"decode.search must be one of {list(SEARCHES)}, got {settings['search']!r}")
+    if settings["search"] == "greedy" and beam_size != 1:
+        raise ValueError(f"decode.search=greedy keeps one hypothesis, but decode.beam_size={beam_size}")
+    for key in ("length_penalty", "max_len_a", "max_len_b"):
+        value = settings.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"decode.{key} must be a number, got {value!r}")
+        if key != "length_penalty" and value < 0:
+            raise ValueError(f"decode.{key} must be >= 0, got {value!r}")
+    return settings
+
+
+@torch.no_grad()
+def translate(model: Seq2SeqTransformer, src: Tensor, decoding: Mapping[str, Any]) -> Tensor:
+    """src (B, S) -> best hypotheses (B, L): token ids after BOS, EOS-terminated, pad-filled."""
+    lengths = {"max_len_a": decoding["max_len_a"], "max_len_b": decoding["max_len_b"]}
+    if decoding["search"] == "greedy" or (decoding["search"] == "auto" and decoding["beam_size"] == 1):
+        return greedy_search(model, src, **lengths)
+    tokens, _ = beam_search(
+        model, src, beam_size=decoding["beam_size"], length_penalty=decoding["length_penalty"], **lengths
+    )
+    return tokens[:, 0]  # (B, L) the best of the beam
+
+
+# --- translation ------------------------------------------------------------------------------------
+
+
+@dataclass
+class TranslationResult:
+    """Corpus metrics plus per-sentence outputs, all lists in split order (index = example id)."""
+
+    metrics: dict[str, float]
+    signatures: dict[str, str]  # sacreBLEU signatures of the BLEU and chrF scores
+    sources: list[str]
+    references: list[str]
+    hypotheses: list[str]
+    hypothesis_ids: list[list[int]]  # token ids without BOS, up to and including EOS
+    sentence_bleu: list[float]
+
+
+def _sums() -> dict[str, float]:
+    return {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
+
+
+def score_translation(
+    model: Seq2SeqTransformer,
+    batches: Iterable[Batch],
+    *,
+    decode_ids: Callable[[list[list[int]]], list[str]],
+    sources: Sequence[str],
+    references: Sequence[str],
+    decoding: Mapping[str, Any],
+    label_smoothing: float,
+    stage: str = "test",
+) -> TranslationResult:
+    """Teacher-forced loss / perplexity / token accuracy and decoded BLEU / chrF / exact match.
+
+    `decode_ids` turns hypothesis token ids into detokenized text (the target tokenizer's
+    `decode_batch`); `sources` / `references` are the raw texts of the split, indexed by `batch["id"]`.
+    """
+    model.eval()
+    pad_id = model.config.pad_id
+    sums = _sums()
+    hypotheses: dict[int, tuple[str, list[int]]] = {}
+    with torch.no_grad():
+        for batch in batches:
+            src, tgt_out = batch["src"], batch["tgt_out"]
+            hidden = model(src, batch["tgt_in"], return_hidden=True)  # (B, T, D)
+            keep = tgt_out.ne(pad_id)  # (B, T)
+            logits = model.output_projection(hidden[keep])  # (N, V): only the non-pad positions
+            out = label_smoothed_cross_entropy(
+                logits, tgt_out[keep], ignore_index=pad_id, label_smoothing=label_smoothing
+            )
+            n = float(out.n_tokens)
+            sums["loss"] += float(out.loss) * n  # token-weighted, as the task's MeanMetric
+            sums["nll"] += float(out.nll) * n
+            sums["correct"] += float(out.n_correct)
+            sums["tokens"] += n
+            ids = [_until_eos(row, model.config.eos_id, pad_id) for row in translate(model, src, decoding)]
+            for index, text, row in zip(batch["id"].tolist(), decode_ids(ids), ids):
+                hypotheses[index] = (text, row)
+    missing = sorted(set(range(len(references))) - set(hypotheses))
+    if missing:
+        raise RuntimeError(
+            f"the batches skipped {len(missing)} examples of the split (ids {missing[:5]} ...)"
+        )
+    hyps = [hypotheses[i][0] for i in range(len(references))]
+    refs = list(references)
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    tokens = max(sums["tokens"], 1.0)
+    nll = sums["nll"] / tokens
+    metrics = {
+        f"{stage}/loss": sums["loss"] / tokens,
+        f"{stage}/nll": nll,
+        f"{stage}/ppl": math.exp(nll),
+        f"{stage}/token_acc": sums["correct"] / tokens,
+        f"{stage}/bleu": bleu.corpus_score(hyps, [refs]).score,
+        f"{stage}/chrf": chrf.corpus_score(hyps, [refs]).score,
+        f"{stage}/exact_match": 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs)) / len(hyps),
+    }
+    sentence = sacrebleu.BLEU(effective_order=True)  # sentence BLEU needs effective order
+    return TranslationResult(
+        metrics=metrics,
+        signatures={"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
+        sources=list(sources),
+        references=refs,
+        hypotheses=hyps,
+        hypothesis_ids=[hypotheses[i][1] for i in range(len(references))],
+        sentence_bleu=[sentence.sentence_score(h, [r]).score for h, r in zip(hyps, refs)],
+    )
+
+
+def _until_eos(row: Tensor, eos_id: int, pad_id: int) -> list[int]:
+    ids = row.tolist()
+    if eos_id in ids:
+        return ids[: ids.index(eos_id) + 1]
+    return [i for i in ids if i != pad_id]
+
+
+@dataclass
+class LengthBucket:
+    """Corpus BLEU of the sentences whose source has `low`..`high` words (`high` None: no limit)."""
+
+    low: int
+    high: int | None
+    count: int
+    bleu: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.low}+" if self.high is None else f"{self.low}-{self.high}"
+
+
+def bleu_by_length(
+    sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str], edges: Sequence[int]
+) -> list[LengthBucket]:
+    """Corpus BLEU per source-length bucket (words): edges [10, 20] -> 1-10, 11-20, 21+ (empty: left out)."""
+    bounds = sorted({int(e) for e in edges})
+    if not bounds or bounds[0] < 1:
+        raise ValueError(f"length bucket edges must be positive integers, got {list(edges)}")
+    ranges = [(low + 1, high) for low, high in zip([0, *bounds[:-1]], bounds)]
+    buckets: list[LengthBucket] = []
+    for low, high in [*ranges, (bounds[-1] + 1, None)]:
+        chosen = [
+            i
+            for i, s in enumerate(sources)
+            if low <= len(s.split()) and (high is None or len(s.split()) <= high)
+        ]
+        if chosen:
+            hyps = [hypotheses[i] for i in chosen]
+            refs = [references[i] for i in chosen]
+            score = sacrebleu.corpus_bleu(hyps, [refs]).score
+            buckets.append(LengthBucket(low, high, len(chosen), score))
+    return buckets
+
+
+# --- classification ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ClassificationResult:
+    """Metrics plus per-example predictions in split order (index = example id)."""
+
+    metrics: dict[str, float]
+    class_names: list[str]
+    per_class: dict[str, dict[str, float]]  # name -> precision, recall, f1, support
+    confusion: list[list[int]]  # [gold][predicted] counts
+    labels: list[int]
+    predictions: list[int]
+    probabilities: list[list[float]] = field(repr=False)
+
+
+def score_classification(
+    model: TransformerClassifier,
+    batches: Iterable[Batch],
+    *,
+    num_examples: int,
+    class_names: Sequence[str],
+    label_smoothing: float,
+    stage: str = "test",
+    calibration_bins: int = 15,
+) -> ClassificationResult:
+    """Loss, accuracy (micro), macro-F1 as the task logs them, plus per-class scores and calibration error."""
+    model.eval()
+    C = len(class_names)
+    metrics = {
+        "acc": MulticlassAccuracy(C, average="micro"),
+        "f1": MulticlassF1Score(C, average="macro"),
+        "precision": MulticlassPrecision(C, average=None),
+        "recall": MulticlassRecall(C, average=None),
+        "f1_per_class": MulticlassF1Score(C, average=None),
+        "confusion": MulticlassConfusionMatrix(C),
+        "ece": MulticlassCalibrationError(C, n_bins=calibration_bins, norm="l1"),
+    }
+    loss_sum, count = 0.0, 0
+    rows: dict[int, tuple[int, list[float]]] = {}
+    labels: dict[int, int] = {}
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(batch["src"]).float()  # (B, C)
+            gold = batch["label"]  # (B,)
+            loss = F.cross_entropy(logits, gold, label_smoothing=label_smoothing, reduction="sum")
+            loss_sum, count = loss_sum + float(loss), count + gold.numel()
+            probs = logits.softmax(dim=-1)  # (B, C)
+            for metric in metrics.values():
+                metric.update(probs, gold)
+            for index, label, p in zip(batch["id"].tolist(), gold.tolist(), probs.tolist()):
+                rows[index] = (int(max(range(C), key=p.__getitem__)), p)
+                labels[index] = label
+    missing = sorted(set(range(num_examples)) - set(rows))
+    if missing:
+        raise RuntimeError(
+            f"the batches skipped {len(missing)} examples of the split (ids {missing[:5]} ...)"
+        )
+    values = {name: metric.compute() for name, metric in metrics.items()}
+    confusion = values["confusion"].tolist()
+    per_class = {
+        name: {
+            "precision": float(values["precision"][c]),
+            "recall": float(values["recall"][c]),
+            "f1": float(values["f1_per_class"][c]),
+            "support": float(sum(confusion[c])),
+        }
+        for c, name in enumerate(class_names)
+    }
+    return ClassificationResult(
+        metrics={
+            f"{stage}/loss": loss_sum / max(count, 1),
+            f"{stage}/acc": float(values["acc"]),
+            f"{stage}/f1": float(values["f1"]),
+            f"{stage}/ece": float(values["ece"]),
+        },
+        class_names=list(class_names),
+        per_class=per_class,
+        confusion=confusion,
+        labels=[labels[i] for i in range(num_examples)],
+        predictions=[rows[i][0] for i in range(num_examples)],
+        probabilities=[rows[i][1] for i in range(num_examples)],
+    )
+
+
+# --- attention ----------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def attention_maps(
+    model: Seq2SeqTransformer | TransformerClassifier, src: Sequence[int], tgt_in: Sequence[int] | None = None
+) -> dict[str, list[Tensor]]:
+    """One sentence's attention: "encoder_self" (+ "decoder_self", "cross") -> per layer (H, Tq, Tk)."""
+    model.eval()
+    src_tensor = torch.tensor([list(src)], dtype=torch.long, device=_device(model))  # (1, S)
+    if isinstance(model, Seq2SeqTransformer):
+        if tgt_in is None:
+            raise ValueError("a translation model's attention maps need tgt_in (BOS + target tokens)")
+        tgt_tensor = torch.tensor([list(tgt_in)], dtype=torch.long, device=src_tensor.device)  # (1, T)
+        maps = model.attention_maps(src_tensor, tgt_tensor)
+    else:
+        maps = model.attention_maps(src_tensor)
+    return {
+        kind: [layer[0].float().cpu() for layer in layers] for kind, layers in maps.items()
+    }  # (H, Tq, Tk)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,230 @@
+"""Figures of an evaluation report (matplotlib) and the training logs the learning curves come from.
+
+Figures are drawn on `matplotlib.figure.Figure` objects (no pyplot, no global backend state), so
+plotting works headless and never touches anyone else's figures. Learning curves are read back from
+a training run's CSV logger (`metrics.csv`) or TensorBoard event files.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "read_learning_curves",
+    "save_attention_heads",
+    "save_bar_chart",
+    "save_confusion_matrix",
+    "save_learning_curves",
+]
+
+Curves = dict[str, list[tuple[int, float]]]  # metric name -> (step, value) points in step order
+# Panels of the learning-curve figure, in this order: the metric name after the stage prefix.
+_CURVE_PANELS = ("loss", "bleu", "chrf", "acc", "f1", "ppl", "token_acc", "lr")
+_MAX_TICK_LABELS = 48  # beyond this many tokens per axis the labels are unreadable: leave them off
+
+
+# --- figures ------------------------------------------------------------------------------------------
+
+
+def _save(figure: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=110)
+    return path
+
+
+def _label_axis(ax: Axes, tokens: Sequence[str], axis: str) -> None:
+    if len(tokens) > _MAX_TICK_LABELS:
+        return
+    positions = range(len(tokens))
+    if axis == "x":
+        ax.set_xticks(positions, labels=tokens, rotation=90, fontsize=7)
+    else:
+        ax.set_yticks(positions, labels=tokens, fontsize=7)
+
+
+def save_attention_heads(
+    weights: np.ndarray | Sequence[Sequence[Sequence[float]]],
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    path: str | Path,
+    title: str,
+) -> Path:
+    """One heatmap per head of a (H, T_q, T_k) attention tensor: rows are queries, columns keys."""
+    weights = np.asarray(weights, dtype=np.float32)
+    if weights.ndim != 3 or weights.shape[1:] != (len(query_tokens), len(key_tokens)):
+        raise ValueError(
+            f"weights must be (heads, {len(query_tokens)} queries, {len(key_tokens)} keys), "
+            f"got shape {weights.shape}"
+        )
+    H = weights.shape[0]
+    cols = min(H, 4)
+    rows = math.ceil(H / cols)
+    side = max(2.5, 0.18 * max(len(query_tokens), len(key_tokens)) + 1.0)
+    figure = Figure(figsize=(cols * side, rows * side + 0.6), layout="constrained")
+    axes = figure.subplots(rows, cols, squeeze=False)
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= H:
+            ax.set_axis_off()
+            continue
+        image = ax.imshow(weights[h], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_title(f"head {h}", fontsize=9)
+        _label_axis(ax, key_tokens, "x")
+        _label_axis(ax, query_tokens, "y")
+    figure.suptitle(title, fontsize=10)
+    if image is not None:
+        figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
+    return _save(figure, path)
+
+
+def save_confusion_matrix(
+    matrix: np.ndarray | Sequence[Sequence[int]], class_names: Sequence[str], path: str | Path
+) -> Path:
+    """Counts with gold classes as rows and predictions as columns, each cell annotated."""
+    matrix = np.asarray(matrix)
+    C = len(class_names)
+    if matrix.shape != (C, C):
+        raise ValueError(f"confusion matrix must be ({C}, {C}) for {C} classes, got shape {matrix.shape}")
+    side = max(3.0, 0.6 * C + 1.5)
+    figure = Figure(figsize=(side + 1.0, side), layout="constrained")
+    ax = figure.subplots()
+    image = ax.imshow(matrix, cmap="Blues")
+    threshold = matrix.max() / 2 if matrix.size else 0
+    for gold in range(C):
+        for predicted in range(C):
+            value = matrix[gold, predicted]
+            color = "white" if value > threshold else "black"
+            ax.text(predicted, gold, str(int(value)), ha="center", va="center", color=color, fontsize=8)
+    ax.set_xticks(range(C), labels=list(class_names), rotation=45, ha="right")
+    ax.set_yticks(range(C), labels=list(class_names))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("gold")
+    figure.colorbar(image, ax=ax, shrink=0.8)
+    return _save(figure, path)
+
+
+def save_bar_chart(
+    labels: Sequence[str],
+    values: Sequence[float],
+    path: str | Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    counts: Sequence[int] | None = None,
+) -> Path:
+    """A bar per label (e.g. BLEU per source-length bucket), annotated with `counts` when given."""
+    if len(labels) != len(values) or (counts is not None and len(counts) != len(values)):
+        raise ValueError(
+            f"got {len(labels)} labels, {len(values)} values and {counts and len(counts)} counts"
+        )
+    figure = Figure(figsize=(max(4.0, 0.8 * len(labels) + 2.0), 3.2), layout="constrained")
+    ax = figure.subplots()
+    bars = ax.bar(range(len(values)), values, color="tab:blue")
+    if counts is not None:
+        ax.bar_label(bars, labels=[f"n={c}" for c in counts], fontsize=7)
+    ax.set_xticks(range(len(labels)), labels=list(labels))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.margins(y=0.15)
+    return _save(figure, path)
+
+
+# --- learning curves ----------------------------------------------------------------------------------
+
+
+def read_learning_curves(run_dir: str | Path) -> Curves:
+    """Scalar curves logged by a training run: its CSV logger files, else its TensorBoard events.
+
+    Returns {} when the run directory has neither (e.g. only a wandb logger was used).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return {}
+    curves: dict[str, dict[int, float]] = {}
+    for path in sorted(run_dir.rglob("metrics.csv")):
+        _read_csv(path, curves)
+    if not curves:
+        for path in sorted(run_dir.rglob("events.out.tfevents.*")):
+            _read_tensorboard(path, curves)
+    return {name: sorted(points.items()) for name, points in sorted(curves.items()) if points}
+
+
+def _read_csv(path: Path, curves: dict[str, dict[int, float]]) -> None:
+    with path.open(newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            try:
+                step = int(float(row.get("step") or "nan"))
+            except ValueError:
+                continue  # a row without a step (cannot be placed on the x axis)
+            for name, value in row.items():
+                if name in ("step", "epoch") or not value:
+                    continue
+                try:
+                    curves.setdefault(name, {})[step] = float(value)
+                except ValueError:
+                    continue  # not a number (a text column)
+
+
+def _read_tensorboard(path: Path, curves: dict[str, dict[int, float]]) -> None:
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:  # tensorboard is a dev extra
+        log.info("tensorboard is not installed: cannot read learning curves from %s", path)
+        return
+    events = EventAccumulator(str(path), size_guidance={"scalars": 0})  # 0 = keep every point
+    events.Reload()
+    for tag in events.Tags().get("scalars", []):
+        for event in events.Scalars(tag):
+            curves.setdefault(tag, {})[int(event.step)] = float(event.value)
+
+
+def _panel(name: str) -> str:
+    if name.startswith("lr-") or name.endswith("/lr"):
+        return "lr"
+    return name.rsplit("/", 1)[-1]
+
+
+def save_learning_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path: str | Path) -> Path | None:
+    """One panel per metric (loss, BLEU, accuracy, ... learning rate), train and val curves together.
+
+    Single points (test metrics) and bookkeeping series (throughput, padding) are left out; returns
+    None when nothing is left to draw.
+    """
+    panels: dict[str, list[str]] = {}
+    for name, points in curves.items():
+        panel = _panel(name)
+        if panel in _CURVE_PANELS and len(points) > 1 and not name.startswith("test/"):
+            panels.setdefault(panel, []).append(name)
+    if not panels:
+        return None
+    order = [panel for panel in _CURVE_PANELS if panel in panels]
+    cols = min(len(order), 3)
+    rows = math.ceil(len(order) / cols)
+    figure = Figure(figsize=(4.2 * cols, 3.0 * rows), layout="constrained")
+    axes = figure.subplots(rows, cols, squeeze=False)
+    for ax, panel in zip(axes.flat, order):
+        for name in sorted(panels[panel]):
+            steps, values = zip(*curves[name])
+            ax.plot(steps, values, label=name, marker="." if len(steps) < 30 else None)
+        ax.set_title(panel)
+        ax.set_xlabel("step")
+        if panel == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(order) :]:
+        ax.set_axis_off()
+    return _save(figure, path)

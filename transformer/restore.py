@@ -1,0 +1,152 @@
+"""A trained model back from a checkpoint dict: which task it is, its weights, its saved settings.
+
+Only plain data is read (the dict comes from `transformer.checkpoint.load_checkpoint`); no class named
+inside the checkpoint is ever imported or called, so a checkpoint can describe a model but not run code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import nn
+
+from transformer.checkpoint import CheckpointError, load_checkpoint, strip_compile_prefix
+from transformer.config import TransformerConfig
+from transformer.model import Seq2SeqTransformer, TransformerClassifier
+
+__all__ = ["DATAMODULES", "TASKS", "RestoredModel", "last_checkpoints", "restore_model", "task_of"]
+
+TaskKind = Literal["translation", "classification"]
+# The task's LightningModule class and the datamodule class whose state Lightning saves with it.
+TASKS: dict[str, TaskKind] = {"TranslationTask": "translation", "ClassificationTask": "classification"}
+DATAMODULES: dict[TaskKind, str] = {
+    "translation": "TranslationDataModule",
+    "classification": "ClassificationDataModule",
+}
+_MODEL_PREFIX = "model."  # the tasks hold their network as `self.model`
+
+
+@dataclass
+class RestoredModel:
+    """A network rebuilt from a checkpoint, in eval mode on the CPU, plus what evaluation needs from it."""
+
+    task: TaskKind
+    model: nn.Module
+    hparams: dict[str, Any]  # the task's saved hyperparameters (plain data)
+    run_config: dict[str, Any]  # the resolved training config ({} for checkpoints without one)
+    datamodule_state: dict[str, Any] = field(default_factory=dict)  # tokenizer JSON(s), class names
+    global_step: int | None = None
+    epoch: int | None = None
+
+
+def _hparams(checkpoint: Mapping[str, Any], path: str | Path) -> Mapping[str, Any]:
+    hparams = checkpoint.get("hyper_parameters")
+    if not isinstance(hparams, Mapping) or not isinstance(hparams.get("config"), Mapping):
+        raise CheckpointError(
+            f"checkpoint {path} has no task hyperparameters with a model `config`: "
+            "it was not written by train.py (TranslationTask / ClassificationTask)"
+        )
+    return hparams
+
+
+def task_of(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") -> TaskKind:
+    """The task of `checkpoint`: "translation" or "classification".
+
+    Hyperparameters, weights, config and datamodule state must all tell the same story (a mixed-up
+    or hand-edited checkpoint is refused).
+    """
+    hparams = _hparams(checkpoint, path)
+    kind: TaskKind = "classification" if "num_classes" in hparams else "translation"
+    evidence = {"hyperparameters": kind}
+    keys = checkpoint["state_dict"].keys()
+    if any(k.startswith(f"{_MODEL_PREFIX}head.") for k in keys):
+        evidence["weights"] = "classification"
+    elif any(k.startswith(f"{_MODEL_PREFIX}decoder.") for k in keys):
+        evidence["weights"] = "translation"
+    config = checkpoint.get("config")
+    target = config.get("model", {}).get("_target_") if isinstance(config, Mapping) else None
+    if isinstance(target, str) and target.rsplit(".", 1)[-1] in TASKS:
+        evidence["config model._target_"] = TASKS[target.rsplit(".", 1)[-1]]
+    saved_datamodules = [name for name in DATAMODULES.values() if name in checkpoint]
+    for name in saved_datamodules:
+        evidence[f"{name} state"] = next(k for k, v in DATAMODULES.items() if v == name)
+    if len(set(evidence.values())) > 1:
+        story = ", ".join(f"{source} says {value}" for source, value in evidence.items())
+        raise CheckpointError(f"checkpoint {path} is inconsistent: {story}")
+    return kind
+
+
+def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") -> RestoredModel:
+    """Rebuild the task's network from `checkpoint` (hyperparameters + weights), in eval mode."""
+    kind = task_of(checkpoint, path)
+    hparams = dict(_hparams(checkpoint, path))
+    try:
+        config = TransformerConfig.from_dict(hparams["config"])
+        if kind == "translation":
+            model: nn.Module = Seq2SeqTransformer(config)
+        else:
+            model = TransformerClassifier(config, hparams["num_classes"], hparams.get("pooling", "cls"))
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path}: its model config cannot be built: {err}") from None
+    weights = {
+        key.removeprefix(_MODEL_PREFIX): value
+        for key, value in strip_compile_prefix(checkpoint["state_dict"]).items()
+        if key.startswith(_MODEL_PREFIX)
+    }
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {path}: weights do not match its model config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    for key, value in weights.items():
+        if value.shape != expected[key].shape:
+            raise CheckpointError(
+                f"checkpoint {path}: {key} has shape {tuple(value.shape)} but its model config "
+                f"gives {tuple(expected[key].shape)}"
+            )
+    model.load_state_dict(weights)
+    model.eval()
+    config_dict = checkpoint.get("config")
+    return RestoredModel(
+        task=kind,
+        model=model,
+        hparams=hparams,
+        run_config=dict(config_dict) if isinstance(config_dict, Mapping) else {},
+        datamodule_state=dict(checkpoint.get(DATAMODULES[kind]) or {}),
+        global_step=checkpoint.get("global_step"),
+        epoch=checkpoint.get("epoch"),
+    )
+
+
+def last_checkpoints(directory: str | Path, n: int) -> list[Path]:
+    """The `n` checkpoints of a run with the highest global steps, oldest first.
+
+    `directory` is a run directory (its `checkpoints/` is searched) or a checkpoint directory. The
+    order comes from the global step stored in each file, not from names or times. Files of the same
+    step (`last.ckpt` is a copy of the newest epoch checkpoint) count once; the named one is kept.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"average_last must be an integer >= 1, got {n!r}")
+    directory = Path(directory)
+    if (directory / "checkpoints").is_dir():
+        directory = directory / "checkpoints"
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    by_step: dict[int, Path] = {}
+    for path in sorted(directory.glob("*.ckpt"), key=lambda p: (p.name.startswith("last"), p.name)):
+        step = load_checkpoint(path).get("global_step")
+        if not isinstance(step, int):
+            raise CheckpointError(f"checkpoint {path} has no global_step: cannot order it among the others")
+        by_step.setdefault(step, path)
+    if len(by_step) < n:
+        found = ", ".join(f"{p.name} (step {s})" for s, p in sorted(by_step.items())) or "none"
+        raise CheckpointError(
+            f"average_last={n} needs {n} checkpoints of different steps in {directory}; found {found} "
+            "(keep more with callbacks.model_checkpoint.save_top_k=-1 when training)"
+        )
+    return [by_step[step] for step in sorted(by_step)[-n:]]
