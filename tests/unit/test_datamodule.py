@@ -1,0 +1,245 @@
+"""DataModules: batches match the raw text by id, tokenizer caching and checkpoint state, real Multi30k and
+SST-2, length filtering, unlabeled splits, and an exact mid-epoch resume through a real Lightning Trainer."""
+
+import logging
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+
+from data import datamodules, tokenization
+from data.datamodules import ClassificationDataModule, TranslationDataModule
+from data.sources import DataError
+
+SMALL = {"train": 400, "val": 40, "test": 30}
+
+
+def _synthetic(**kwargs: object) -> TranslationDataModule:
+    args = {
+        "synthetic_sizes": SMALL,
+        "vocab_size": 150,
+        "max_tokens": 400,
+        "max_len": 48,
+        "show_progress": False,
+    }
+    return TranslationDataModule(**{**args, **kwargs})
+
+
+def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a tokenizer was trained although a matching one was available")
+
+    monkeypatch.setattr(tokenization, "train_bpe", fail)
+    monkeypatch.setattr(datamodules, "train_bpe", fail)
+
+
+def test_translation_batches_match_raw_text() -> None:
+    dm = _synthetic()
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.src_tokenizer is dm.tgt_tokenizer and dm.src_vocab_size == dm.tgt_vocab_size == 150
+    assert (dm.pad_id, dm.bos_id, dm.eos_id) == (0, 1, 2)
+    seen, longest = [], []
+    for batch in dm.val_dataloader():
+        assert set(batch) == {"src", "src_padding_mask", "tgt_in", "tgt_out", "tgt_padding_mask", "id"}
+        assert (batch["tgt_in"][:, 0] == dm.bos_id).all()
+        for row, i in enumerate(batch["id"].tolist()):
+            assert dm.src_tokenizer.decode(batch["src"][row]) == dm.sources("val")[i]
+            assert dm.tgt_tokenizer.decode(batch["tgt_out"][row]) == dm.references("val")[i]
+        seen += batch["id"].tolist()
+        longest.append(int((~batch["src_padding_mask"]).sum(1).max()))
+    assert sorted(seen) == list(range(40))
+    train = list(dm.train_dataloader())
+    assert sorted(i for b in train for i in b["id"].tolist()) == list(range(400))
+    assert all(b["src"].numel() <= 400 and b["tgt_in"].numel() <= 400 for b in train)
+
+
+def test_tokenizer_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _synthetic(cache_dir=tmp_path)
+    first.prepare_data()
+    first.setup("fit")
+    saved = list((tmp_path / "tokenizers").glob("*/tokenizer.json"))
+    assert len(saved) == 1
+    with monkeypatch.context() as patch:
+        _no_training(patch)
+        again = _synthetic(cache_dir=tmp_path)
+        again.prepare_data()
+        again.setup("fit")
+    assert again.src_tokenizer.to_json() == first.src_tokenizer.to_json()
+    other = _synthetic(cache_dir=tmp_path, seed=1)  # different training text: trained anew, stored apart
+    other.prepare_data()
+    assert len(list((tmp_path / "tokenizers").glob("*/tokenizer.json"))) == 2
+
+
+def test_state_dict_restores_tokenizer_and_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = _synthetic(joint_vocab=False)
+    dm.setup("fit")
+    assert dm.src_tokenizer is not dm.tgt_tokenizer
+    assert dm.src_tokenizer.to_json() != dm.tgt_tokenizer.to_json()
+    loader = dm.train_dataloader()
+    iterator = iter(loader)
+    first_batches = [next(iterator)["id"].tolist() for _ in range(3)]
+    state = dm.state_dict()
+    assert state["train_sampler"] == {"epoch": 0, "batches_yielded": 3}
+    with monkeypatch.context() as patch:
+        _no_training(patch)
+        restored = _synthetic(joint_vocab=False)
+        restored.load_state_dict(state)
+        restored.setup("fit")
+        assert restored.src_tokenizer.to_json() == dm.src_tokenizer.to_json()
+        assert restored.tgt_tokenizer.to_json() == dm.tgt_tokenizer.to_json()
+        rest = [b["id"].tolist() for b in restored.train_dataloader()]
+    assert first_batches + rest == [b["id"].tolist() for b in dm.train_dataloader()]
+
+
+def test_max_len_filters_train_and_truncates_eval(caplog: pytest.LogCaptureFixture) -> None:
+    dm = _synthetic(max_len=24)
+    with caplog.at_level(logging.WARNING, logger="data.datamodules"):
+        dm.setup("fit")
+    train = dm.tokenized("train")
+    assert 0 < len(train) < 400
+    assert f"train: dropped {400 - len(train)} of 400 examples longer than max_len=24" in caplog.text
+    val = dm.tokenized("val")
+    assert len(val) == 40 and "val: truncated" in caplog.text  # scores must cover every example
+    assert all(len(ids) <= 24 and ids[-1] == dm.eos_id for ids in val["tgt_ids"][:])
+
+
+def test_predict_raw_texts() -> None:
+    dm = _synthetic()
+    dm.setup("fit")
+    dm.predict_texts = ["we see three cats .", "i have one hundred one old cars and two eggs .", "hi"]
+    batches = list(dm.predict_dataloader())
+    assert all(set(b) == {"src", "src_padding_mask", "id"} for b in batches)
+    decoded = {i: dm.src_tokenizer.decode(row) for b in batches for i, row in zip(b["id"].tolist(), b["src"])}
+    assert [decoded[i] for i in range(3)] == dm.predict_texts
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="source must be"):
+        TranslationDataModule(source="wmt")
+    with pytest.raises(ValueError, match=r"max_tokens \(10\) must be at least max_len \(64\)"):
+        TranslationDataModule(max_tokens=10, max_len=64)
+    with pytest.raises(ValueError, match="needs data_dir"):
+        TranslationDataModule(source="parallel")
+    with pytest.raises(ValueError, match="hub_name"):
+        ClassificationDataModule(source="hub")
+
+
+def test_multi30k_real(multi30k_dir: Path) -> None:
+    dm = TranslationDataModule(
+        "multi30k",
+        multi30k_dir,
+        "de",
+        "en",
+        test_split="test_2016_flickr",
+        vocab_size=2000,
+        show_progress=False,
+    )
+    dm.prepare_data()
+    dm.setup("test")
+    assert dm.src_vocab_size == 2000 and len(dm.references("test_2016_flickr")) == 1000
+    ids = [i for batch in dm.test_dataloader() for i in batch["id"].tolist()]
+    assert sorted(ids) == list(range(1000))
+    assert dm.sources("test_2016_flickr")[0] == "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
+    missing = TranslationDataModule(
+        "multi30k", multi30k_dir, test_split="test_2018_flickr", show_progress=False
+    )
+    with pytest.raises(DataError, match=r"test_2018_flickr\.en\.gz.*splits present"):
+        missing.references("test_2018_flickr")
+
+
+def test_sst2_real(sst2_dir: Path) -> None:
+    # Tokenizer trained on dev to stay fast (train.tsv.gz itself is read in test_sources).
+    dm = ClassificationDataModule(
+        data_dir=sst2_dir, train_split="dev", test_split="dev", vocab_size=1000, show_progress=False
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    assert (dm.class_names, dm.num_classes, dm.vocab_size) == (["negative", "positive"], 2, 1000)
+    labels = dm.labels("dev")
+    for batch in dm.val_dataloader():
+        assert set(batch) == {"src", "src_padding_mask", "label", "id"}
+        assert batch["label"].tolist() == [labels[i] for i in batch["id"].tolist()]
+        assert (batch["src"][:, 0] == dm.bos_id).all()  # position 0 is the classifier's summary token
+    assert dm.state_dict()["class_names"] == ["negative", "positive"]
+
+
+def test_classification_unlabeled_split_refused_but_predictable(tmp_path: Path) -> None:
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "good film\t1\nbad film\t0\n" * 5)
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nfine film\t1\n")
+    (tmp_path / "test.tsv").write_text("index\tsentence\n0\tgood bad film\n1\tfilm\n")
+    dm = ClassificationDataModule(data_dir=tmp_path, vocab_size=30, show_progress=False)
+    dm.setup("fit")
+    with pytest.raises(DataError, match="split 'test' is unlabeled"):
+        dm.setup("test")
+    batches = list(dm.predict_dataloader())  # predicting the unlabeled split is fine
+    assert sorted(i for b in batches for i in b["id"].tolist()) == [0, 1]
+
+
+def test_classification_generic_files(tmp_path: Path) -> None:
+    rows = ['{"review": "great stuff", "stars": "pos"}', '{"review": "awful", "stars": "neg"}'] * 5
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "valid.jsonl").write_text(rows[1] + "\n")
+    dm = ClassificationDataModule(
+        "files", tmp_path, val_split="valid", file_pattern="{split}.jsonl", text_column="review",
+        label_column="stars", vocab_size=30, show_progress=False,
+    )  # fmt: skip
+    dm.setup("validate")
+    assert dm.class_names == ["neg", "pos"]  # inferred from the training split
+    assert next(iter(dm.val_dataloader()))["label"].tolist() == [0]
+    with pytest.raises(DataError, match=r"missing .*test\.jsonl"):
+        dm.setup("test")
+
+
+class _Recorder(L.LightningModule):
+    """Smallest trainable module: records the ids of every training batch it sees."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, 4)
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.seen.append(batch["id"].tolist())
+        return self.embed(batch["src"]).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(
+    tmp_path: Path, max_epochs: int, ckpt_path: Path | None = None, every: int | None = None
+) -> list[list[int]]:
+    dm = _synthetic(cache_dir=tmp_path / "cache")
+    callbacks = (
+        [ModelCheckpoint(tmp_path / "ckpt", "{step}", every_n_train_steps=every, save_top_k=-1)]
+        if every
+        else []
+    )
+    trainer = L.Trainer(
+        max_epochs=max_epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=bool(every), callbacks=callbacks,
+        limit_val_batches=0, num_sanity_val_steps=0,
+    )  # fmt: skip
+    model = _Recorder(150)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    if not every:
+        trainer.save_checkpoint(tmp_path / "end.ckpt")
+    return model.seen
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_lightning_resume_continues_exactly(tmp_path: Path) -> None:
+    full = _fit(tmp_path, max_epochs=2, every=5)
+    per_epoch = len(full) // 2
+    assert sorted(i for b in full[:per_epoch] for i in b) == list(range(400))  # epoch 0 covers all
+    assert full[:per_epoch] != full[per_epoch:]  # epoch 1 reshuffled
+    for step in (5, per_epoch + 5 - per_epoch % 5):  # checkpoints mid epoch 0 and mid epoch 1
+        assert _fit(tmp_path, 2, tmp_path / "ckpt" / f"step={step}.ckpt") == full[step:]
+    # A run stopped at the end of epoch 0 resumes with epoch 1.
+    first = _fit(tmp_path / "short", max_epochs=1)
+    assert _fit(tmp_path / "short", 2, tmp_path / "short" / "end.ckpt") == full[per_epoch:]
+    assert first == full[:per_epoch]
