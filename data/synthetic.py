@@ -87,7 +87,7 @@ _ADJECTIVES = {"red": "rot", "big": "groß", "small": "klein", "old": "alt", "ne
 _ACC_SINGULAR = {"m": ("einen", "en"), "f": ("eine", "e"), "n": ("ein", "es")}  # article, adjective ending
 
 # (English subject, German subject, German person: "sg" = ich/er/sie, "pl" = wir/sie)
-_SUBJECTS = [("i", "ich", "1sg"), ("he", "er", "3sg"), ("she", "sie", "3sg"), ("we", "wir", "pl"),
+_SUBJECTS = [("I", "ich", "1sg"), ("he", "er", "3sg"), ("she", "sie", "3sg"), ("we", "wir", "pl"),
              ("they", "sie", "pl")]  # fmt: skip
 # English present (base, 3sg), past; German present (1sg, 3sg, pl), past (sg, pl)
 _VERBS = [
@@ -148,10 +148,15 @@ def generate_pair(rng: random.Random) -> tuple[str, str]:
     if tense in ("today", "yesterday"):  # German is verb-second: the adverb pushes the subject after the verb
         adverb = "heute" if tense == "today" else "gestern"
         return (
-            f"{tense} {en_subject} {en_verb} {en_object} .",
-            f"{adverb} {de_verb} {de_subject} {de_object} .",
+            _sentence(f"{tense} {en_subject} {en_verb} {en_object}"),
+            _sentence(f"{adverb} {de_verb} {de_subject} {de_object}"),
         )
-    return f"{en_subject} {en_verb} {en_object} .", f"{de_subject} {de_verb} {de_object} ."
+    return _sentence(f"{en_subject} {en_verb} {en_object}"), _sentence(f"{de_subject} {de_verb} {de_object}")
+
+
+def _sentence(words: str) -> str:
+    """Capitalized, with a full stop: detokenized text, as sacreBLEU expects."""
+    return words[0].upper() + words[1:] + "."
 
 
 def make_synthetic_splits(

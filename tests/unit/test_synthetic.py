@@ -62,7 +62,7 @@ def test_non_trivial_and_modest_length() -> None:
     assert min(src_words) >= 4 and max(src_words) <= 20 and len(set(src_words)) >= 8
     pairs = dict(zip(src, tgt))
     # Reordering: verb before subject after a time adverb; units before tens inside numbers.
-    inverted = [s for s in src if s.startswith("yesterday we ")]
+    inverted = [s for s in src if s.startswith("Yesterday we ")]
     assert inverted and all(pairs[s].split()[2] == "wir" for s in inverted)
     # Gender and case: "one X" becomes einen / eine / ein depending on the noun.
     articles = set()
