@@ -8,9 +8,10 @@ so a checkpoint alone can rebuild the vocabulary and resume mid-epoch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from data import sources
+from data import sources, synthetic
 from data.batching import ClassificationCollator, IndexedBatches, TokenBudgetBatchSampler, TranslationCollator
 from data.tokenization import (
     BOS_ID,
@@ -170,14 +171,15 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         raw = self.raw_split(split)
         self._check_split(split, raw)
         digest = hashlib.sha256("".join(t.to_json() for t in self._tokenizers.values()).encode()).hexdigest()
-        encoded = raw.map(
-            lambda batch, ids: {**self._encode(batch), "id": ids},
-            batched=True,
-            with_indices=True,
-            remove_columns=list(self._text_columns),
-            desc=f"Tokenizing {split}",
-            new_fingerprint=f"{raw._fingerprint}-{digest[:16]}",  # a name only: nothing goes to disk
-        )
+        with _progress_bars(self.show_progress):
+            encoded = raw.map(
+                lambda batch, ids: {**self._encode(batch), "id": ids},
+                batched=True,
+                with_indices=True,
+                remove_columns=list(self._text_columns),
+                desc=f"Tokenizing {split}",
+                new_fingerprint=f"{raw._fingerprint}-{digest[:16]}",  # a name only: nothing goes to disk
+            )
         lengths = {
             col: [len(ids) for ids in encoded[col][:]] for col in encoded.column_names if col.endswith("_ids")
         }
@@ -203,11 +205,14 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             log.warning(
                 "%s: truncated %d examples longer than max_len=%d tokens", split, len(too_long), self.max_len
             )
-            encoded = encoded.map(
-                lambda batch: {col: [_truncate(ids, self.max_len) for ids in batch[col]] for col in lengths},
-                batched=True,
-                desc=f"Truncating {split}",
-            )
+            with _progress_bars(self.show_progress):
+                encoded = encoded.map(
+                    lambda batch: {
+                        col: [_truncate(ids, self.max_len) for ids in batch[col]] for col in lengths
+                    },
+                    batched=True,
+                    desc=f"Truncating {split}",
+                )
         self._tokenized[split] = encoded
         return encoded
 
@@ -312,6 +317,19 @@ class _TokenBudgetDataModule(L.LightningDataModule):
                 self._pending_sampler_state = dict(state_dict["train_sampler"])
 
 
+@contextlib.contextmanager
+def _progress_bars(show: bool) -> Iterator[None]:
+    """Hide `datasets`' progress bars for one call when `show` is False (restoring the global switch)."""
+    if show or not datasets.is_progress_bar_enabled():
+        yield
+        return
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.enable_progress_bars()
+
+
 def _truncate(ids: Sequence[int], max_len: int) -> list[int]:
     """Cut to `max_len` tokens keeping the final EOS."""
     return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
@@ -386,7 +404,11 @@ class TranslationDataModule(_TokenBudgetDataModule):
 
     def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
         if self.source == "synthetic":
-            return sources.load_synthetic(splits, seed=self.seed, sizes=self.synthetic_sizes)
+            # Generating one split draws the others too (they are disjoint): keep them all.
+            everything = list(
+                dict.fromkeys([*splits, *(self.synthetic_sizes or synthetic.DEFAULT_SIZES)])
+            )
+            return sources.load_synthetic(everything, seed=self.seed, sizes=self.synthetic_sizes)
         if self.source == "multi30k":
             return sources.load_multi30k(self.data_dir, splits, self.src_lang, self.tgt_lang)
         if self.source == "parallel":

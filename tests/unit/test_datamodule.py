@@ -206,40 +206,37 @@ class _Recorder(L.LightningModule):
         self.seen.append(batch["id"].tolist())
         return self.embed(batch["src"]).pow(2).mean()
 
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.log("val/loss", self.embed(batch["src"]).pow(2).mean(), batch_size=len(batch["id"]))
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(
-    tmp_path: Path, max_epochs: int, ckpt_path: Path | None = None, every: int | None = None
-) -> list[list[int]]:
-    dm = _synthetic(cache_dir=tmp_path / "cache")
-    callbacks = (
-        [ModelCheckpoint(tmp_path / "ckpt", "{step}", every_n_train_steps=every, save_top_k=-1)]
-        if every
-        else []
-    )
+def _fit(run_dir: Path, cache_dir: Path, ckpt_path: Path | None = None) -> list[list[int]]:
+    """Two epochs; checkpoints every 5 steps and, as the project's callbacks do, when validation ends."""
+    callbacks = [
+        ModelCheckpoint(run_dir, "{step}", every_n_train_steps=5, save_top_k=-1),
+        ModelCheckpoint(run_dir, "epoch{epoch}", save_top_k=-1, auto_insert_metric_name=False),
+    ]
     trainer = L.Trainer(
-        max_epochs=max_epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=bool(every), callbacks=callbacks,
-        limit_val_batches=0, num_sanity_val_steps=0,
+        max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=callbacks, limit_val_batches=1, num_sanity_val_steps=0,
     )  # fmt: skip
     model = _Recorder(150)
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-    if not every:
-        trainer.save_checkpoint(tmp_path / "end.ckpt")
+    trainer.fit(model, datamodule=_synthetic(cache_dir=cache_dir), ckpt_path=ckpt_path)
     return model.seen
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_lightning_resume_continues_exactly(tmp_path: Path) -> None:
-    full = _fit(tmp_path, max_epochs=2, every=5)
+    cache = tmp_path / "cache"
+    full = _fit(tmp_path / "full", cache)
     per_epoch = len(full) // 2
     assert sorted(i for b in full[:per_epoch] for i in b) == list(range(400))  # epoch 0 covers all
     assert full[:per_epoch] != full[per_epoch:]  # epoch 1 reshuffled
-    for step in (5, per_epoch + 5 - per_epoch % 5):  # checkpoints mid epoch 0 and mid epoch 1
-        assert _fit(tmp_path, 2, tmp_path / "ckpt" / f"step={step}.ckpt") == full[step:]
-    # A run stopped at the end of epoch 0 resumes with epoch 1.
-    first = _fit(tmp_path / "short", max_epochs=1)
-    assert _fit(tmp_path / "short", 2, tmp_path / "short" / "end.ckpt") == full[per_epoch:]
-    assert first == full[:per_epoch]
+    for step in (5, per_epoch + 5 - per_epoch % 5):  # mid epoch 0 and mid epoch 1
+        resumed = _fit(tmp_path / f"from{step}", cache, tmp_path / "full" / f"step={step}.ckpt")
+        assert resumed == full[step:]
+    # Saved when epoch 0's validation ended: resumes with epoch 1.
+    assert _fit(tmp_path / "from_epoch0", cache, tmp_path / "full" / "epoch0.ckpt") == full[per_epoch:]
