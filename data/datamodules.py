@@ -68,6 +68,11 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             raise ValueError(
                 f"max_tokens ({max_tokens}) must be at least max_len ({max_len}): one example must fit"
             )
+        if eval_max_tokens is not None and eval_max_tokens < max_len:
+            raise ValueError(
+                f"eval_max_tokens ({eval_max_tokens}) must be at least max_len ({max_len}): "
+                "one example must fit"
+            )
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         self.splits = {"train": train_split, "val": val_split, "test": test_split}
@@ -173,16 +178,14 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         digest = hashlib.sha256("".join(t.to_json() for t in self._tokenizers.values()).encode()).hexdigest()
         with _progress_bars(self.show_progress):
             encoded = raw.map(
-                lambda batch, ids: {**self._encode(batch), "id": ids},
+                lambda batch, ids: _with_lengths({**self._encode(batch), "id": ids}),
                 batched=True,
                 with_indices=True,
                 remove_columns=list(self._text_columns),
                 desc=f"Tokenizing {split}",
                 new_fingerprint=f"{raw._fingerprint}-{digest[:16]}",  # a name only: nothing goes to disk
             )
-        lengths = {
-            col: [len(ids) for ids in encoded[col][:]] for col in encoded.column_names if col.endswith("_ids")
-        }
+        lengths = {col: encoded[col][:] for col in encoded.column_names if col.endswith("_len")}
         too_long = [
             i for i in range(len(encoded)) if any(lens[i] > self.max_len for lens in lengths.values())
         ]
@@ -207,9 +210,13 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             )
             with _progress_bars(self.show_progress):
                 encoded = encoded.map(
-                    lambda batch: {
-                        col: [_truncate(ids, self.max_len) for ids in batch[col]] for col in lengths
-                    },
+                    lambda batch: _with_lengths(
+                        {
+                            col: [_truncate(ids, self.max_len) for ids in batch[col]]
+                            for col in batch
+                            if col.endswith("_ids")
+                        }
+                    ),
                     batched=True,
                     desc=f"Truncating {split}",
                 )
@@ -221,10 +228,7 @@ class _TokenBudgetDataModule(L.LightningDataModule):
 
     # -- loaders -------------------------------------------------------------------------------------
     def _lengths(self, dataset: datasets.Dataset) -> list[int]:
-        cols = {
-            col: [len(ids) for ids in dataset[col][:]] for col in dataset.column_names if col.endswith("_ids")
-        }
-        return self._length(cols)
+        return self._length({col: dataset[col][:] for col in dataset.column_names if col.endswith("_len")})
 
     def _loader(self, examples: Any, sampler: TokenBudgetBatchSampler) -> DataLoader:
         return DataLoader(
@@ -330,6 +334,13 @@ def _progress_bars(show: bool) -> Iterator[None]:
         datasets.enable_progress_bars()
 
 
+def _with_lengths(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Add "<x>_len" next to every "<x>_ids" column (batching then never reads the ids themselves)."""
+    for col in [c for c in columns if c.endswith("_ids")]:
+        columns[col.removesuffix("_ids") + "_len"] = [len(ids) for ids in columns[col]]
+    return columns
+
+
 def _truncate(ids: Sequence[int], max_len: int) -> list[int]:
     """Cut to `max_len` tokens keeping the final EOS."""
     return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
@@ -405,9 +416,7 @@ class TranslationDataModule(_TokenBudgetDataModule):
     def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
         if self.source == "synthetic":
             # Generating one split draws the others too (they are disjoint): keep them all.
-            everything = list(
-                dict.fromkeys([*splits, *(self.synthetic_sizes or synthetic.DEFAULT_SIZES)])
-            )
+            everything = list(dict.fromkeys([*splits, *(self.synthetic_sizes or synthetic.DEFAULT_SIZES)]))
             return sources.load_synthetic(everything, seed=self.seed, sizes=self.synthetic_sizes)
         if self.source == "multi30k":
             return sources.load_multi30k(self.data_dir, splits, self.src_lang, self.tgt_lang)
@@ -440,10 +449,8 @@ class TranslationDataModule(_TokenBudgetDataModule):
         }
 
     def _length(self, lengths: Mapping[str, list[int]]) -> list[int]:
-        if "tgt_ids" not in lengths:
-            return lengths["src_ids"]
         # tgt_in / tgt_out are one shorter than tgt_ids; the budget bounds both padded tensors.
-        return [max(s, t - 1) for s, t in zip(lengths["src_ids"], lengths["tgt_ids"])]
+        return [max(s, t - 1) for s, t in zip(lengths["src_len"], lengths["tgt_len"])]
 
     def _collator(self) -> TranslationCollator:
         return TranslationCollator(self.pad_id)
@@ -596,7 +603,7 @@ class ClassificationDataModule(_TokenBudgetDataModule):
         return {"src_ids": self.src_tokenizer.encode_batch(batch["text"])}
 
     def _length(self, lengths: Mapping[str, list[int]]) -> list[int]:
-        return lengths["src_ids"]
+        return lengths["src_len"]
 
     def _collator(self) -> ClassificationCollator:
         return ClassificationCollator(self.pad_id)

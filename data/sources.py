@@ -150,19 +150,48 @@ def load_translation_hub(
         if hub_split not in hub:
             raise DataError(f"hub dataset {name!r} has no split {hub_split!r}; it has {sorted(hub)}")
         table = hub[hub_split]
-        if "translation" in table.column_names:
-            pairs = table["translation"][:]
-            sources, targets = [p[src_lang] for p in pairs], [p[tgt_lang] for p in pairs]
-        elif src_lang in table.column_names and tgt_lang in table.column_names:
-            sources, targets = table[src_lang][:], table[tgt_lang][:]
-        else:
+        has_columns = {src_lang, tgt_lang} <= set(table.column_names)
+        if "translation" not in table.column_names and not has_columns:
             raise DataError(
                 f"hub dataset {name!r} split {hub_split!r} has columns {table.column_names}; expected "
                 f"{src_lang!r} and {tgt_lang!r} or a 'translation' column"
             )
-        strip = [s.strip() for s in sources], [t.strip() for t in targets]
-        result[split] = parallel_dataset(*strip, f"{name}[{hub_split}]")
+        # map/filter keep the hub's on-disk Arrow files (and cache by the hub data's fingerprint):
+        # a corpus like WMT14 never has to fit in Python lists.
+        pairs = table.map(
+            _hub_pairs,
+            fn_kwargs={"src_lang": src_lang, "tgt_lang": tgt_lang},
+            batched=True,
+            remove_columns=table.column_names,
+            desc=f"Reading {name}[{hub_split}]",
+        )
+        kept = pairs.filter(
+            lambda batch: [bool(s and t) for s, t in zip(batch["src"], batch["tgt"])], batched=True
+        )
+        if len(kept) < len(pairs):
+            log.warning(
+                "%s[%s]: dropped %d pairs with an empty side", name, hub_split, len(pairs) - len(kept)
+            )
+        if len(kept) == 0:
+            raise DataError(
+                f"hub dataset {name!r} split {hub_split!r} is empty ({len(pairs)} pairs, none complete)"
+            )
+        result[split] = kept
     return datasets.DatasetDict(result)
+
+
+def _hub_pairs(batch: Mapping[str, list], src_lang: str, tgt_lang: str) -> dict[str, list[str]]:
+    if "translation" in batch:
+        missing = {src_lang, tgt_lang} - set(batch["translation"][0]) if batch["translation"] else set()
+        if missing:
+            raise DataError(
+                f"hub translations have languages {sorted(batch['translation'][0])}, not {sorted(missing)}"
+            )
+        sources = [pair[src_lang] for pair in batch["translation"]]
+        targets = [pair[tgt_lang] for pair in batch["translation"]]
+    else:
+        sources, targets = batch[src_lang], batch[tgt_lang]
+    return {"src": [text.strip() for text in sources], "tgt": [text.strip() for text in targets]}
 
 
 def load_synthetic(

@@ -220,6 +220,25 @@ def test_multi30k_hub_maps_split_names(monkeypatch: pytest.MonkeyPatch) -> None:
         load_multi30k(None, ["val"], "en", "fr")
 
 
+def test_translation_hub_column_of_dicts(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """WMT-style hub data: a "translation" column of {lang: text} dicts, read with map/filter."""
+    rows = [{"de": "Hallo Welt", "en": "Hello world"}, {"de": "", "en": "empty"}, {"de": " Ja ", "en": "Yes"}]
+
+    def fake_load_dataset(name: str, config: str | None = None) -> datasets.DatasetDict:
+        assert (name, config) == ("wmt/wmt14", "de-en")
+        return datasets.DatasetDict({"train": datasets.Dataset.from_dict({"translation": rows})})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    with caplog.at_level(logging.WARNING, logger="data.sources"):
+        data = sources.load_translation_hub("wmt/wmt14", ["train"], "de", "en", "de-en")
+    assert data["train"][:] == {"src": ["Hallo Welt", "Ja"], "tgt": ["Hello world", "Yes"]}
+    assert "dropped 1 pairs" in caplog.text
+    with pytest.raises(DataError, match=r"languages \['de', 'en'\], not \['fr'\]"):
+        sources.load_translation_hub("wmt/wmt14", ["train"], "de", "fr", "de-en")
+
+
 def test_sst2_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     features = datasets.Features(
         {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["negative", "positive"])}
