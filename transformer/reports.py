@@ -210,6 +210,7 @@ def write_translation_outputs(
 ) -> dict[str, Path]:
     """metrics.json, hypotheses.txt, predictions.tsv and (options.enabled) report.md + PNGs."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     buckets = bleu_by_length(result.sources, result.hypotheses, result.references, options.length_buckets)
     files = {
         "metrics": _write_json(
@@ -314,6 +315,7 @@ def write_classification_outputs(
 ) -> dict[str, Path]:
     """metrics.json, predictions.tsv and (options.enabled) report.md + PNGs."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     names = result.class_names
     confidence = [p[pred] for p, pred in zip(result.probabilities, result.predictions)]
     files = {

@@ -1,0 +1,372 @@
+"""Scoring on a split (transformer.evaluation) and rebuilding a model from a checkpoint (transformer.restore).
+
+The key property: the scores equal what the Lightning tasks log as `test/*` for the same weights and
+batches, so `evaluate.py` reproduces a training run's test step.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import lightning as L
+import pytest
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from transformer.checkpoint import CheckpointError
+from transformer.evaluation import (
+    bleu_by_length,
+    decoding_settings,
+    score_classification,
+    score_translation,
+    translate,
+)
+from transformer.restore import last_checkpoints, restore_model, task_of
+from transformer.tasks import ClassificationTask, TranslationTask
+
+PAD, BOS, EOS = 0, 1, 2
+V = 14  # ids 4..13 are "words"
+SHORT = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.0, "max_len_b": 3}
+
+
+def _config(**overrides: object) -> dict[str, object]:
+    return {
+        "src_vocab_size": V,
+        "d_model": 16,
+        "n_heads": 2,
+        "n_encoder_layers": 1,
+        "n_decoder_layers": 1,
+        "d_ff": 32,
+        "dropout": 0.0,
+        "max_len": 32,
+        **overrides,
+    }
+
+
+def _text(ids: list[int]) -> str:
+    """Detokenizer of the fake vocabulary: word ids as numbers, stopping at EOS."""
+    words = []
+    for i in ids:
+        if i == EOS:
+            break
+        if i > 3:
+            words.append(str(i))
+    return " ".join(words)
+
+
+def _decode_batch(rows: list[list[int]]) -> list[str]:
+    return [_text(row) for row in rows]
+
+
+def _pad(rows: list[list[int]]) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+
+
+def _examples(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, V) for _ in range(rng.randint(1, 7))] for _ in range(n)]
+
+
+def _translation_batches(
+    examples: list[list[int]], order: list[int], size: int
+) -> list[dict[str, torch.Tensor]]:
+    """Copy-task batches (target = source) of the examples in `order`, `size` per batch."""
+    batches = []
+    for start in range(0, len(order), size):
+        ids = order[start : start + size]
+        seqs = [[BOS, *examples[i], EOS] for i in ids]
+        batches.append(
+            {
+                "src": _pad(seqs),
+                "tgt_in": _pad([s[:-1] for s in seqs]),
+                "tgt_out": _pad([s[1:] for s in seqs]),
+                "id": torch.tensor(ids),
+            }
+        )
+    return batches
+
+
+class _Tokenizer:
+    decode_batch = staticmethod(_decode_batch)
+
+
+class _Data(L.LightningDataModule):
+    """Serves fixed test batches and references the way the real datamodules do."""
+
+    test_split = "test"
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], references: list[str]) -> None:
+        super().__init__()
+        self.batches, self._references = batches, references
+        self.tgt_tokenizer = _Tokenizer()
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.batches, batch_size=None)  # each item is already a batch
+
+    def references(self, split: str) -> list[str]:
+        return self._references
+
+
+def _test_step_metrics(task: L.LightningModule, datamodule: L.LightningDataModule) -> dict[str, float]:
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.test(task, datamodule=datamodule, verbose=False)
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+# --- translation -------------------------------------------------------------------------------------
+
+
+def _translation_setup() -> tuple[TranslationTask, list[list[int]], list[str]]:
+    task = TranslationTask(_config(), decoding=SHORT, label_smoothing=0.1)
+    examples = _examples(23)
+    # References: for half of the sentences the model's own greedy output, so BLEU is far from 0.
+    src = _translation_batches(examples, list(range(23)), 23)[0]["src"]
+    own = _decode_batch(translate(task.model, src, {"search": "auto", **SHORT}).tolist())
+    references = [own[i] if i % 2 == 0 else _text(e) for i, e in enumerate(examples)]
+    return task, examples, references
+
+
+def test_translation_scores_equal_the_task_test_step() -> None:
+    task, examples, references = _translation_setup()
+    order = list(range(len(examples)))
+    random.Random(1).shuffle(order)
+    batches = _translation_batches(examples, order, 5)
+    logged = _test_step_metrics(task, _Data(batches, references))
+    result = score_translation(
+        task.model,
+        batches,
+        decode_ids=_decode_batch,
+        sources=[_text(e) for e in examples],
+        references=references,
+        decoding=decoding_settings(task.hparams.decoding, {}),
+        label_smoothing=0.1,
+    )
+    assert result.metrics["test/bleu"] > 20  # a meaningful comparison, not 0 == 0
+    for name in ("bleu", "chrf", "exact_match", "loss", "nll", "ppl", "token_acc"):
+        assert result.metrics[f"test/{name}"] == pytest.approx(logged[f"test/{name}"], rel=1e-5, abs=1e-6), (
+            name
+        )
+    assert result.metrics["test/bleu"] == sacrebleu.corpus_bleu(result.hypotheses, [references]).score
+    assert result.signatures["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+
+
+def test_translation_results_are_in_split_order_whatever_the_batching() -> None:
+    task, examples, references = _translation_setup()
+    settings = decoding_settings(SHORT, {})
+    kwargs = {
+        "decode_ids": _decode_batch,
+        "sources": [_text(e) for e in examples],
+        "references": references,
+        "decoding": settings,
+        "label_smoothing": 0.1,
+    }
+    one_by_one = score_translation(
+        task.model, _translation_batches(examples, list(range(len(examples))), 1), **kwargs
+    )
+    shuffled = list(range(len(examples)))
+    random.Random(2).shuffle(shuffled)
+    packed = score_translation(task.model, _translation_batches(examples, shuffled, 7), **kwargs)
+    assert packed.hypotheses == one_by_one.hypotheses
+    assert packed.hypothesis_ids == one_by_one.hypothesis_ids
+    assert all(ids[-1] == EOS and EOS not in ids[:-1] for ids in packed.hypothesis_ids)
+    for name, value in one_by_one.metrics.items():
+        assert packed.metrics[name] == pytest.approx(value, rel=1e-5), name
+    # sentence BLEU belongs to the sentence: a hypothesis equal to its reference scores 100
+    for hyp, ref, score in zip(packed.hypotheses, references, packed.sentence_bleu):
+        if hyp == ref and len(hyp.split()) >= 4:
+            assert score == pytest.approx(100.0)
+
+
+def test_skipped_examples_are_an_error() -> None:
+    task, examples, references = _translation_setup()
+    batches = _translation_batches(examples, list(range(len(examples) - 1)), 8)
+    with pytest.raises(RuntimeError, match="skipped 1 examples"):
+        score_translation(
+            task.model,
+            batches,
+            decode_ids=_decode_batch,
+            sources=references,
+            references=references,
+            decoding=decoding_settings(SHORT, {}),
+            label_smoothing=0.1,
+        )
+
+
+def test_beam_search_of_width_one_is_greedy() -> None:
+    task, examples, _ = _translation_setup()
+    src = _translation_batches(examples, list(range(len(examples))), 32)[0]["src"]
+    greedy = translate(task.model, src, decoding_settings(SHORT, {"search": "greedy"}))
+    beam = translate(task.model, src, decoding_settings(SHORT, {"search": "beam"}))
+    assert torch.equal(greedy, beam)
+    wider = translate(task.model, src, decoding_settings(SHORT, {"beam_size": 3}))
+    assert wider.size(0) == src.size(0)
+
+
+def test_decoding_settings() -> None:
+    saved = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10}
+    assert decoding_settings(saved, {"beam_size": None, "search": None}) == {"search": "auto", **saved}
+    assert decoding_settings(saved, {"beam_size": 4})["beam_size"] == 4
+    with pytest.raises(ValueError, match=r"decode\.beam_width"):
+        decoding_settings(saved, {"beam_width": 4})
+    with pytest.raises(ValueError, match=r"decode\.beam_size must be an integer >= 1, got 0"):
+        decoding_settings(saved, {"beam_size": 0})
+    with pytest.raises(ValueError, match="search=greedy"):
+        decoding_settings(saved, {"search": "greedy", "beam_size": 4})
+    with pytest.raises(ValueError, match=r"decode\.search must be one of"):
+        decoding_settings(saved, {"search": "sampling"})
+    with pytest.raises(ValueError, match=r"decode\.max_len_b must be >= 0"):
+        decoding_settings(saved, {"max_len_b": -1})
+
+
+def test_bleu_by_length() -> None:
+    sources = ["a b", "a b c d e f", "a", "a b c d e f g h i j k l"]
+    references = ["x y z w", "the cat sat on the mat", "one two three four", "p q r s"]
+    hypotheses = ["x y z w", "the cat sat on a mat", "nothing", "p q r s"]
+    buckets = bleu_by_length(sources, hypotheses, references, [5, 10])
+    assert [(b.label, b.count) for b in buckets] == [("1-5", 2), ("6-10", 1), ("11+", 1)]
+    assert buckets[0].bleu == pytest.approx(
+        sacrebleu.corpus_bleu(["x y z w", "nothing"], [["x y z w", references[2]]]).score
+    )
+    assert buckets[2].bleu == pytest.approx(100.0)
+    assert sum(b.count for b in bleu_by_length(sources, hypotheses, references, [1, 2, 3])) == 4
+    with pytest.raises(ValueError, match="edges"):
+        bleu_by_length(sources, hypotheses, references, [0, 4])
+
+
+# --- classification ----------------------------------------------------------------------------------
+
+
+def test_classification_scores_equal_the_task_test_step() -> None:
+    task = ClassificationTask(_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=3)
+    examples = _examples(40, seed=3)
+    labels = [len(e) % 3 for e in examples]
+    batches = []
+    for start in range(0, 40, 9):
+        ids = list(range(start, min(start + 9, 40)))
+        batches.append(
+            {
+                "src": _pad([[BOS, *examples[i], EOS] for i in ids]),
+                "label": torch.tensor([labels[i] for i in ids]),
+                "id": torch.tensor(ids),
+            }
+        )
+    logged = _test_step_metrics(task, _Data(batches, []))
+    result = score_classification(
+        task.model, batches, num_examples=40, class_names=["a", "b", "c"], label_smoothing=0.0
+    )
+    for name in ("acc", "f1", "loss"):
+        assert result.metrics[f"test/{name}"] == pytest.approx(logged[f"test/{name}"], rel=1e-5), name
+    assert result.labels == labels
+    correct = sum(p == g for p, g in zip(result.predictions, labels))
+    assert result.metrics["test/acc"] == pytest.approx(correct / 40)
+    assert sum(map(sum, result.confusion)) == 40
+    assert [result.per_class[c]["support"] for c in "abc"] == [labels.count(k) for k in range(3)]
+    assert 0.0 <= result.metrics["test/ece"] <= 1.0
+    with torch.no_grad():
+        logits = torch.cat([task.model(b["src"]) for b in batches])
+    gold = torch.cat([b["label"] for b in batches])
+    assert result.metrics["test/loss"] == pytest.approx(float(F.cross_entropy(logits, gold)), rel=1e-5)
+    for probs, prediction in zip(result.probabilities, result.predictions):
+        assert sum(probs) == pytest.approx(1.0, abs=1e-5)
+        assert probs[prediction] == max(probs)
+
+
+# --- restoring from checkpoints ------------------------------------------------------------------------
+
+
+def _checkpoint(task: L.LightningModule, step: int = 5, **extra: object) -> dict[str, object]:
+    name = type(task).__name__
+    data = "TranslationDataModule" if name == "TranslationTask" else "ClassificationDataModule"
+    return {
+        "state_dict": task.state_dict(),
+        "hyper_parameters": dict(task.hparams),
+        "global_step": step,
+        "epoch": 0,
+        "config": {"model": {"_target_": f"transformer.tasks.{name}"}, "data": {}},
+        data: {"tokenizers": {"joint": "{}"}},
+        **extra,
+    }
+
+
+def test_restore_model_round_trip() -> None:
+    task = TranslationTask(_config())
+    restored = restore_model(_checkpoint(task))
+    assert restored.task == "translation"
+    assert restored.datamodule_state == {"tokenizers": {"joint": "{}"}}
+    assert not restored.model.training
+    src = torch.tensor([[BOS, 5, 6, EOS]])
+    task.eval()
+    torch.testing.assert_close(restored.model(src, src[:, :-1]), task.model(src, src[:, :-1]))
+    classifier = ClassificationTask(_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=2)
+    restored = restore_model(_checkpoint(classifier))
+    assert restored.task == "classification"
+    assert task_of(_checkpoint(classifier)) == "classification"
+
+
+def test_restore_strips_the_compile_prefix() -> None:
+    task = TranslationTask(_config())
+    checkpoint = _checkpoint(task)
+    checkpoint["state_dict"] = {
+        k.replace("model.", "model._orig_mod."): v for k, v in task.state_dict().items()
+    }
+    assert restore_model(checkpoint).task == "translation"
+
+
+def test_mixed_up_checkpoints_are_refused() -> None:
+    translation = _checkpoint(TranslationTask(_config()))
+    classification = _checkpoint(
+        ClassificationTask(_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=2)
+    )
+    swapped_config = {**translation, "config": classification["config"]}
+    with pytest.raises(CheckpointError, match=r"inconsistent: .*config model\._target_ says classification"):
+        restore_model(swapped_config, "x.ckpt")
+    swapped_weights = {**classification, "state_dict": translation["state_dict"]}
+    with pytest.raises(CheckpointError, match="weights says translation"):
+        restore_model(swapped_weights, "x.ckpt")
+    other_data = {k: v for k, v in translation.items() if k != "TranslationDataModule"}
+    other_data["ClassificationDataModule"] = {}
+    with pytest.raises(CheckpointError, match="ClassificationDataModule state says classification"):
+        restore_model(other_data, "x.ckpt")
+    no_hparams = {k: v for k, v in translation.items() if k != "hyper_parameters"}
+    with pytest.raises(CheckpointError, match=r"not written by train\.py"):
+        restore_model(no_hparams, "x.ckpt")
+    bigger = {
+        **translation,
+        "hyper_parameters": {**translation["hyper_parameters"], "config": _config(d_ff=64)},
+    }
+    with pytest.raises(CheckpointError, match=r"x\.ckpt: .*has shape"):
+        restore_model(bigger, "x.ckpt")
+    broken = {
+        **translation,
+        "hyper_parameters": {**translation["hyper_parameters"], "config": _config(n_heads=3)},
+    }
+    with pytest.raises(CheckpointError, match="cannot be built: d_model"):
+        restore_model(broken, "x.ckpt")
+
+
+def test_last_checkpoints_follow_the_global_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    directory = run / "checkpoints"
+    directory.mkdir(parents=True)
+    task = TranslationTask(_config())
+    # names and modification times disagree with the steps on purpose
+    for name, step in (("a.ckpt", 30), ("b.ckpt", 10), ("c.ckpt", 20), ("last.ckpt", 30)):
+        torch.save(_checkpoint(task, step=step), directory / name)
+    assert last_checkpoints(run, 2) == [directory / "c.ckpt", directory / "a.ckpt"]
+    assert last_checkpoints(directory, 3) == [directory / n for n in ("b.ckpt", "c.ckpt", "a.ckpt")]
+    with pytest.raises(CheckpointError, match=r"average_last=4 needs 4 .*b\.ckpt \(step 10\)"):
+        last_checkpoints(run, 4)
+    with pytest.raises(ValueError, match="average_last must be an integer >= 1"):
+        last_checkpoints(run, 0)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        last_checkpoints(tmp_path / "nowhere", 1)
