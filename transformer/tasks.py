@@ -47,6 +47,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _decoding_settings(name: str, defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict:
+    settings = {**defaults, **_plain(given or {})}
+    unknown = sorted(set(settings) - set(DEFAULT_DECODING))
+    if unknown:
+        raise ValueError(f"unknown {name} option(s) {unknown}; expected some of {sorted(DEFAULT_DECODING)}")
+    return settings
+
+
 class _Throughput:
     """Tokens per second between consecutive training steps (data loading + forward + backward + update)."""
 
@@ -159,18 +167,15 @@ class TranslationTask(_TaskBase):
         scheduler: SchedulerFactory | None = None,
         label_smoothing: float = 0.1,
         decoding: Mapping[str, Any] | None = None,
+        test_decoding: Mapping[str, Any] | None = None,
         val_bleu_every_n_epochs: int = 1,
         compile: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
         config = _plain(config)
-        decoding = {**DEFAULT_DECODING, **_plain(decoding or {})}
-        unknown = sorted(set(decoding) - set(DEFAULT_DECODING))
-        if unknown:
-            raise ValueError(
-                f"unknown decoding option(s) {unknown}; expected some of {sorted(DEFAULT_DECODING)}"
-            )
+        decoding = _decoding_settings("decoding", DEFAULT_DECODING, decoding)
+        test_decoding = _decoding_settings("test_decoding", decoding, test_decoding)  # defaults: decoding
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
         if isinstance(val_bleu_every_n_epochs, bool) or not (
@@ -235,9 +240,9 @@ class TranslationTask(_TaskBase):
         self._decode(batch)
 
     @torch.no_grad()
-    def translate(self, src: Tensor) -> Tensor:
-        """src (B, S) -> best hypotheses (B, L) token ids after BOS, with this task's decoding settings."""
-        d = self.hparams.decoding
+    def translate(self, src: Tensor, decoding: Mapping[str, Any] | None = None) -> Tensor:
+        """src (B, S) -> best hypotheses (B, L) token ids after BOS (default settings: `decoding`)."""
+        d = {**self.hparams.decoding, **(decoding or {})}
         lengths = {"max_len_a": d["max_len_a"], "max_len_b": d["max_len_b"]}
         if d["beam_size"] == 1:
             return greedy_search(self.model, src, **lengths)
@@ -247,7 +252,9 @@ class TranslationTask(_TaskBase):
         return tokens[:, 0]  # (B, L)
 
     def _decode(self, batch: Mapping[str, Tensor]) -> None:
-        texts = self._datamodule().tgt_tokenizer.decode_batch(self.translate(batch["src"]).tolist())
+        settings = self.hparams.test_decoding if self.trainer.testing else self.hparams.decoding
+        tokens = self.translate(batch["src"], settings)  # (B, L)
+        texts = self._datamodule().tgt_tokenizer.decode_batch(tokens.tolist())
         self._hypotheses.update(zip(batch["id"].tolist(), texts))
 
     def on_validation_epoch_end(self) -> None:
@@ -284,7 +291,8 @@ class TranslationTask(_TaskBase):
         if not hyps:
             return {"bleu": 0.0, "chrf": 0.0, "exact_match": 0.0}
         return {
-            "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+            # force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
+            "bleu": sacrebleu.corpus_bleu(hyps, [refs], force=True).score,
             "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
             "exact_match": 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs)) / len(hyps),
         }

@@ -138,6 +138,9 @@ def test_hparams_are_plain_data() -> None:
     }
     assert task.hparams.config == TINY and task.hparams.label_smoothing == 0.2
     assert task.hparams.decoding["beam_size"] == 1
+    assert task.hparams.test_decoding == task.hparams.decoding  # defaults to the validation settings
+    beam = _translation(test_decoding={"beam_size": 4})
+    assert beam.hparams.test_decoding == {**beam.hparams.decoding, "beam_size": 4}
 
 
 def test_loss_does_not_depend_on_padding() -> None:
@@ -157,6 +160,7 @@ def test_loss_does_not_depend_on_padding() -> None:
         ({"label_smoothing": 1.0}, "label_smoothing"),
         ({"val_bleu_every_n_epochs": 0}, "val_bleu_every_n_epochs"),
         ({"decoding": {"beam": 4}}, "decoding"),
+        ({"test_decoding": {"beam": 4}}, "test_decoding"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs: dict, field: str) -> None:

@@ -1,0 +1,157 @@
+"""Every Hydra config composes, paths come out absolute, and its objects instantiate (no data, no network)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import hydra
+import lightning as L
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from tests.conftest import REPO_ROOT
+
+CONFIGS = REPO_ROOT / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+GPU_EXPERIMENTS = {"iwslt14_de_en", "wmt14_en_de_base"}
+
+
+def compose_train_cfg(overrides: Sequence[str] = (), output_dir: Path | None = None) -> DictConfig:
+    """configs/train.yaml as `python train.py OVERRIDES` composes it, with the run directory at `output_dir`.
+
+    Sets PROJECT_ROOT (train.py's main does it too) and Hydra's runtime config, so `${hydra:...}` resolves.
+    """
+    import os
+
+    os.environ.setdefault("PROJECT_ROOT", str(REPO_ROOT))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIGS)):
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    if output_dir is not None:
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(output_dir)
+            cfg.hydra.job.name = "train"
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture
+def fresh_hydra() -> Iterator[None]:
+    yield
+    GlobalHydra.instance().clear()
+
+
+def _fake_data_fields(cfg: DictConfig) -> None:
+    """What train.py reads from a prepared datamodule, without loading any data."""
+    with open_dict(cfg):
+        cfg.model.config.update(src_vocab_size=64, tgt_vocab_size=64, pad_id=0, bos_id=1, eos_id=2)
+        if cfg.model._target_.endswith("ClassificationTask"):
+            cfg.model.num_classes = 2
+
+
+def _instantiate_all(cfg: DictConfig) -> tuple[object, ...]:
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    _fake_data_fields(cfg)
+    task = hydra.utils.instantiate(cfg.model, _convert_="all")
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    return datamodule, task, callbacks, loggers, trainer
+
+
+def test_default_run_is_the_quickstart(fresh_hydra, tmp_path) -> None:
+    cfg = compose_train_cfg(output_dir=tmp_path)
+    assert cfg.data.source == "synthetic" and "quickstart" in cfg.tags
+    assert cfg.train and cfg.test and cfg.ckpt_path is None
+    assert cfg.logger is not None and set(cfg.logger) == {"csv"}  # no account, no server, no network
+    assert cfg.model.config.d_model < 512  # a CPU-sized model, not the paper's base
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_instantiates(fresh_hydra, tmp_path, experiment: str) -> None:
+    overrides = [f"experiment={experiment}", "logger.wandb.save_dir=" + str(tmp_path)]
+    if "wandb" not in (CONFIGS / "experiment" / f"{experiment}.yaml").read_text():
+        overrides = overrides[:1]
+    if experiment in GPU_EXPERIMENTS:  # the same objects, built on this CPU-only machine
+        overrides += ["trainer.accelerator=cpu", "trainer.devices=1", "model.compile=false"]
+    cfg = compose_train_cfg(overrides, output_dir=tmp_path)
+    resolved = OmegaConf.to_container(
+        OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True
+    )
+    assert resolved["paths"]["output_dir"] == str(tmp_path)
+    datamodule, task, _, _, trainer = _instantiate_all(cfg)
+    assert isinstance(datamodule, L.LightningDataModule) and isinstance(task, L.LightningModule)
+    assert isinstance(trainer, L.Trainer)
+    assert cfg.optimized_metric.startswith("val/")
+    monitor = cfg.callbacks.model_checkpoint.monitor
+    assert monitor == ("val/acc" if experiment == "sst2" else "val/bleu")
+    assert trainer.checkpoint_callback is not None and trainer.checkpoint_callback.monitor == monitor
+
+
+# ids spelled out: a bare "gpu" id would match the `gpu` marker's keyword and skip the test on CPU
+@pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu"], ids=lambda t: f"trainer={t}")
+def test_trainer_configs(fresh_hydra, tmp_path, trainer: str) -> None:
+    cfg = compose_train_cfg([f"trainer={trainer}"], output_dir=tmp_path)
+    assert cfg.trainer.use_distributed_sampler is False  # the datamodules shard their own batches
+    if trainer in ("gpu", "ddp"):
+        assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+        return  # needs CUDA to instantiate
+    built = hydra.utils.instantiate(cfg.trainer, logger=False)
+    if trainer == "ddp_cpu":
+        assert built.num_devices == 2 and type(built.strategy).__name__ == "DDPStrategy"
+        assert built.strategy._process_group_backend == "gloo"
+
+
+@pytest.mark.parametrize("logger", ["csv", "wandb", "tensorboard", "many_loggers"])
+def test_logger_configs(fresh_hydra, tmp_path, logger: str) -> None:
+    cfg = compose_train_cfg([f"logger={logger}"], output_dir=tmp_path)
+    built = [hydra.utils.instantiate(c) for c in cfg.logger.values()]
+    assert built and all(lg.save_dir.startswith(str(tmp_path)) for lg in built)
+    if "wandb" in cfg.logger:
+        assert cfg.logger.wandb.offline is True  # works without an account or network by default
+
+
+@pytest.mark.parametrize("debug", ["fdr", "limit", "overfit", "profiler"])
+def test_debug_configs(fresh_hydra, tmp_path, debug: str) -> None:
+    cfg = compose_train_cfg([f"debug={debug}"], output_dir=tmp_path)
+    assert cfg.task_name == "debug" and cfg.logger is None and cfg.trainer.accelerator == "cpu"
+    _instantiate_all(cfg)
+
+
+def test_callbacks_none(fresh_hydra, tmp_path) -> None:
+    cfg = compose_train_cfg(["callbacks=none"], output_dir=tmp_path)
+    assert not cfg.callbacks
+
+
+def test_default_callbacks_keep_best_and_last(fresh_hydra, tmp_path) -> None:
+    cfg = compose_train_cfg(output_dir=tmp_path)
+    _, _, callbacks, _, _ = _instantiate_all(cfg)
+    names = {type(c).__name__ for c in callbacks}
+    assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "RichProgressBar"} <= names
+    best, last = (c for c in callbacks if type(c).__name__ == "ModelCheckpoint")
+    assert (best.monitor, best.mode, last.monitor, last.filename) == ("val/bleu", "max", None, "last")
+    assert best.dirpath == last.dirpath == str(tmp_path / "checkpoints")
+
+
+def test_paths_are_absolute_from_any_working_directory(fresh_hydra, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_train_cfg(output_dir=tmp_path / "run")
+    for key in ("root_dir", "cache_dir", "log_dir", "output_dir"):
+        assert Path(cfg.paths[key]).is_absolute(), key
+    assert Path(cfg.paths.root_dir) == REPO_ROOT
+    assert Path(cfg.data.cache_dir).is_relative_to(REPO_ROOT / ".cache")  # gitignored
+    assert cfg.hydra.job.chdir is False
+    assert cfg.hydra.run.dir.startswith(str(REPO_ROOT / "logs" / "train" / "runs"))
+
+
+def test_architecture_keys_live_under_model_config(fresh_hydra, tmp_path) -> None:
+    from transformer.config import TransformerConfig
+
+    cfg = compose_train_cfg(["model.config.d_model=96", "model.config.n_heads=3"], output_dir=tmp_path)
+    _fake_data_fields(cfg)
+    config = TransformerConfig.from_dict(OmegaConf.to_container(cfg.model.config))
+    assert (config.d_model, config.n_heads) == (96, 3)

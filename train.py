@@ -1,0 +1,286 @@
+"""Training entry point: Hydra config -> datamodule -> task -> Trainer -> fit -> test -> metrics.json.
+
+    python train.py [experiment=NAME] [group=option ...] [key=value ...]
+    python train.py -m hparams_search=NAME     # or a grid: -m model.config.d_model=128,256 seed=1,2
+
+`train(cfg)` is importable (tests, sweeps); `main()` is the command line. The datamodule is prepared
+first because the model's vocabulary sizes and special ids come from its tokenizer(s).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before torch is imported (OpenMP reads it once): idle OpenMP threads sleep instead of spinning.
+# On a shared or busy CPU, spinning threads that wait for a descheduled peer made every
+# elementwise op up to 100x slower; sleeping costs little when the cores are idle.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import ctypes
+import json
+import logging
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger("train")
+
+PROJECT_ROOT = Path(__file__).resolve().parent
+
+
+class ConfigError(Exception):
+    """A config value that cannot work: reported as one line naming the key, exit status 1."""
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Fit and/or test as `cfg` says; returns the final metrics (also written to <run dir>/metrics.json)."""
+    _check(cfg)
+    _set_process_switches(cfg)
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    checkpoint = _peek_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
+
+    datamodule = _instantiate(cfg.data, "data")
+    if checkpoint is not None and type(datamodule).__qualname__ in checkpoint:
+        # the checkpoint's tokenizer(s) win over the cache: the weights were trained with them
+        datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+    if _local_rank() == 0:  # DDP workers started later find the tokenizer(s) in the cache
+        datamodule.prepare_data()
+    datamodule.setup("fit" if cfg.get("train") else "test")
+    _fill_from_data(cfg, datamodule)
+
+    task = _instantiate(cfg.model, "model")
+    task.run_config = _resolved(cfg)  # stored in every checkpoint
+    callbacks = _instantiate_group(cfg.get("callbacks"), "callbacks")
+    loggers = _instantiate_group(_with_wandb_id(cfg, checkpoint), "logger")
+    trainer: L.Trainer = _instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+
+    output_dir = Path(cfg.paths.output_dir)
+    if trainer.is_global_zero:
+        log.info("Resolved config:\n%s", OmegaConf.to_yaml(task.run_config))
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(task.run_config))
+    for logger in trainer.loggers:
+        logger.log_hyperparams(task.run_config)
+
+    metrics: dict[str, Any] = {}
+    if cfg.get("train"):
+        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        metrics.update(_floats(trainer.callback_metrics))
+    checkpoint_callback = trainer.checkpoint_callback
+    best = checkpoint_callback.best_model_path if checkpoint_callback is not None else ""
+    if cfg.get("test"):
+        test_ckpt = best or (None if cfg.get("train") else cfg.get("ckpt_path"))
+        if test_ckpt:
+            log.info("Testing checkpoint %s", test_ckpt)
+        else:
+            log.warning(
+                "No best checkpoint to test (checkpointing off or nothing saved): testing current weights"
+            )
+        trainer.test(task, datamodule=datamodule, ckpt_path=test_ckpt)
+        metrics.update(_floats(trainer.callback_metrics))
+    metrics.update(
+        best_ckpt_path=best or None,
+        best_model_score=_float(checkpoint_callback.best_model_score) if checkpoint_callback else None,
+        last_ckpt_path=_last_checkpoint(trainer),
+        epoch=trainer.current_epoch,
+        global_step=trainer.global_step,
+        run_dir=str(output_dir),
+    )
+    if trainer.is_global_zero:
+        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+# --- checks and process-wide switches ---------------------------------------------------------------
+
+
+def _check(cfg: DictConfig) -> None:
+    for key in ("data", "model", "trainer", "paths"):
+        if cfg.get(key) is None:
+            raise ConfigError(f"the config has no `{key}` section (pick one: {key}=NAME, see configs/{key}/)")
+    for key in ("train", "test"):
+        if not isinstance(cfg.get(key), bool):
+            raise ConfigError(f"`{key}` must be true or false, got {cfg.get(key)!r}")
+    if not cfg.train and not cfg.test:
+        log.warning("train=false and test=false: preparing the data only")
+    if cfg.get("ckpt_path") is not None and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} is not a file (give the path of a .ckpt to resume from)"
+        )
+    if cfg.get("seed") is not None and (isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int)):
+        raise ConfigError(f"`seed` must be an integer or null, got {cfg.seed!r}")
+    data_max_len = cfg.data.get("max_len")
+    model_max_len = cfg.model.get("config", {}).get("max_len")
+    if isinstance(data_max_len, int) and isinstance(model_max_len, int) and data_max_len > model_max_len:
+        raise ConfigError(
+            f"data.max_len ({data_max_len}) exceeds model.config.max_len ({model_max_len}): "
+            "the model would get sequences longer than its positions"
+        )
+
+
+def _set_process_switches(cfg: DictConfig) -> None:
+    if cfg.get("matmul_precision"):
+        if cfg.matmul_precision not in ("highest", "high", "medium"):
+            raise ConfigError(
+                f"matmul_precision must be highest, high or medium, got {cfg.matmul_precision!r}"
+            )
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
+    if cfg.get("num_threads"):
+        torch.set_num_threads(int(cfg.num_threads))
+    if cfg.get("tune_malloc"):
+        _tune_malloc()
+
+
+def _tune_malloc() -> None:
+    """glibc: serve large tensors from the heap and never trim it, so that the big activation buffers
+    are reused across steps instead of being unmapped and page-faulted in again (shared/PERF.md)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, ...): nothing to tune
+        return
+    m_trim_threshold, m_mmap_max = -1, -4  # from <malloc.h>
+    libc.mallopt(m_mmap_max, 0)
+    libc.mallopt(m_trim_threshold, 2**31 - 1)
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+
+
+# --- building objects from the config ----------------------------------------------------------------
+
+
+def _instantiate(node: DictConfig, key: str, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate` with plain containers, turning failures into one line naming `key`."""
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        raise ConfigError(f"`{key}` needs a `_target_` (the class to build), got {node!r}")
+    try:
+        return hydra.utils.instantiate(node, _convert_="all", **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__ or err
+        raise ConfigError(f"cannot build `{key}` ({node._target_}): {type(cause).__name__}: {cause}") from err
+
+
+def _instantiate_group(node: DictConfig | None, key: str) -> list[Any]:
+    """Callbacks / loggers: a mapping of name -> config with `_target_`; null entries are switched off."""
+    if not node:
+        return []
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"`{key}` must be a mapping of name -> config, got {node!r}")
+    return [_instantiate(conf, f"{key}.{name}") for name, conf in node.items() if conf is not None]
+
+
+def _fill_from_data(cfg: DictConfig, datamodule: Any) -> None:
+    """Write the tokenizer's vocabulary sizes and special ids (and the classes) into `cfg.model`."""
+    fields = {"pad_id": datamodule.pad_id, "bos_id": datamodule.bos_id, "eos_id": datamodule.eos_id}
+    extra = {}
+    if hasattr(datamodule, "tgt_vocab_size"):
+        fields.update(src_vocab_size=datamodule.src_vocab_size, tgt_vocab_size=datamodule.tgt_vocab_size)
+    else:
+        fields.update(src_vocab_size=datamodule.vocab_size, tgt_vocab_size=datamodule.vocab_size)
+        extra["num_classes"] = datamodule.num_classes
+    with open_dict(cfg):
+        for name, value in fields.items():
+            current = cfg.model.config.get(name)
+            if current is not None and current != value:
+                raise ConfigError(
+                    f"model.config.{name}={current} disagrees with the data ({value}); leave it unset"
+                )
+            cfg.model.config[name] = value
+        for name, value in extra.items():
+            cfg.model[name] = value
+
+
+def _last_checkpoint(trainer: L.Trainer) -> str | None:
+    """The newest checkpoint: what a checkpoint callback without a monitor (or `save_last`) wrote."""
+    for callback in trainer.checkpoint_callbacks:
+        path = getattr(callback, "last_model_path", "") or (
+            callback.best_model_path if getattr(callback, "monitor", None) is None else ""
+        )
+        if path:
+            return path
+    return None
+
+
+def _peek_checkpoint(path: str) -> dict[str, Any]:
+    """The checkpoint's plain data (memory-mapped: tensors are not read)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # truncated, not a checkpoint, unsafe pickle: one line, nothing trained
+        raise ConfigError(f"cannot read ckpt_path={path}: {type(err).__name__}: {err}") from err
+
+
+def _with_wandb_id(cfg: DictConfig, checkpoint: Mapping[str, Any] | None) -> DictConfig | None:
+    """Resuming from a checkpoint continues its wandb run unless `logger.wandb.id` is set."""
+    loggers = cfg.get("logger")
+    run_id = checkpoint.get("wandb_run_id") if checkpoint else None
+    if loggers and run_id and loggers.get("wandb") and loggers.wandb.get("id") is None:
+        with open_dict(loggers):
+            loggers.wandb.id = run_id
+        log.info("Resuming wandb run %s", run_id)
+    return loggers
+
+
+def _resolved(cfg: DictConfig) -> dict[str, Any]:
+    """The run's config as plain data, every interpolation resolved (Hydra's own node left out)."""
+    return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+
+
+def _float(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value.item() if isinstance(value, torch.Tensor) else value)
+    return number if math.isfinite(number) else None
+
+
+def _floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    return {name: _float(value) for name, value in metrics.items()}
+
+
+# --- command line ------------------------------------------------------------------------------------
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    try:
+        metrics = train(cfg)
+    except ConfigError as err:
+        log.error("%s", err)
+        raise SystemExit(f"error: {err}") from None
+    metric_name = cfg.get("optimized_metric")
+    if metric_name and metric_name not in metrics:
+        available = sorted(k for k, v in metrics.items() if isinstance(v, float))
+        raise SystemExit(
+            f"error: optimized_metric={metric_name!r} was not logged; logged metrics: {available}"
+        )
+    if rank_zero_only.rank == 0:
+        width = max((len(k) for k in metrics), default=0)
+        for name, value in sorted(metrics.items()):
+            print(
+                f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}"
+            )
+        print(f"run directory: {HydraConfig.get().runtime.output_dir}")
+    return metrics.get(metric_name) if metric_name else None
+
+
+def main() -> None:
+    """`python train.py ...`: configs resolve paths against the repository root unless PROJECT_ROOT is set."""
+    os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
