@@ -79,6 +79,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         metrics.update(_floats(trainer.callback_metrics))
     checkpoint_callback = trainer.checkpoint_callback
     best = checkpoint_callback.best_model_path if checkpoint_callback is not None else ""
+    last = _last_checkpoint(trainer)  # read before testing, which resets callbacks without a monitor
     if cfg.get("test"):
         test_ckpt = best or (None if cfg.get("train") else cfg.get("ckpt_path"))
         if test_ckpt:
@@ -92,7 +93,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     metrics.update(
         best_ckpt_path=best or None,
         best_model_score=_float(checkpoint_callback.best_model_score) if checkpoint_callback else None,
-        last_ckpt_path=_last_checkpoint(trainer),
+        last_ckpt_path=last,
         epoch=trainer.current_epoch,
         global_step=trainer.global_step,
         run_dir=str(output_dir),

@@ -130,7 +130,12 @@ class _TaskBase(L.LightningModule):
         if "total_steps" in inspect.signature(self.scheduler_factory).parameters and (
             keywords.get("total_steps") is None
         ):
-            kwargs["total_steps"] = int(self.trainer.estimated_stepping_batches)
+            total = int(self.trainer.estimated_stepping_batches)
+            warmup = keywords.get("warmup_steps") or 0
+            if total <= warmup:  # a debug run (fast_dev_run, limit_train_batches) shorter than warmup
+                log.warning("%d optimizer steps < warmup_steps=%d: the schedule is cut short", total, warmup)
+                total = warmup + 1
+            kwargs["total_steps"] = total
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -317,7 +322,9 @@ class TranslationTask(_TaskBase):
         return datamodule
 
     def _split_name(self, stage: str) -> str:
-        return getattr(self._datamodule(), f"{stage}_split", stage)
+        """The datamodule's name of the split that `stage` scores (e.g. test -> test_2016_flickr)."""
+        splits = getattr(self._datamodule(), "splits", None)
+        return splits[stage] if isinstance(splits, Mapping) and stage in splits else stage
 
     # --- checkpoint extras -----------------------------------------------------------------------
 

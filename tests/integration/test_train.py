@@ -1,0 +1,223 @@
+"""train.py end to end: the quickstart through `train(cfg)` and the real command line, checkpoint
+contents, test-only runs, resuming, loggers, DDP on two CPU processes, fast_dev_run on real data."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO_ROOT
+from tests.unit.test_configs import compose_train_cfg
+from train import ConfigError, train
+from transformer.schedules import InverseSqrtWarmup
+from transformer.tasks import TranslationTask
+
+pytestmark = pytest.mark.slow
+
+# The quickstart shrunk to a few dozen steps of a tiny model (seconds, not minutes).
+TINY = [
+    "data.synthetic_sizes.train=600",
+    "data.synthetic_sizes.val=30",
+    "data.synthetic_sizes.test=30",
+    "data.vocab_size=300",
+    "model.config.d_model=32",
+    "model.config.n_heads=2",
+    "model.config.n_encoder_layers=1",
+    "model.config.n_decoder_layers=1",
+    "model.config.d_ff=64",
+    "model.optimizer.lr=3e-3",
+    "model.scheduler.warmup_steps=8",
+    "model.decoding.max_len_b=4",
+    "trainer.max_epochs=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.num_sanity_val_steps=0",
+    "++trainer.enable_progress_bar=false",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.model_summary=null",
+]
+IN_PROCESS = ["tune_malloc=false"]  # leave the test process's allocator alone
+
+
+def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    environ.update(PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", **env)
+    environ.pop("PROJECT_ROOT", None)  # train.py finds the repository itself
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _lrs(run_dir: Path) -> dict[int, float]:
+    rows = _read_csv(run_dir / "csv" / "metrics.csv")
+    return {int(r["step"]): float(r["lr-AdamW/pg1"]) for r in rows if r.get("lr-AdamW/pg1")}
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """One tiny quickstart run through `train(cfg)`: its run directory and returned metrics."""
+    run_dir = tmp_path_factory.mktemp("quickstart") / "run"
+    metrics = train(compose_train_cfg([*TINY, *IN_PROCESS], output_dir=run_dir))
+    return run_dir, metrics
+
+
+def test_quickstart_run_directory(quickstart: tuple[Path, dict]) -> None:
+    run_dir, metrics = quickstart
+    written = json.loads((run_dir / "metrics.json").read_text())
+    assert written == metrics
+    for name in ("val/loss", "val/bleu", "val/bleu_best", "val/exact_match", "test/bleu", "test/chrf"):
+        assert isinstance(metrics[name], float), name
+    assert {"test/loss", "test/exact_match", "train/tokens_per_s", "train/pad_ratio"} <= set(metrics)
+    assert Path(metrics["best_ckpt_path"]).parent == run_dir / "checkpoints"
+    assert metrics["last_ckpt_path"] == str(run_dir / "checkpoints" / "last.ckpt")
+    assert Path(metrics["best_ckpt_path"]).is_file() and Path(metrics["last_ckpt_path"]).is_file()
+    assert metrics["run_dir"] == str(run_dir) and metrics["global_step"] > 0
+    assert (run_dir / "csv" / "metrics.csv").is_file()
+    resolved = (run_dir / "config.yaml").read_text()
+    assert "src_vocab_size:" in resolved and "${" not in resolved  # data-derived and resolved
+
+
+def test_checkpoint_is_self_sufficient(quickstart: tuple[Path, dict]) -> None:
+    from data.tokenization import BPETokenizer
+    from transformer.decoding import greedy_search
+
+    run_dir, metrics = quickstart
+    checkpoint = torch.load(
+        metrics["last_ckpt_path"], map_location="cpu", weights_only=True
+    )  # plain data only
+    config = checkpoint["config"]
+    assert (
+        config["model"]["config"]["src_vocab_size"]
+        == checkpoint["hyper_parameters"]["config"]["src_vocab_size"]
+    )
+    assert config["paths"]["output_dir"] == str(run_dir) and config["seed"] == 42
+    assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
+    tokenizer = BPETokenizer.from_json(checkpoint["TranslationDataModule"]["tokenizers"]["joint"])
+    assert tokenizer.vocab_size == config["model"]["config"]["tgt_vocab_size"]
+    # weights + hyperparameters + tokenizer from the file alone translate a sentence
+    task = TranslationTask.load_from_checkpoint(metrics["best_ckpt_path"], map_location="cpu")
+    src = torch.tensor([tokenizer.encode("yesterday we bought two red cups .")])
+    assert isinstance(tokenizer.decode(greedy_search(task.model, src)[0].tolist()), str)
+
+
+def test_test_only_run_reproduces_the_test_metrics(quickstart: tuple[Path, dict], tmp_path: Path) -> None:
+    _, trained = quickstart
+    overrides = [*TINY, *IN_PROCESS, "train=false", f"ckpt_path={trained['best_ckpt_path']}"]
+    metrics = train(compose_train_cfg(overrides, output_dir=tmp_path / "test_only"))
+    for name in ("test/bleu", "test/chrf", "test/exact_match"):
+        assert metrics[name] == trained[name], name
+    assert metrics["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
+
+
+def test_resume_from_last_continues_at_the_same_step_and_lr(
+    quickstart: tuple[Path, dict], tmp_path: Path
+) -> None:
+    first_dir, first = quickstart
+    steps_per_epoch = first["global_step"] // 2
+    overrides = [*TINY, *IN_PROCESS, "trainer.max_epochs=3", f"ckpt_path={first['last_ckpt_path']}"]
+    resumed = train(compose_train_cfg(overrides, output_dir=tmp_path / "resumed"))
+    assert resumed["global_step"] == 3 * steps_per_epoch
+    before, after = _lrs(first_dir), _lrs(tmp_path / "resumed")
+    assert min(after) == first["global_step"]  # the first step after the checkpoint, none repeated
+    schedule = InverseSqrtWarmup(warmup_steps=8)
+    for step, lr in {**before, **after}.items():
+        assert lr == pytest.approx(3e-3 * schedule(step), rel=1e-6), step
+
+
+def test_malformed_values_fail_early_with_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model.*n_heads"):
+        train(compose_train_cfg([*TINY, *IN_PROCESS, "model.config.n_heads=3"], output_dir=tmp_path / "a"))
+    with pytest.raises(ConfigError, match=r"data\.max_len"):
+        train(compose_train_cfg([*TINY, *IN_PROCESS, "data.max_len=128"], output_dir=tmp_path / "b"))
+    with pytest.raises(ConfigError, match="ckpt_path"):
+        train(
+            compose_train_cfg([*TINY, *IN_PROCESS, "ckpt_path=/nonexistent.ckpt"], output_dir=tmp_path / "c")
+        )
+
+
+def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
+    """The real command, from another working directory; wandb offline needs no account or network."""
+    no_network = {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"}
+    args = [*TINY, f"paths.log_dir={tmp_path / 'logs'}", "logger=many_loggers"]
+    done = _cli(args, cwd=tmp_path, **no_network)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last_line = done.stdout.strip().splitlines()[-1]
+    assert last_line.startswith("run directory: "), done.stdout[-2000:]
+    run_dir = Path(last_line.removeprefix("run directory: "))
+    assert run_dir.parent == tmp_path / "logs" / "train" / "runs"
+    assert "test/exact_match" in done.stdout
+    for path in (".hydra/config.yaml", "config.yaml", "metrics.json", "checkpoints/last.ckpt", "train.log"):
+        assert (run_dir / path).is_file(), path
+    assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    (wandb_run,) = (run_dir / "wandb").glob("offline-run-*")
+    run_id = wandb_run.name.rsplit("-", 1)[1]
+    assert (wandb_run / f"run-{run_id}.wandb").is_file()
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
+    assert checkpoint["wandb_run_id"] == run_id
+
+    resumed = _cli(
+        [*args, "trainer.max_epochs=3", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"],
+        cwd=tmp_path,
+        **no_network,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed_dir = Path(resumed.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
+    assert resumed_dir != run_dir
+    metrics = json.loads((resumed_dir / "metrics.json").read_text())
+    assert metrics["global_step"] == checkpoint["global_step"] * 3 // 2
+    assert [p.name.rsplit("-", 1)[1] for p in (resumed_dir / "wandb").glob("offline-run-*")] == [run_id]
+
+
+def test_cli_bad_value_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    done = _cli([*TINY, f"paths.log_dir={tmp_path}", "model.config.dropout=1.5"], cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("error: cannot build `model`")
+    assert "dropout" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ddp_cpu_two_processes_one_run_directory(tmp_path: Path) -> None:
+    done = _cli([*TINY, "trainer=ddp_cpu", f"paths.log_dir={tmp_path / 'logs'}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    assert done.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
+    assert done.stdout.count("run directory:") == 1  # printed by rank 0 only
+    assert (run_dir / "train_ddp_process_1.log").is_file()  # the second process ran in the same directory
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["test/bleu"] is not None and Path(metrics["last_ckpt_path"]).is_file()
+
+
+@pytest.mark.parametrize(
+    ("experiment", "fixture", "overrides"),
+    [
+        ("quickstart", None, []),
+        ("multi30k_de_en", "multi30k_dir", ["model.config.d_model=64", "model.config.d_ff=128"]),
+        ("sst2", "sst2_dir", ["model.config.d_model=64", "model.config.d_ff=128"]),
+    ],
+)
+def test_fast_dev_run(
+    experiment: str, fixture: str | None, overrides: list[str], request, tmp_path: Path
+) -> None:
+    if fixture is not None:
+        overrides = [*overrides, f"data.data_dir={request.getfixturevalue(fixture)}"]
+    cfg = compose_train_cfg(
+        [f"experiment={experiment}", "debug=fdr", *IN_PROCESS, *overrides], output_dir=tmp_path
+    )
+    metrics = train(cfg)
+    test_metric = "test/acc" if experiment == "sst2" else "test/bleu"
+    assert metrics["global_step"] == 1 and metrics[test_metric] is not None
