@@ -133,6 +133,7 @@ def test_hparams_are_plain_data() -> None:
         "config",
         "label_smoothing",
         "decoding",
+        "test_decoding",
         "val_bleu_every_n_epochs",
         "compile",
     }
