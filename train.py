@@ -30,6 +30,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -256,11 +257,20 @@ def _floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    if in_sweep:
+        _group_wandb_runs(cfg)
     try:
         metrics = train(cfg)
     except ConfigError as err:
         log.error("%s", err)
+        if in_sweep:  # one failed job: the sweeper records it (Optuna: a FAIL trial) and goes on
+            raise
         raise SystemExit(f"error: {err}") from None
+    except Exception:
+        if in_sweep:  # the sweeper keeps only the message: the traceback goes to the job's log file
+            log.exception("The job failed")
+        raise
     metric_name = cfg.get("optimized_metric")
     if metric_name and metric_name not in metrics:
         available = sorted(k for k, v in metrics.items() if isinstance(v, float))
@@ -275,6 +285,15 @@ def _hydra_main(cfg: DictConfig) -> float | None:
             )
         print(f"run directory: {HydraConfig.get().runtime.output_dir}")
     return metrics.get(metric_name) if metric_name else None
+
+
+def _group_wandb_runs(cfg: DictConfig) -> None:
+    """In a sweep every job is its own wandb run, grouped under the sweep directory's name (the study
+    name for `hparams_search`) unless `logger.wandb.group` is set."""
+    wandb = (cfg.get("logger") or {}).get("wandb")
+    if wandb is not None and not wandb.get("group"):
+        with open_dict(wandb):
+            wandb.group = Path(HydraConfig.get().sweep.dir).name
 
 
 def main() -> None:

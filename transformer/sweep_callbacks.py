@@ -1,0 +1,110 @@
+"""Callbacks that make sweeps survive real use (configs/hparams_search/optuna.yaml turns them on).
+
+`ResumeOptunaStudy` (Hydra) prepares the Optuna storage before the sweeper opens the study, so that
+the SQLite file can live inside the sweep directory and a second run of the same command continues
+the study. `FailOnNonFiniteLoss` (Lightning) turns a diverged run into an exception, so that its
+trial is recorded as failed instead of reporting the metric of a model full of NaNs.
+
+This is the one module of `transformer/` that imports Hydra: Hydra finds the callback by its
+`_target_`; nothing else in the package imports this file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.experimental.callback import Callback as HydraCallback
+from omegaconf import DictConfig, read_write
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FailOnNonFiniteLoss", "ResumeOptunaStudy", "sqlite_path"]
+
+_SQLITE_PREFIX = "sqlite:///"
+
+
+def sqlite_path(storage: str) -> Path | None:
+    """The database file of an SQLAlchemy SQLite URL (`sqlite:///relative` or `sqlite:////absolute`)."""
+    if not storage.startswith(_SQLITE_PREFIX):
+        return None
+    path = storage[len(_SQLITE_PREFIX) :].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+class ResumeOptunaStudy(HydraCallback):
+    """Before an Optuna sweep starts: create the SQLite file's directory and, when the study already
+    has trials, offset the sampler's seed by their number.
+
+    The sweeper opens the study before any job runs (and before Hydra creates the sweep directory),
+    and SQLite cannot create a missing directory. Optuna's samplers draw from a fresh RNG on every
+    run: without the offset a resumed search with a fixed seed would replay the random start-up
+    trials of the first run (same parameters, wasted trials) instead of continuing it.
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweeper = config.hydra.sweeper
+        storage, study_name = sweeper.get("storage"), sweeper.get("study_name")
+        if not isinstance(storage, str):  # not the Optuna sweeper, or an in-memory study
+            return
+        database = sqlite_path(storage)
+        if database is not None:
+            database.parent.mkdir(parents=True, exist_ok=True)
+            if not database.is_file():  # a new study: nothing to resume
+                return
+        n_trials = _count_trials(storage, study_name)
+        if not n_trials:
+            return
+        seed = sweeper.get("sampler", {}).get("seed")
+        log.info("Resuming Optuna study %r (%d trials so far) from %s", study_name, n_trials, storage)
+        if isinstance(seed, int):
+            with read_write(sweeper.sampler):
+                sweeper.sampler.seed = seed + n_trials
+            log.info("Sampler seed %d -> %d (so the resumed search draws new trials)", seed, seed + n_trials)
+
+
+def _count_trials(storage: str, study_name: str | None) -> int:
+    import optuna  # the `sweep` extra; only needed when a sweep runs
+
+    if study_name is None:  # optuna names an unnamed study at random: a new one every run
+        return 0
+    try:
+        return len(optuna.load_study(study_name=study_name, storage=storage).trials)
+    except KeyError:  # the database exists but holds no study of that name yet
+        return 0
+
+
+class FailOnNonFiniteLoss(L.Callback):
+    """Raise `FloatingPointError` as soon as the training loss is NaN or infinite.
+
+    A diverged model keeps training on NaNs and can still report a finite best validation score from
+    before it diverged; failing makes the sweeper record the trial as failed. The loss is checked
+    every `every_n_steps` optimizer steps (a device sync each time); once NaN, weights stay NaN, so a
+    sparse check loses nothing but a few steps. Under DDP the ranks agree before raising.
+    """
+
+    def __init__(self, every_n_steps: int = 1) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step % self.every_n_steps:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, torch.Tensor):  # e.g. a skipped step
+            return
+        value = float(loss.detach().float().mean())
+        diverged = trainer.strategy.reduce_boolean_decision(not math.isfinite(value), all=False)
+        if diverged:
+            raise FloatingPointError(
+                f"training loss is {value} at step {trainer.global_step} (epoch {trainer.current_epoch}): "
+                "the run diverged (try a lower model.optimizer.lr or longer warmup)"
+            )
