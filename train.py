@@ -260,8 +260,10 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     if in_sweep:
         _group_wandb_runs(cfg)
+    failed = True
     try:
         metrics = train(cfg)
+        failed = False
     except ConfigError as err:
         log.error("%s", err)
         if in_sweep:  # one failed job: the sweeper records it (Optuna: a FAIL trial) and goes on
@@ -271,6 +273,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if in_sweep:  # the sweeper keeps only the message: the traceback goes to the job's log file
             log.exception("The job failed")
         raise
+    finally:
+        if in_sweep:  # the jobs share this process: each ends its own wandb run, or the next reuses it
+            _finish_wandb_run(failed)
     metric_name = cfg.get("optimized_metric")
     if metric_name and metric_name not in metrics:
         available = sorted(k for k, v in metrics.items() if isinstance(v, float))
@@ -294,6 +299,12 @@ def _group_wandb_runs(cfg: DictConfig) -> None:
     if wandb is not None and not wandb.get("group"):
         with open_dict(wandb):
             wandb.group = Path(HydraConfig.get().sweep.dir).name
+
+
+def _finish_wandb_run(failed: bool) -> None:
+    wandb = sys.modules.get("wandb")  # imported only if a wandb logger was built
+    if wandb is not None and wandb.run is not None:
+        wandb.finish(exit_code=1 if failed else 0)
 
 
 def main() -> None:
