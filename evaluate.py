@@ -55,7 +55,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     _check_options(cfg, restored, paths[-1])
     device = _device(str(cfg.get("device") or "cpu"))
     restored.model.to(device)
-    datamodule = build_datamodule(restored, cfg.get("data") or {}, paths[-1])
+    datamodule = build_datamodule(restored, cfg.get("data") or {}, paths[-1], bool(cfg.get("progress", True)))
     decoding = None
     if restored.task == "translation":
         decoding = decoding_settings(restored.hparams.get("decoding") or {}, cfg.get("decode") or {})
@@ -161,7 +161,9 @@ def _check_options(cfg: DictConfig, restored: RestoredModel, path: Path) -> None
             raise EvalError(f"translate.input needs a translation checkpoint; {path} is a classification one")
 
 
-def build_datamodule(restored: RestoredModel, overrides: Mapping[str, Any], path: Path) -> Any:
+def build_datamodule(
+    restored: RestoredModel, overrides: Mapping[str, Any], path: Path, show_progress: bool = False
+) -> Any:
     """The training run's datamodule settings with the non-null `overrides`, and the saved tokenizer(s)."""
     cls = _DATAMODULES[restored.task]
     saved = restored.run_config.get("data")
@@ -188,7 +190,7 @@ def build_datamodule(restored: RestoredModel, overrides: Mapping[str, Any], path
             raise EvalError(f"data.{key} is not a {cls.__name__} option; options: {sorted(accepted)}")
         settings[key] = value
     # The tokenizer(s) come from the checkpoint: no cache to read, nothing to train.
-    settings.update(cache_dir=None, show_progress=False)
+    settings.update(cache_dir=None, show_progress=show_progress)
     try:
         datamodule = cls(**settings)
     except (TypeError, ValueError) as err:

@@ -1,0 +1,421 @@
+"""evaluate.py end to end on checkpoints of real (tiny) training runs made with train.py.
+
+Scores equal the training run's own test step; beam 1 equals greedy; decoding sweeps, stdin
+translation and checkpoint averaging work through the real command line; bad input (missing,
+truncated or malicious checkpoint, the other task's checkpoint, unknown or unlabeled split) stops
+with one `error:` line and exit status 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from tests.unit.test_reports import assert_png, assert_valid_markdown
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+# The quickstart experiment, shrunk: a few dozen steps of a tiny model. Decoding is capped at
+# source length + 2 tokens (saved in the checkpoint, so evaluation decodes the same way).
+TINY_QUICKSTART = [
+    "data.synthetic_sizes.train=600",
+    "data.synthetic_sizes.val=30",
+    "data.synthetic_sizes.test=40",
+    "model.config.d_model=32",
+    "model.config.n_heads=2",
+    "model.config.d_ff=64",
+    "model.optimizer.lr=3e-3",
+    "model.scheduler.warmup_steps=20",
+    "model.decoding.max_len_a=1.0",
+    "model.decoding.max_len_b=2",
+    "trainer.max_epochs=3",
+    "trainer.num_sanity_val_steps=0",
+    "callbacks.model_checkpoint.save_top_k=-1",  # every epoch's checkpoint, for average_last
+]
+EXACT = ("test/bleu", "test/chrf", "test/exact_match")
+CLOSE = ("test/loss", "test/nll", "test/ppl", "test/token_acc")
+
+
+def _run(script: str, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PROJECT_ROOT": str(REPO), "WANDB_MODE": "offline"}
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=900,
+    )
+
+
+def _train(run_dir: Path, cache: Path, overrides: list[str]) -> Path:
+    result = _run(
+        "train.py", [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", "logger=csv", *overrides]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("quickstart")
+    return _train(root / "run", root / "cache", TINY_QUICKSTART)
+
+
+@pytest.fixture(scope="module")
+def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sst")
+    data = root / "data"
+    data.mkdir()
+    good, bad = (
+        ["a great fun film", "warm and funny", "a moving story"],
+        ["a dull mess", "boring and flat", "awful"],
+    )
+    rows = [
+        (f"{text} {i}", label) for i in range(20) for label, texts in ((1, good), (0, bad)) for text in texts
+    ]
+    (data / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    (data / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows[:30]))
+    # GLUE ships its test split without labels
+    (data / "test.tsv").write_text(
+        "index\tsentence\n" + "".join(f"{i}\t{t}\n" for i, (t, _) in enumerate(rows[:10]))
+    )
+    return _train(
+        root / "run",
+        root / "cache",
+        [
+            "data=sst2",
+            "model=classification",
+            f"data.data_dir={data}",
+            "data.vocab_size=100",
+            "data.max_tokens=128",  # several batches per epoch
+            "model.config.d_model=32",
+            "model.config.n_heads=2",
+            "model.config.d_ff=64",
+            "model.config.n_encoder_layers=1",
+            "model.scheduler.warmup_steps=2",
+            "trainer.max_epochs=2",
+            "trainer.num_sanity_val_steps=0",
+            "callbacks.model_checkpoint.monitor=val/acc",
+            "optimized_metric=val/acc_best",
+        ],
+    )
+
+
+def _metrics(directory: Path) -> dict:
+    return json.loads((directory / "metrics.json").read_text())
+
+
+def _best(run: Path) -> Path:
+    return Path(_metrics(run)["best_ckpt_path"])
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def compose_eval(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """`evaluate(cfg)` in this process (no interpreter start-up): compose configs/eval.yaml with overrides."""
+    monkeypatch.setenv("PROJECT_ROOT", str(REPO))
+
+    def make(out_dir: Path, *overrides: str) -> DictConfig:
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+            return compose("eval", overrides=[f"paths.output_dir={out_dir}", "progress=false", *overrides])
+
+    yield make
+
+
+# --- scores -------------------------------------------------------------------------------------------
+
+
+def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_path: Path) -> None:
+    before = _snapshot(translation_run)
+    out = tmp_path / "eval"
+    result = _run("evaluate.py", [f"ckpt_path={_best(translation_run)}", f"hydra.run.dir={out}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"output directory: {out}" in result.stdout
+    trained, evaluated = _metrics(translation_run), _metrics(out)
+    for name in EXACT:
+        assert evaluated[name] == pytest.approx(trained[name], abs=1e-4), name  # trainer logs float32
+    for name in CLOSE:
+        assert evaluated[name] == pytest.approx(trained[name], rel=1e-5), name
+    assert evaluated["test/chrf"] > 0
+    assert evaluated["decoding"] == {
+        "search": "auto",
+        "beam_size": 1,
+        "length_penalty": 0.6,
+        "max_len_a": 1.0,
+        "max_len_b": 2,
+    }
+    assert evaluated["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert evaluated["split"] == "test" and evaluated["num_examples"] == 40
+    assert len((out / "hypotheses.txt").read_text().splitlines()) == 40
+    with (out / "predictions.tsv").open(newline="") as handle:
+        assert len(list(csv.reader(handle, delimiter="\t"))) == 41
+    text = assert_valid_markdown(out / "report.md")
+    for picture in ("bleu_by_length.png", "learning_curves.png"):
+        assert f"]({picture})" in text
+        assert_png(out / picture)
+    assert len(list((out / "attention").glob("*cross*.png"))) == 2
+    assert _snapshot(translation_run) == before  # nothing in the training run was touched
+
+
+def test_classification_scores_equal_the_training_runs_test_step(
+    classification_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "eval"
+    result = _run("evaluate.py", [f"ckpt_path={_best(classification_run)}", f"hydra.run.dir={out}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    trained, evaluated = _metrics(classification_run), _metrics(out)
+    for name in ("test/acc", "test/f1", "test/loss"):
+        assert evaluated[name] == pytest.approx(trained[name], rel=1e-5), name
+    assert evaluated["split"] == "dev" and evaluated["task"] == "classification"
+    assert 0.0 <= evaluated["test/ece"] <= 1.0
+    assert sum(map(sum, evaluated["confusion_matrix"]["rows_gold_columns_predicted"])) == 30
+    assert_valid_markdown(out / "report.md")
+    assert_png(out / "confusion_matrix.png")
+
+
+def test_beam_one_equals_greedy(translation_run: Path, tmp_path: Path, compose_eval) -> None:
+    from evaluate import evaluate
+
+    ckpt = f"ckpt_path={_best(translation_run)}"
+    greedy = evaluate(compose_eval(tmp_path / "greedy", ckpt, "decode=greedy", "report.enabled=false"))
+    beam = evaluate(
+        compose_eval(
+            tmp_path / "beam", ckpt, "decode.search=beam", "decode.beam_size=1", "report.enabled=false"
+        )
+    )
+    assert beam == greedy
+    assert (tmp_path / "beam" / "hypotheses.txt").read_text() == (
+        tmp_path / "greedy" / "hypotheses.txt"
+    ).read_text()
+    assert _metrics(tmp_path / "beam")["decoding"]["search"] == "beam"
+
+
+def test_decoding_sweep(translation_run: Path, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = _run(
+        "evaluate.py",
+        [
+            "-m",
+            f"ckpt_path={_best(translation_run)}",
+            f"hydra.sweep.dir={sweep}",
+            "report.enabled=false",
+            "progress=false",
+            "decode.beam_size=1,4",
+        ],
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = [_metrics(sweep / str(n)) for n in (0, 1)]
+    assert [job["decoding"]["beam_size"] for job in jobs] == [1, 4]
+    assert jobs[0]["test/bleu"] == pytest.approx(_metrics(translation_run)["test/bleu"], abs=1e-4)
+    assert all(len((sweep / str(n) / "hypotheses.txt").read_text().splitlines()) == 40 for n in (0, 1))
+
+
+# --- translating text -----------------------------------------------------------------------------------
+
+
+def test_translate_stdin_to_stdout(translation_run: Path, tmp_path: Path, compose_eval, capsys) -> None:
+    from evaluate import evaluate
+
+    ckpt = f"ckpt_path={_best(translation_run)}"
+    evaluate(compose_eval(tmp_path / "eval", ckpt, "report.enabled=false"))
+    with (tmp_path / "eval" / "predictions.tsv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    capsys.readouterr()
+    lines = [rows[0]["source"], "", rows[1]["source"], rows[2]["source"]]
+    result = _run(
+        "evaluate.py", [ckpt, f"hydra.run.dir={tmp_path / 'pipe'}", "translate.input=-"], "\n".join(lines)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # stdout holds the translations and nothing else: one line per input line, empty stays empty
+    assert result.stdout.split("\n") == [
+        rows[0]["hypothesis"],
+        "",
+        rows[1]["hypothesis"],
+        rows[2]["hypothesis"],
+        "",
+    ]
+    assert "[evaluate]" not in result.stdout and "Tokenizing" not in result.stdout
+    # a file in, a file out (in-process), in chunks of two lines
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(row["source"] for row in rows[:5]) + "\n")
+    assert (
+        evaluate(
+            compose_eval(
+                tmp_path / "file",
+                ckpt,
+                f"translate.input={source}",
+                f"translate.output={target}",
+                "translate.chunk_lines=2",
+            )
+        )
+        == {}
+    )
+    assert target.read_text().splitlines() == [row["hypothesis"] for row in rows[:5]]
+    assert capsys.readouterr().out == ""
+
+
+# --- checkpoint averaging --------------------------------------------------------------------------------
+
+
+def test_average_last(translation_run: Path, tmp_path: Path, compose_eval) -> None:
+    from evaluate import evaluate
+
+    last = translation_run / "checkpoints" / "last.ckpt"
+    single = evaluate(compose_eval(tmp_path / "single", f"ckpt_path={last}", "report.enabled=false"))
+    # Three copies of one checkpoint at different steps: their average is that checkpoint.
+    copies = tmp_path / "copies" / "checkpoints"
+    copies.mkdir(parents=True)
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    for step in (100, 200, 300):
+        torch.save({**checkpoint, "global_step": step}, copies / f"step_{step}.ckpt")
+    out = tmp_path / "averaged"
+    result = _run(
+        "evaluate.py",
+        [f"ckpt_path={copies.parent}", "average_last=3", f"hydra.run.dir={out}", "report.enabled=false"],
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    averaged = _metrics(out)
+    assert averaged["averaged_from"] == [str(copies / f"step_{s}.ckpt") for s in (100, 200, 300)]
+    for name, value in single.items():
+        assert averaged[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+    # The real run: the last two epochs by global step (last.ckpt duplicates the newest one).
+    evaluate(
+        compose_eval(
+            tmp_path / "run2", f"ckpt_path={translation_run}", "average_last=2", "report.enabled=false"
+        )
+    )
+    names = [Path(p).name for p in _metrics(tmp_path / "run2")["averaged_from"]]
+    assert names == ["epoch_001.ckpt", "epoch_002.ckpt"]
+
+
+@pytest.mark.gpu
+def test_gpu_checkpoint_evaluates_on_cpu(translation_run: Path, tmp_path: Path, compose_eval) -> None:
+    from evaluate import evaluate
+
+    best = _best(translation_run)
+    checkpoint = torch.load(best, map_location="cuda", weights_only=True)
+    assert next(iter(checkpoint["state_dict"].values())).is_cuda
+    gpu_ckpt = tmp_path / "gpu.ckpt"
+    torch.save(checkpoint, gpu_ckpt)
+    on_cpu = evaluate(compose_eval(tmp_path / "cpu", f"ckpt_path={gpu_ckpt}", "report.enabled=false"))
+    assert on_cpu["test/bleu"] == pytest.approx(_metrics(translation_run)["test/bleu"], abs=1e-4)
+    on_gpu = evaluate(
+        compose_eval(tmp_path / "gpu", f"ckpt_path={best}", "device=cuda", "report.enabled=false")
+    )
+    assert on_gpu["test/loss"] == pytest.approx(on_cpu["test/loss"], rel=1e-3)
+
+
+# --- bad input: one line on stderr, exit status 1 ----------------------------------------------------------
+
+
+class _Payload:
+    """Unpickling this runs a shell command (the classic malicious checkpoint)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _error_cases(root: Path, translation: Path, classification: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (evaluate.py arguments, text the error line must contain)."""
+    best, cls_best = _best(translation), _best(classification)
+    truncated = root / "truncated.ckpt"
+    data = best.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    evil = root / "evil.ckpt"
+    torch.save({"state_dict": {}, "payload": _Payload(root / "pwned")}, evil)
+    raw_evil = root / "evil_raw.ckpt"
+    raw_evil.write_bytes(pickle.dumps({"state_dict": {}, "payload": _Payload(root / "pwned")}))
+    # translation weights and hyperparameters under a classification run's config
+    mixed = root / "mixed.ckpt"
+    t, c = (torch.load(p, map_location="cpu", weights_only=True) for p in (best, cls_best))
+    torch.save({**t, "config": c["config"]}, mixed)
+    return {
+        "missing": ([f"ckpt_path={root / 'nope.ckpt'}"], "does not exist"),
+        "directory": ([f"ckpt_path={translation}"], "is a directory"),
+        "truncated": ([f"ckpt_path={truncated}"], "truncated or corrupt"),
+        "malicious": ([f"ckpt_path={evil}"], "refusing to load"),
+        "malicious_raw_pickle": ([f"ckpt_path={raw_evil}"], str(raw_evil)),
+        "decoding_options_on_classification": (
+            [f"ckpt_path={cls_best}", "decode.beam_size=4"],
+            "decode.beam_size: decoding options need a translation checkpoint",
+        ),
+        "translate_with_classification": (
+            [f"ckpt_path={cls_best}", "translate.input=-"],
+            "translate.input needs a translation checkpoint",
+        ),
+        "expected_other_task": (
+            [f"ckpt_path={cls_best}", "task=translation"],
+            "is a classification checkpoint",
+        ),
+        "config_state_mismatch": ([f"ckpt_path={mixed}"], "is inconsistent"),
+        "unknown_split": (
+            [f"ckpt_path={best}", "data.test_split=test_2099"],
+            "splits ['test', 'train', 'val']",
+        ),
+        "unlabeled_split": ([f"ckpt_path={cls_best}", "data.test_split=test"], "split 'test' is unlabeled"),
+    }
+
+
+@pytest.fixture(scope="module")
+def error_runs(
+    translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[subprocess.CompletedProcess[str], str, Path]]:
+    """All bad-input runs, two at a time (each is mostly interpreter start-up)."""
+    root = tmp_path_factory.mktemp("errors")
+    cases = _error_cases(root, translation_run, classification_run)
+
+    def run(item: tuple[str, tuple[list[str], str]]) -> tuple[str, subprocess.CompletedProcess[str]]:
+        name, (args, _) = item
+        return name, _run("evaluate.py", [*args, f"hydra.run.dir={root / name}"], stdin="")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(pool.map(run, cases.items()))
+    return {name: (results[name], expected, root) for name, (_, expected) in cases.items()}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "directory",
+        "truncated",
+        "malicious",
+        "malicious_raw_pickle",
+        "decoding_options_on_classification",
+        "translate_with_classification",
+        "expected_other_task",
+        "config_state_mismatch",
+        "unknown_split",
+        "unlabeled_split",
+    ],
+)
+def test_bad_input_is_one_clear_line(error_runs, case: str) -> None:
+    result, expected, root = error_runs[case]
+    assert result.returncode == 1, (result.stdout, result.stderr[-2000:])
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr[-2000:]
+    assert expected in errors[0], errors[0]
+    assert not (root / "pwned").exists()  # the planted payload never ran
