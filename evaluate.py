@@ -13,13 +13,14 @@ Results go to this run's own directory (Hydra's), never into the training run.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import hydra
 import torch
@@ -30,7 +31,14 @@ from tqdm import tqdm
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from data.sources import DataError
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
-from transformer.evaluation import decoding_settings, score_classification, score_translation, translate
+from transformer.evaluation import (
+    checkpoint_decoding,
+    decoding_settings,
+    score_classification,
+    score_translation,
+    stream_lines,
+    translate,
+)
 from transformer.plots import read_learning_curves
 from transformer.reports import ReportOptions, write_classification_outputs, write_translation_outputs
 from transformer.restore import RestoredModel, last_checkpoints, restore_model
@@ -58,7 +66,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     datamodule = build_datamodule(restored, cfg.get("data") or {}, paths[-1], bool(cfg.get("progress", True)))
     decoding = None
     if restored.task == "translation":
-        decoding = decoding_settings(restored.hparams.get("decoding") or {}, cfg.get("decode") or {})
+        decoding = decoding_settings(checkpoint_decoding(restored.hparams), cfg.get("decode") or {})
     if cfg.get("translate", {}).get("input") is not None:
         _translate_stream(cfg.translate, restored, datamodule, decoding, device)
         return {}
@@ -291,51 +299,30 @@ def _translate_stream(
 ) -> None:
     """Translate lines from stdin or a file to stdout or a file, one output line per input line."""
     source, target = str(options.input), options.get("output")
-    chunk = int(options.get("chunk_lines") or 256)
-    if chunk < 1:
-        raise EvalError(f"translate.chunk_lines must be >= 1, got {chunk}")
     if source != "-" and not Path(source).is_file():
         raise EvalError(f"translate.input={source} is not a file (use - for stdin)")
-    reader: TextIO = sys.stdin if source == "-" else open(source, encoding="utf-8")  # noqa: SIM115
-    writer: TextIO = sys.stdout if target in (None, "-") else open(str(target), "w", encoding="utf-8")  # noqa: SIM115
     interactive = source == "-" and sys.stdin.isatty()
     if interactive:
         log.info("Type a sentence and press Enter (Ctrl-D ends)")
-    try:
-        lines: list[str] = []
-        for line in reader:
-            lines.append(line.rstrip("\r\n"))
-            if interactive or len(lines) >= chunk:
-                _emit(_translate_lines(lines, restored, datamodule, decoding, device), writer)
-                lines = []
-        if lines:
-            _emit(_translate_lines(lines, restored, datamodule, decoding, device), writer)
-    finally:
-        if reader is not sys.stdin:
-            reader.close()
-        if writer is not sys.stdout:
-            writer.close()
 
-
-def _translate_lines(
-    lines: list[str], restored: RestoredModel, datamodule: Any, decoding: Any, device: torch.device
-) -> list[str]:
-    texts = [line.strip() for line in lines]
-    wanted = [i for i, text in enumerate(texts) if text]  # an empty line stays an empty line
-    outputs = [""] * len(lines)
-    if not wanted:
+    def translate_texts(texts: list[str]) -> list[str]:
+        datamodule.predict_texts = texts
+        outputs = [""] * len(texts)
+        for batch in _on_device(datamodule.predict_dataloader(), device):
+            ids = translate(restored.model, batch["src"], decoding).tolist()
+            for index, text in zip(batch["id"].tolist(), datamodule.tgt_tokenizer.decode_batch(ids)):
+                outputs[index] = text
         return outputs
-    datamodule.predict_texts = [texts[i] for i in wanted]
-    for batch in _on_device(datamodule.predict_dataloader(), device):
-        ids = translate(restored.model, batch["src"], decoding).tolist()
-        for index, text in zip(batch["id"].tolist(), datamodule.tgt_tokenizer.decode_batch(ids)):
-            outputs[wanted[index]] = " ".join(text.splitlines())
-    return outputs
 
-
-def _emit(outputs: list[str], writer: TextIO) -> None:
-    writer.write("".join(f"{text}\n" for text in outputs))
-    writer.flush()
+    with contextlib.ExitStack() as stack:
+        reader = sys.stdin if source == "-" else stack.enter_context(open(source, encoding="utf-8"))
+        writer = (
+            sys.stdout
+            if target in (None, "-")
+            else stack.enter_context(open(str(target), "w", encoding="utf-8"))
+        )
+        chunk = 1 if interactive else options.get("chunk_lines", 256)
+        stream_lines(reader, writer, translate_texts, chunk_lines=chunk)
 
 
 # --- loggers -------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import sacrebleu
 import torch
@@ -35,15 +35,22 @@ __all__ = [
     "TranslationResult",
     "attention_maps",
     "bleu_by_length",
+    "checkpoint_decoding",
     "decoding_settings",
     "score_classification",
     "score_translation",
+    "stream_lines",
     "translate",
 ]
 
 Batch = Mapping[str, Tensor]
 DECODING_KEYS = ("search", "beam_size", "length_penalty", "max_len_a", "max_len_b")
 SEARCHES = ("auto", "greedy", "beam")  # auto: greedy search for beam_size 1, as the tasks do
+
+
+def checkpoint_decoding(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The decoding settings a translation task's test step used: `test_decoding` over `decoding`."""
+    return {**(hparams.get("decoding") or {}), **(hparams.get("test_decoding") or {})}
 
 
 def decoding_settings(saved: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -80,6 +87,45 @@ def translate(model: Seq2SeqTransformer, src: Tensor, decoding: Mapping[str, Any
         model, src, beam_size=decoding["beam_size"], length_penalty=decoding["length_penalty"], **lengths
     )
     return tokens[:, 0]  # (B, L) the best of the beam
+
+
+def stream_lines(
+    reader: Iterable[str],
+    writer: TextIO,
+    translate_texts: Callable[[list[str]], list[str]],
+    *,
+    chunk_lines: int,
+) -> int:
+    """Translate `reader`'s lines in chunks, writing one output line per input line (flushed per chunk).
+
+    Blank lines stay blank without reaching `translate_texts`; chunk_lines=1 answers each line as
+    soon as it is read (interactive use). Returns the number of lines written.
+    """
+    if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int) or chunk_lines < 1:
+        raise ValueError(f"translate.chunk_lines must be an integer >= 1, got {chunk_lines!r}")
+    written = 0
+
+    def flush(lines: list[str]) -> None:
+        nonlocal written
+        texts = [line.strip() for line in lines]
+        wanted = [i for i, text in enumerate(texts) if text]
+        outputs = [""] * len(lines)
+        if wanted:
+            for i, text in zip(wanted, translate_texts([texts[i] for i in wanted]), strict=True):
+                outputs[i] = " ".join(text.splitlines())  # one line out per line in
+        writer.write("".join(f"{text}\n" for text in outputs))
+        writer.flush()
+        written += len(outputs)
+
+    lines: list[str] = []
+    for line in reader:
+        lines.append(line.rstrip("\r\n"))
+        if len(lines) >= chunk_lines:
+            flush(lines)
+            lines = []
+    if lines:
+        flush(lines)
+    return written
 
 
 # --- translation ------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ batches, so `evaluate.py` reproduces a training run's test step.
 
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 
@@ -19,9 +20,11 @@ from torch.utils.data import DataLoader
 from transformer.checkpoint import CheckpointError
 from transformer.evaluation import (
     bleu_by_length,
+    checkpoint_decoding,
     decoding_settings,
     score_classification,
     score_translation,
+    stream_lines,
     translate,
 )
 from transformer.restore import last_checkpoints, restore_model, task_of
@@ -160,6 +163,28 @@ def test_translation_scores_equal_the_task_test_step() -> None:
     assert result.signatures["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
 
 
+def test_the_test_steps_own_decoding_settings_are_used() -> None:
+    """A task may validate with greedy search and test with beam search: evaluation follows the test."""
+    task = TranslationTask(_config(), decoding=SHORT, test_decoding={"beam_size": 3, "length_penalty": 1.0})
+    saved = checkpoint_decoding(task.hparams)
+    assert saved == {**SHORT, "beam_size": 3, "length_penalty": 1.0}
+    assert checkpoint_decoding({"decoding": SHORT}) == SHORT  # checkpoints from before test_decoding
+    examples = _examples(12, seed=5)
+    batches = _translation_batches(examples, list(range(12)), 4)
+    references = [_text(e) for e in examples]
+    logged = _test_step_metrics(task, _Data(batches, references))
+    kwargs = {
+        "decode_ids": _decode_batch,
+        "sources": references,
+        "references": references,
+        "label_smoothing": 0.1,
+    }
+    result = score_translation(task.model, batches, decoding=decoding_settings(saved, {}), **kwargs)
+    assert result.metrics["test/chrf"] == pytest.approx(logged["test/chrf"], rel=1e-6)
+    greedy = score_translation(task.model, batches, decoding=decoding_settings(SHORT, {}), **kwargs)
+    assert greedy.hypotheses != result.hypotheses  # the comparison can tell the two settings apart
+
+
 def test_translation_results_are_in_split_order_whatever_the_batching() -> None:
     task, examples, references = _translation_setup()
     settings = decoding_settings(SHORT, {})
@@ -226,6 +251,24 @@ def test_decoding_settings() -> None:
         decoding_settings(saved, {"search": "sampling"})
     with pytest.raises(ValueError, match=r"decode\.max_len_b must be >= 0"):
         decoding_settings(saved, {"max_len_b": -1})
+
+
+def test_stream_lines_keeps_one_output_line_per_input_line() -> None:
+    calls: list[list[str]] = []
+
+    def shout(texts: list[str]) -> list[str]:
+        calls.append(texts)
+        return [t.upper() + ("\nsecond line" if t == "b" else "") for t in texts]
+
+    out = io.StringIO()
+    written = stream_lines(io.StringIO("a\n\n  b \r\nc\nd"), out, shout, chunk_lines=2)
+    assert out.getvalue() == "A\n\nB second line\nC\nD\n"
+    assert written == 5
+    assert calls == [["a"], ["b", "c"], ["d"]]  # blank lines never reach the model
+    out = io.StringIO()
+    assert stream_lines(io.StringIO("\n\n"), out, shout, chunk_lines=1) == 2 and out.getvalue() == "\n\n"
+    with pytest.raises(ValueError, match="chunk_lines must be an integer >= 1"):
+        stream_lines(io.StringIO("a"), out, shout, chunk_lines=0)
 
 
 def test_bleu_by_length() -> None:
