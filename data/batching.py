@@ -215,21 +215,23 @@ class ClassificationCollator:
 
 
 class IndexedBatches(torch.utils.data.Dataset):
-    """Map-style view that returns the list of examples for a list of indices (for `sampler=` loaders).
+    """Map-style view: a list of indices gives the list of those examples (for `sampler=` loaders).
 
-    An integer index gives a one-example list, so Lightning's `overfit_batches`, which swaps in a
-    SequentialSampler, still works (with batches of one).
+    An integer i gives batch i of `batches` (default: the one-example batch [i]). Lightning's
+    `overfit_batches` swaps the sampler for a SequentialSampler over this dataset, and then trains on
+    the first whole batches of `batches` every epoch.
     """
 
-    def __init__(self, examples: Any) -> None:  # a datasets.Dataset or any indexable of dicts
-        self.examples = examples
+    def __init__(self, examples: Any, batches: Sequence[list[int]] | None = None) -> None:
+        self.examples = examples  # a datasets.Dataset or any indexable of dicts
+        self.batches = batches
 
     def __len__(self) -> int:
-        return len(self.examples)
+        return len(self.examples) if self.batches is None else len(self.batches)
 
     def __getitem__(self, indices: int | Sequence[int]) -> list[Mapping[str, Any]]:
         if isinstance(indices, int):
-            indices = [indices]
+            indices = [indices] if self.batches is None else self.batches[indices]
         if not isinstance(self.examples, datasets.Dataset):
             return [self.examples[i] for i in indices]
         columns = self.examples[list(indices)]  # one Arrow read for the whole batch: {column: values}

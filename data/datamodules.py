@@ -232,7 +232,7 @@ class _TokenBudgetDataModule(L.LightningDataModule):
 
     def _loader(self, examples: Any, sampler: TokenBudgetBatchSampler) -> DataLoader:
         return DataLoader(
-            IndexedBatches(examples),
+            IndexedBatches(examples, sampler.batches()),  # whole batches for overfit_batches too
             sampler=sampler,
             batch_size=None,  # the sampler yields whole batches of indices
             collate_fn=self._collator(),

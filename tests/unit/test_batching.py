@@ -198,5 +198,7 @@ def test_dataloader_with_sampler_yields_each_example_once(num_workers: int) -> N
     ids = Counter(i for batch in loader for i in batch["id"].tolist())
     assert ids == Counter(range(200))
     assert len(loader) == len(sampler)
-    # Plain lists of example dicts work too, and a single index gives a batch of one.
+    # Plain lists of example dicts work too; an integer gives a whole batch (or a batch of one).
     assert IndexedBatches([{"id": 5}, {"id": 6}])[1] == [{"id": 6}]
+    fixed = IndexedBatches([{"id": 5}, {"id": 6}, {"id": 7}], batches=[[2, 0], [1]])
+    assert len(fixed) == 2 and fixed[0] == [{"id": 7}, {"id": 5}]
