@@ -111,6 +111,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
             info=info,
             decoding=decoding,
             id_to_token=_id_to_token(datamodule.tgt_tokenizer),
+            source_id_to_token=_id_to_token(tokenizer),
             **common,
         )
     else:

@@ -207,8 +207,13 @@ def write_translation_outputs(
     curves: Curves,
     curves_source: str | None,
     options: ReportOptions,
+    source_id_to_token: Callable[[int], str] | None = None,
 ) -> dict[str, Path]:
-    """metrics.json, hypotheses.txt, predictions.tsv and (options.enabled) report.md + PNGs."""
+    """metrics.json, hypotheses.txt, predictions.tsv and (options.enabled) report.md + PNGs.
+
+    `id_to_token` names target tokens, `source_id_to_token` source ones (default: the same, as with
+    a joint vocabulary).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     buckets = bleu_by_length(result.sources, result.hypotheses, result.references, options.length_buckets)
@@ -285,9 +290,8 @@ def write_translation_outputs(
     ):
         hyp = result.hypothesis_ids[i] or [model.config.eos_id]
         tgt_in = [model.config.bos_id, *hyp[:-1]]  # what the decoder read while producing `hyp`
-        examples.append(
-            (i, src_ids[i], [id_to_token(t) for t in src_ids[i]], tgt_in, [id_to_token(t) for t in hyp])
-        )
+        source_tokens = [(source_id_to_token or id_to_token)(t) for t in src_ids[i]]
+        examples.append((i, src_ids[i], source_tokens, tgt_in, [id_to_token(t) for t in hyp]))
     for k, path in enumerate(_attention_section(report, out_dir, model, examples, options)):
         files[f"attention_{k}"] = path
     _curves_section(report, out_dir, curves, curves_source)
