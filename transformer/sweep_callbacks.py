@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.experimental.callback import Callback as HydraCallback
-from omegaconf import DictConfig, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +39,20 @@ def sqlite_path(storage: str) -> Path | None:
 
 
 class ResumeOptunaStudy(HydraCallback):
-    """Before an Optuna sweep starts: create the SQLite file's directory and, when the study already
-    has trials, offset the sampler's seed by their number.
+    """Before an Optuna sweep starts: create the SQLite file's directory; when the study already has
+    trials, offset the sampler's seed by their number; fix the start time in job directory names.
 
     The sweeper opens the study before any job runs (and before Hydra creates the sweep directory),
     and SQLite cannot create a missing directory. Optuna's samplers draw from a fresh RNG on every
     run: without the offset a resumed search with a fixed seed would replay the random start-up
-    trials of the first run (same parameters, wasted trials) instead of continuing it.
+    trials of the first run (same parameters, wasted trials) instead of continuing it. Job numbers
+    restart at 0 on every run, so job directories carry the run's start time (`${now:...}` in
+    `hydra.sweep.subdir`); it is resolved once here, because Hydra hands this process's resolver
+    cache to every job, and the ranks of a multi-node job resolve their directory separately.
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _resolve_now_once(config)
         sweeper = config.hydra.sweeper
         storage, study_name = sweeper.get("storage"), sweeper.get("study_name")
         if not isinstance(storage, str):  # not the Optuna sweeper, or an in-memory study
@@ -66,6 +71,18 @@ class ResumeOptunaStudy(HydraCallback):
             with read_write(sweeper.sampler):
                 sweeper.sampler.seed = seed + n_trials
             log.info("Sampler seed %d -> %d (so the resumed search draws new trials)", seed, seed + n_trials)
+
+
+def _resolve_now_once(config: DictConfig) -> None:
+    """Resolve each `${now:PATTERN}` of `hydra.sweep.subdir` against the root config: `now` is a
+    cached resolver, so the time stays in the root's cache, which Hydra copies into every job."""
+    sweep = config.hydra.sweep
+    subdir = OmegaConf.to_container(sweep, resolve=False).get("subdir")
+    for pattern in re.findall(r"\$\{now:([^}]*)\}", str(subdir or "")):
+        with read_write(sweep), open_dict(sweep):
+            sweep["_start_time"] = f"${{now:{pattern}}}"
+            str(sweep["_start_time"])
+            del sweep["_start_time"]
 
 
 def _count_trials(storage: str, study_name: str | None) -> int:
