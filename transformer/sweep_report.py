@@ -266,9 +266,9 @@ def write_report(
 ) -> dict[str, Path]:
     """Read the sweep, write jobs.csv, summary.csv, report.md and the plot; returns their paths by kind."""
     sweep_dir = Path(sweep_dir)
+    jobs = read_jobs(sweep_dir)
     out_dir = Path(out_dir) if out_dir is not None else sweep_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = read_jobs(sweep_dir)
     metric = metric or objective_name(jobs)
     names = list(metrics) if metrics else default_metrics(jobs, metric)
     metric = metric or (names[0] if names else None)
