@@ -64,6 +64,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     task.run_config = _resolved(cfg)  # stored in every checkpoint
     callbacks = _instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = _instantiate_group(_with_wandb_id(cfg, checkpoint), "logger")
+    if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
+        callbacks = [c for c in callbacks if type(c).__name__ != "LearningRateMonitor"]
     trainer: L.Trainer = _instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     output_dir = Path(cfg.paths.output_dir)
