@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import sys
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -271,9 +272,12 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if in_sweep:  # one failed job: the sweeper records it (Optuna: a FAIL trial) and goes on
             raise
         raise SystemExit(f"error: {err}") from None
-    except Exception:
+    except Exception as err:
         if in_sweep:  # the sweeper keeps only the message: the traceback goes to the job's log file
             log.exception("The job failed")
+            # Hydra keeps the exception until the next job has run: free what its frames hold
+            # (activations on the GPU after an out-of-memory error) so that the next job gets it
+            traceback.clear_frames(err.__traceback__)
         raise
     finally:
         if in_sweep:  # the jobs share this process: each ends its own wandb run, or the next reuses it
