@@ -223,6 +223,8 @@ def save_learning_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path
         ax.set_xlabel("step")
         if panel == "lr":
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        elif panel == "ppl" and all(v > 0 for name in panels[panel] for _, v in curves[name]):
+            ax.set_yscale("log")  # perplexity falls by orders of magnitude early on
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(order) :]:

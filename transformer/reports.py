@@ -271,7 +271,8 @@ def write_translation_outputs(
     order = sorted(range(len(result.hypotheses)), key=lambda i: (result.sentence_bleu[i], i))
     n = min(options.samples, len(order))
     header = ["id", "sentence BLEU", "source", "reference", "hypothesis"]
-    for title, chosen in (("Best sentences", order[::-1][:n]), ("Worst sentences", order[:n])):
+    best = sorted(range(len(result.hypotheses)), key=lambda i: (-result.sentence_bleu[i], i))
+    for title, chosen in (("Best sentences", best[:n]), ("Worst sentences", order[:n])):
         report.heading(f"{title} (sentence BLEU)")
         report.table(
             header,
