@@ -278,53 +278,34 @@ def write_report(
     group_keys = [k for k in keys if k != seed_key]
     groups = group_jobs(jobs, keys, names, seed_key)
 
-    def relative(job: Job) -> str:
-        return job.path.relative_to(sweep_dir).as_posix()
-
-    def status(job: Job) -> str:
-        return "done" if job.finished else "failed"
-
+    job_rows = [
+        [_status(j), *(j.overrides.get(k) for k in keys), *(j.metrics.get(n) for n in names)] for j in jobs
+    ]
+    job_names = [j.path.relative_to(sweep_dir).as_posix() for j in jobs]
     written = {
         "jobs_csv": _write_csv(
             out_dir / "jobs.csv",
             ["job", "status", *keys, *names],
+            [[name, *row] for name, row in zip(job_names, job_rows)],
+        ),
+        "summary_csv": _write_csv(
+            out_dir / "summary.csv",
+            [*group_keys, "jobs", "finished", *(f"{n} {part}" for n in names for part in ("mean", "std"))],
             [
-                [
-                    relative(j),
-                    status(j),
-                    *(j.overrides.get(k) for k in keys),
-                    *(j.metrics.get(n) for n in names),
-                ]
-                for j in jobs
+                [*g.params.values(), len(g.jobs), _n_finished(g.jobs)]
+                + [x for n in names for x in (g.stats[n][:2] if n in g.stats else (None, None))]
+                for g in groups
             ],
         ),
     }
-    stat_header = [f"{n} {part}" for n in names for part in ("mean", "std")]
-    written["summary_csv"] = _write_csv(
-        out_dir / "summary.csv",
-        [*group_keys, "jobs", "finished", *stat_header],
-        [
-            [
-                *g.params.values(),
-                len(g.jobs),
-                sum(j.finished for j in g.jobs),
-                *(x for n in names for x in (g.stats[n][:2] if n in g.stats else (None, None))),
-            ]
-            for g in groups
-        ],
-    )
-    plot = None
-    if metric is not None:
-        plot_keys = group_keys or keys
-        plot = plot_metric_vs_params(jobs, plot_keys, metric, out_dir / f"{_slug(metric)}_vs_params.png")
-    if plot is not None:
-        written["plot"] = plot
+    plot_path = out_dir / f"{_slug(metric or 'metric')}_vs_params.png"
+    if metric is not None and plot_metric_vs_params(jobs, group_keys or keys, metric, plot_path):
+        written["plot"] = plot_path
 
     report = MarkdownReport(f"Sweep {sweep_dir.name}")
-    n_done = sum(j.finished for j in jobs)
     report.text(
-        f"`{sweep_dir}`: {len(jobs)} jobs, {n_done} finished, {len(jobs) - n_done} failed or unfinished "
-        "(no `metrics.json`)." + (f" Objective: `{metric}`." if metric else "")
+        f"`{sweep_dir}`: {len(jobs)} jobs, {_n_finished(jobs)} finished, {len(jobs) - _n_finished(jobs)} "
+        "failed or unfinished (no `metrics.json`)." + (f" Objective: `{metric}`." if metric else "")
     )
     fixed = {k: v for k, v in jobs[0].overrides.items() if k not in keys}
     if fixed:
@@ -334,11 +315,8 @@ def write_report(
         report.table(
             [*group_keys, "jobs", *names],
             [
-                [
-                    *(_fmt_param(v) for v in g.params.values()),
-                    f"{sum(j.finished for j in g.jobs)}/{len(g.jobs)}",
-                    *(_fmt_stat(g.stats.get(n)) for n in names),
-                ]
+                [*map(_fmt_param, g.params.values()), f"{_n_finished(g.jobs)}/{len(g.jobs)}"]
+                + [_fmt_stat(g.stats.get(n)) for n in names]
                 for g in groups
             ],
         )
@@ -346,20 +324,23 @@ def write_report(
     report.table(
         ["job", "status", *keys, *names],
         [
-            [
-                relative(j),
-                status(j),
-                *(_fmt_param(j.overrides.get(k)) for k in keys),
-                *(_fmt_metric(j.metrics.get(n)) for n in names),
-            ]
-            for j in jobs
+            [name, status, *map(_fmt_param, row[: len(keys)]), *map(_fmt_metric, row[len(keys) :])]
+            for name, (status, *row) in zip(job_names, job_rows)
         ],
     )
-    if plot is not None:
+    if "plot" in written:
         report.heading(f"`{metric}` against each swept parameter")
-        report.image(plot, f"{metric} against the swept parameters", relative_to=out_dir)
+        report.image(written["plot"], f"{metric} against the swept parameters", relative_to=out_dir)
     written["report"] = report.write(out_dir / "report.md")
     return written
+
+
+def _status(job: Job) -> str:
+    return "done" if job.finished else "failed"
+
+
+def _n_finished(jobs: Sequence[Job]) -> int:
+    return sum(job.finished for job in jobs)
 
 
 # --- command line -------------------------------------------------------------------------------------
