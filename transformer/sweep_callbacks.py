@@ -121,7 +121,8 @@ class FailOnNonFiniteLoss(L.Callback):
         value = float(loss.detach().float().mean())
         diverged = trainer.strategy.reduce_boolean_decision(not math.isfinite(value), all=False)
         if diverged:
+            where = f"{value}" if not math.isfinite(value) else "not finite on another rank"
             raise FloatingPointError(
-                f"training loss is {value} at step {trainer.global_step} (epoch {trainer.current_epoch}): "
+                f"training loss is {where} at step {trainer.global_step} (epoch {trainer.current_epoch}): "
                 "the run diverged (try a lower model.optimizer.lr or longer warmup)"
             )

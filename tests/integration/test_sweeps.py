@@ -20,6 +20,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 from omegaconf import OmegaConf
+from optuna.distributions import CategoricalDistribution, IntLogUniformDistribution, IntUniformDistribution
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_train import TINY, _cli
@@ -27,6 +28,7 @@ from transformer.sweep_report import write_report
 
 CONFIGS = REPO_ROOT / "configs"
 SEARCHES = sorted(p.stem for p in (CONFIGS / "hparams_search").glob("*.yaml"))
+INT_DISTRIBUTIONS = (IntUniformDistribution, IntLogUniformDistribution)
 NO_NETWORK = {"WANDB_MODE": "offline", "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"}
 
 
@@ -218,8 +220,13 @@ def test_every_search_composes_into_a_valid_optuna_sweep(fresh_hydra, tmp_path: 
     params = [f"{k}={v}" for k, v in (sweeper.params or {}).items()]
     distributions, fixed = create_params_from_overrides(params)  # the sweeper's own parser
     assert not fixed
-    for key in distributions:  # every searched key exists in the config it overrides
-        assert OmegaConf.select(cfg, key) is not None, key
+    for key, distribution in distributions.items():  # keys exist, values keep the config's type
+        default = OmegaConf.select(cfg, key)
+        assert default is not None, key
+        if isinstance(distribution, CategoricalDistribution):
+            assert all(type(c) is type(default) for c in distribution.choices), key
+        else:  # int(interval(...)) for integers: a plain interval draws floats
+            assert isinstance(distribution, INT_DISTRIBUTIONS) == isinstance(default, int), key
     if search == "optuna":  # the generic search: the command line brings the space
         assert not distributions and sweeper.study_name == cfg.hydra.runtime.choices.experiment
         return
