@@ -191,6 +191,47 @@ def test_classification_scores_equal_the_training_runs_test_step(
     assert_png(out / "confusion_matrix.png")
 
 
+def test_wandb_logger_gets_metrics_and_report_images(
+    classification_run: Path, tmp_path: Path, compose_eval, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evaluate import evaluate
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    ckpt = f"ckpt_path={_best(classification_run)}"
+    evaluate(compose_eval(tmp_path / "plain", ckpt))
+    assert not (tmp_path / "plain" / "wandb").exists()  # no logger unless asked for
+    metrics = evaluate(compose_eval(tmp_path / "wandb", ckpt, "logger=wandb"))
+    runs = list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    images = list((runs[0] / "files" / "media" / "images").rglob("*.png"))
+    assert any("confusion_matrix" in p.name for p in images), images
+    assert metrics["test/acc"] == _metrics(tmp_path / "plain")["test/acc"]
+
+
+def test_any_split_of_local_multi30k_files(
+    translation_run: Path, multi30k_dir: Path, tmp_path: Path, compose_eval
+):
+    """The quickstart model is English -> German like Multi30k: point its datamodule at the official
+    data/task1/raw files and score a split by name (the checkpoint's tokenizer is used as it is)."""
+    from evaluate import evaluate
+
+    overrides = [
+        f"ckpt_path={_best(translation_run)}",
+        "+data.source=multi30k",
+        f"data.data_dir={multi30k_dir}",
+    ]
+    evaluate(
+        compose_eval(
+            tmp_path / "flickr", *overrides, "data.test_split=test_2016_flickr", "report.enabled=false"
+        )
+    )
+    metrics = _metrics(tmp_path / "flickr")
+    assert metrics["split"] == "test_2016_flickr" and metrics["num_examples"] == 1000
+    assert metrics["data_source"] == "multi30k" and metrics["data_dir"] == str(multi30k_dir)
+    assert len((tmp_path / "flickr" / "hypotheses.txt").read_text().splitlines()) == 1000
+
+
 def test_beam_one_equals_greedy(translation_run: Path, tmp_path: Path, compose_eval) -> None:
     from evaluate import evaluate
 
