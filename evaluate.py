@@ -356,6 +356,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         metrics = evaluate(cfg)
     except (EvalError, CheckpointError, DataError, ValueError) as err:
         message = " ".join(str(err).split())  # one line on stderr, nothing on stdout
+        _traceback_to_log_file(message)
         raise SystemExit(f"error: {message}") from None
     if not metrics:  # translate mode: stdout holds the translations only
         return None
@@ -366,6 +367,14 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     sys.stdout.flush()
     primary = "test/bleu" if "test/bleu" in metrics else "test/acc"
     return metrics.get(primary)
+
+
+def _traceback_to_log_file(message: str) -> None:
+    """The full traceback goes to the run's log file only (the console gets the one-line message)."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (message,), sys.exc_info())
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def main() -> None:
