@@ -239,6 +239,9 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            # its own generator: creating an iterator then draws nothing from the global RNG, which
+            # dropout uses, so a run resumed mid-epoch draws the same dropout masks (exact resume)
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
