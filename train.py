@@ -60,6 +60,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         datamodule.prepare_data()
     datamodule.setup("fit" if cfg.get("train") else "test")
     _fill_from_data(cfg, datamodule)
+    if not cfg.train and not cfg.test:  # prepare-only: data and tokenizer cached for later runs
+        log.info("Data prepared (train=false, test=false): nothing else to do")
+        return {"run_dir": str(cfg.paths.output_dir)}
 
     task = _instantiate(cfg.model, "model")
     task.run_config = _resolved(cfg)  # stored in every checkpoint
@@ -117,8 +120,6 @@ def _check(cfg: DictConfig) -> None:
     for key in ("train", "test"):
         if not isinstance(cfg.get(key), bool):
             raise ConfigError(f"`{key}` must be true or false, got {cfg.get(key)!r}")
-    if not cfg.train and not cfg.test:
-        log.warning("train=false and test=false: preparing the data only")
     if cfg.get("ckpt_path") is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a file (give the path of a .ckpt to resume from)"
@@ -282,7 +283,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     finally:
         if in_sweep:  # the jobs share this process: each ends its own wandb run, or the next reuses it
             _finish_wandb_run(failed)
-    metric_name = cfg.get("optimized_metric")
+    metric_name = cfg.get("optimized_metric") if cfg.get("train") else None  # a sweep's objective
     if metric_name and metric_name not in metrics:
         available = sorted(k for k, v in metrics.items() if isinstance(v, float))
         raise SystemExit(

@@ -183,6 +183,25 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     assert metrics["global_step"] == checkpoint["global_step"] * 3 // 2
     assert [p.name.rsplit("-", 1)[1] for p in (resumed_dir / "wandb").glob("offline-run-*")] == [run_id]
 
+    tested = _cli(
+        [
+            *TINY,
+            f"paths.log_dir={tmp_path / 'logs'}",
+            "train=false",
+            f"ckpt_path={metrics['best_ckpt_path']}",
+        ],
+        cwd=tmp_path,
+    )
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert f"Testing checkpoint {metrics['best_ckpt_path']}" in tested.stderr + tested.stdout
+    printed = {line.split()[0] for line in tested.stdout.splitlines() if line.strip()}
+    assert "test/bleu" in printed and "val/bleu" not in printed  # tested, not trained
+
+
+def test_prepare_only(tmp_path: Path) -> None:
+    metrics = train(compose_train_cfg([*TINY, *IN_PROCESS, "train=false", "test=false"], output_dir=tmp_path))
+    assert metrics == {"run_dir": str(tmp_path)} and not (tmp_path / "checkpoints").exists()
+
 
 def test_cli_bad_value_is_one_line_and_exit_1(tmp_path: Path) -> None:
     done = _cli([*TINY, f"paths.log_dir={tmp_path}", "model.config.dropout=1.5"], cwd=tmp_path)
