@@ -1,9 +1,8 @@
-"""Callbacks that make sweeps survive real use (configs/hparams_search/optuna.yaml turns them on).
+"""The Hydra callback that lets an Optuna search resume (configs/hparams_search/optuna.yaml turns it on).
 
-`ResumeOptunaStudy` (Hydra) prepares the Optuna storage before the sweeper opens the study, so that
-the SQLite file can live inside the sweep directory and a second run of the same command continues
-the study. `FailOnNonFiniteLoss` (Lightning) turns a diverged run into an exception, so that its
-trial is recorded as failed instead of reporting the metric of a model full of NaNs.
+`ResumeOptunaStudy` prepares the Optuna storage before the sweeper opens the study, so that the
+SQLite file can live inside the sweep directory and a second run of the same command continues the
+study. (A diverged trial fails through the default `non_finite_loss` callback, transformer/reliability.py.)
 
 This is the one module of `transformer/` that imports Hydra: Hydra finds the callback by its
 `_target_`; nothing else in the package imports this file.
@@ -12,20 +11,16 @@ This is the one module of `transformer/` that imports Hydra: Hydra finds the cal
 from __future__ import annotations
 
 import logging
-import math
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FailOnNonFiniteLoss", "ResumeOptunaStudy", "sqlite_path"]
+__all__ = ["ResumeOptunaStudy", "sqlite_path"]
 
 _SQLITE_PREFIX = "sqlite:///"
 
@@ -94,35 +89,3 @@ def _count_trials(storage: str, study_name: str | None) -> int:
         return len(optuna.load_study(study_name=study_name, storage=storage).trials)
     except KeyError:  # the database exists but holds no study of that name yet
         return 0
-
-
-class FailOnNonFiniteLoss(L.Callback):
-    """Raise `FloatingPointError` as soon as the training loss is NaN or infinite.
-
-    A diverged model keeps training on NaNs and can still report a finite best validation score from
-    before it diverged; failing makes the sweeper record the trial as failed. The loss is checked
-    every `every_n_steps` optimizer steps (a device sync each time); once NaN, weights stay NaN, so a
-    sparse check loses nothing but a few steps. Under DDP the ranks agree before raising.
-    """
-
-    def __init__(self, every_n_steps: int = 1) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        self.every_n_steps = every_n_steps
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if trainer.global_step % self.every_n_steps:
-            return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if not isinstance(loss, torch.Tensor):  # e.g. a skipped step
-            return
-        value = float(loss.detach().float().mean())
-        diverged = trainer.strategy.reduce_boolean_decision(not math.isfinite(value), all=False)
-        if diverged:
-            where = f"{value}" if not math.isfinite(value) else "not finite on another rank"
-            raise FloatingPointError(
-                f"training loss is {where} at step {trainer.global_step} (epoch {trainer.current_epoch}): "
-                "the run diverged (try a lower model.optimizer.lr or longer warmup)"
-            )

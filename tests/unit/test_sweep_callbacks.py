@@ -1,5 +1,4 @@
-"""transformer.sweep_callbacks: the Optuna resume callback on a composed config, and the Lightning
-callback that fails a diverged run."""
+"""transformer.sweep_callbacks: the Optuna resume callback on configs composed as the CLI does."""
 
 from __future__ import annotations
 
@@ -7,18 +6,15 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import lightning as L
 import optuna
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-from torch import nn
 
 from tests.conftest import REPO_ROOT
-from transformer.sweep_callbacks import FailOnNonFiniteLoss, ResumeOptunaStudy, sqlite_path
+from transformer.sweep_callbacks import ResumeOptunaStudy, sqlite_path
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -95,52 +91,3 @@ def test_callback_ignores_other_sweepers(tmp_path: Path) -> None:
     cfg = _compose([f"paths.log_dir={tmp_path}"])  # basic sweeper: no storage
     ResumeOptunaStudy().on_multirun_start(config=cfg)
     assert not (tmp_path / "train").exists()
-
-
-class _Regression(L.LightningModule):
-    """y = 2x on random data; from batch `nan_from` on the loss is NaN."""
-
-    def __init__(self, nan_from: int | None) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 1)
-        self.nan_from = nan_from
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = nn.functional.mse_loss(self.layer(x), y)
-        if self.nan_from is not None and batch_idx >= self.nan_from:
-            loss = loss * float("nan")
-        return loss
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        x = torch.randn(32, 4)
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, 2 * x[:, :1]), batch_size=4)
-
-
-def _fit(module: L.LightningModule, callback: FailOnNonFiniteLoss) -> L.Trainer:
-    trainer = L.Trainer(
-        max_steps=8,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
-    trainer.fit(module)
-    return trainer
-
-
-@pytest.mark.parametrize(("every_n_steps", "step"), [(1, 3), (2, 4)])
-def test_non_finite_loss_fails_the_run(every_n_steps: int, step: int) -> None:
-    with pytest.raises(FloatingPointError, match=rf"training loss is nan at step {step} "):
-        _fit(_Regression(nan_from=2), FailOnNonFiniteLoss(every_n_steps))
-
-
-def test_finite_loss_trains_to_the_end() -> None:
-    assert _fit(_Regression(nan_from=None), FailOnNonFiniteLoss()).global_step == 8
-    with pytest.raises(ValueError, match="every_n_steps"):
-        FailOnNonFiniteLoss(0)
