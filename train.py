@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import sys
+import tempfile
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +31,12 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import (
+    ConfigCompositionException,
+    InstantiationException,
+    MissingConfigException,
+    OverrideParseException,
+)
 from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -47,6 +53,9 @@ class ConfigError(Exception):
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit and/or test as `cfg` says; returns the final metrics (also written to <run dir>/metrics.json)."""
     _check(cfg)
+    _check_numbers(cfg)
+    if cfg.get("train") or cfg.get("test"):
+        _check_output_dir(Path(cfg.paths.output_dir))
     _set_process_switches(cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
@@ -64,7 +73,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("Data prepared (train=false, test=false): nothing else to do")
         return {"run_dir": str(cfg.paths.output_dir)}
 
+    if checkpoint is not None:
+        _check_checkpoint_fits(cfg, checkpoint)
     task = _instantiate(cfg.model, "model")
+    _check_optimizer(task)
     task.run_config = _resolved(cfg)  # stored in every checkpoint
     callbacks = _instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = _instantiate_group(_with_wandb_id(cfg, checkpoint), "logger")
@@ -133,6 +145,82 @@ def _check(cfg: DictConfig) -> None:
             f"data.max_len ({data_max_len}) exceeds model.config.max_len ({model_max_len}): "
             "the model would get sequences longer than its positions"
         )
+
+
+# key -> (kind, lowest allowed, lowest is allowed): values typed by hand on the command line
+_NUMBERS = {
+    "model.optimizer.lr": (float, 0.0, False),
+    "model.optimizer.weight_decay": (float, 0.0, True),
+    "model.scheduler.warmup_steps": (int, 0, True),
+    "data.max_tokens": (int, 1, True),
+    "trainer.max_epochs": (int, -1, True),
+    "trainer.max_steps": (int, -1, True),
+    "trainer.accumulate_grad_batches": (int, 1, True),
+    "trainer.gradient_clip_val": (float, 0.0, True),
+}
+
+
+def _check_numbers(cfg: DictConfig) -> None:
+    for key, (kind, low, inclusive) in _NUMBERS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None:
+            continue
+        numeric = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if isinstance(value, bool) or not numeric or not math.isfinite(value):
+            raise ConfigError(f"`{key}` must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        if value < low or (value == low and not inclusive):
+            bound = f">= {low}" if inclusive else f"> {low}"
+            raise ConfigError(f"`{key}` must be {bound}, got {value!r}")
+
+
+def _check_output_dir(path: Path) -> None:
+    """Fail before any work if the run directory cannot be written (read-only, or under a file)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ConfigError(f"paths.output_dir={path} is not writable: {err.strerror or err}") from err
+
+
+_SHAPE_KEYS = (
+    "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers",
+    "d_ff", "positional", "max_len", "tie_embeddings", "norm_first",
+)  # fmt: skip
+
+
+def _check_checkpoint_fits(cfg: DictConfig, checkpoint: Mapping[str, Any]) -> None:
+    """`ckpt_path` must hold the same task and network shape as this run builds (vocabulary included)."""
+    saved_target = ((checkpoint.get("config") or {}).get("model") or {}).get("_target_")
+    if saved_target and saved_target != cfg.model.get("_target_"):
+        saved_kind, our_kind = (t.rsplit(".", 1)[-1] for t in (saved_target, str(cfg.model.get("_target_"))))
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} holds a {saved_kind.removesuffix('Task').lower()} model "
+            f"({saved_kind}); this run builds {our_kind} (pick the matching experiment=/model=)"
+        )
+    saved = (checkpoint.get("hyper_parameters") or {}).get("config") or {}
+    ours = OmegaConf.to_container(cfg.model.get("config") or {}, resolve=True)
+    differ = [
+        f"{key}={saved[key]!r} in the checkpoint, {ours[key]!r} here"
+        for key in _SHAPE_KEYS
+        if key in saved and key in ours and saved[key] != ours[key]
+    ]
+    if differ:
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} does not fit model.config: {'; '.join(differ)} "
+            "(a checkpoint of another model or vocabulary)"
+        )
+
+
+def _check_optimizer(task: Any) -> None:
+    """Build the optimizer once now: a bad `model.optimizer` value fails before anything is written."""
+    factory = getattr(task, "optimizer_factory", None)
+    if factory is None:
+        return
+    try:
+        factory(task.model)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"cannot build `model.optimizer`: {type(err).__name__}: {err}") from err
 
 
 def _set_process_switches(cfg: DictConfig) -> None:
@@ -226,7 +314,8 @@ def _peek_checkpoint(path: str) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # truncated, not a checkpoint, unsafe pickle: one line, nothing trained
-        raise ConfigError(f"cannot read ckpt_path={path}: {type(err).__name__}: {err}") from err
+        first_line = (str(err).strip().splitlines() or [""])[0]  # weights_only refusals run to pages
+        raise ConfigError(f"cannot read ckpt_path={path}: {type(err).__name__}: {first_line}") from err
 
 
 def _with_wandb_id(cfg: DictConfig, checkpoint: Mapping[str, Any] | None) -> DictConfig | None:
@@ -268,7 +357,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
         failed = False
-    except ConfigError as err:
+    except (ConfigError, FloatingPointError) as err:  # FloatingPointError: a NaN/inf loss stopped the run
         log.error("%s", err)
         if in_sweep:  # one failed job: the sweeper records it (Optuna: a FAIL trial) and goes on
             raise
@@ -317,7 +406,34 @@ def _finish_wandb_run(failed: bool) -> None:
 def main() -> None:
     """`python train.py ...`: configs resolve paths against the repository root unless PROJECT_ROOT is set."""
     os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
-    _hydra_main()
+    # Hydra then raises composition errors (unknown key or experiment) instead of printing them over
+    # several lines; they become one `error:` line here. Other crashes keep their full traceback.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _hydra_main()
+    except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
+        raise SystemExit(f"error: {_one_line(str(err))}") from None
+
+
+def _one_line(message: str) -> str:
+    """Hydra's multi-line message as one line: option lists joined, the config search path left out."""
+    parts: list[str] = []
+    options: list[str] = []
+    for line in message.splitlines():
+        text = line.strip()
+        if text.startswith("Config search path"):
+            break
+        if line.startswith("\t") and parts:  # one available option per line
+            options.append(text)
+            continue
+        if options:
+            parts[-1] += " " + ", ".join(options)
+            options = []
+        if text and not text.startswith(("full_key:", "object_type=")):
+            parts.append(text)
+    if options:
+        parts[-1] += " " + ", ".join(options)
+    return " ".join(parts)
 
 
 if __name__ == "__main__":
