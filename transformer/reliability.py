@@ -102,6 +102,7 @@ class SaveOnSignal(L.Callback):
         self.path = Path(dirpath) / f"{filename}.ckpt"
         self.signals = tuple(signal.Signals[name] for name in signals)
         self.received: signal.Signals | None = None
+        self._exit_code: int | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -116,9 +117,6 @@ class SaveOnSignal(L.Callback):
             return
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_handlers()
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -136,7 +134,7 @@ class SaveOnSignal(L.Callback):
         received = self.received is not None
         if trainer.world_size > 1:
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
-        if not received:
+        if not received or self._exit_code is not None:
             return
         name = self.received.name if self.received is not None else "a signal (on another rank)"
         trainer.save_checkpoint(self.path)
@@ -147,8 +145,19 @@ class SaveOnSignal(L.Callback):
             trainer.global_step,
             self.path,
         )
-        signum = int(self.received) if self.received is not None else int(signal.SIGTERM)
-        raise SystemExit(128 + signum)
+        # exit at the next hook, once the loop has logged this step's metrics
+        self._exit_code = 128 + (int(self.received) if self.received is not None else int(signal.SIGTERM))
+
+    def _exit_if_saved(self, *args: Any) -> None:
+        if self._exit_code is not None:
+            code, self._exit_code = self._exit_code, None
+            raise SystemExit(code)
+
+    on_train_batch_start = on_validation_start = on_train_epoch_end = _exit_if_saved
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handlers()
+        self._exit_if_saved()
 
 
 def _in_main_thread() -> bool:

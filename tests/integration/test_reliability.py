@@ -1,0 +1,511 @@
+"""Reliability promises (README "Reliability"), checked through the real command line where it matters:
+exact resume after SIGTERM mid-epoch, checkpoints on SIGTERM / SIGINT, SIGKILL at random moments,
+atomic checkpoint files, NaN/inf losses skipped or stopped, hostile input refused in one line.
+
+The small callbacks at the top are test-only hooks that the CLI runs load by `_target_`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import REPO_ROOT
+from transformer.reliability import AtomicCheckpointIO, NonFiniteLossGuard, atomic_torch_save
+
+# The quickstart shrunk to a tiny model: 600 examples = 10 steps per epoch.
+TINY = [
+    "data.synthetic_sizes.train=600",
+    "data.synthetic_sizes.val=30",
+    "data.synthetic_sizes.test=30",
+    "data.vocab_size=300",
+    "model.config.d_model=32",
+    "model.config.n_heads=2",
+    "model.config.n_encoder_layers=1",
+    "model.config.n_decoder_layers=1",
+    "model.config.d_ff=64",
+    "model.optimizer.lr=3e-3",
+    "model.scheduler.warmup_steps=8",
+    "model.decoding.max_len_b=4",
+    "trainer.log_every_n_steps=1",
+    "trainer.num_sanity_val_steps=0",
+    "++trainer.enable_progress_bar=false",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.model_summary=null",
+    "optimized_metric=null",
+    "test=false",
+    "trainer.max_epochs=5",
+]
+EXACT = ["trainer.deterministic=true"]
+EVERY_STEP = [
+    "callbacks.last_checkpoint.every_n_train_steps=1",
+    "callbacks.last_checkpoint.every_n_epochs=null",
+]
+HOOK = "tests.integration.test_reliability"
+
+
+# --- test-only hooks, loaded by the CLI runs ------------------------------------------------------------
+
+
+class SignalAtStep(L.Callback):
+    """Send this process `signal` once, at the end of optimizer step `step` (a real signal, known moment)."""
+
+    def __init__(self, step: int, signal: str) -> None:
+        self.step, self.signal = step, signal
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class PoisonSteps(L.Callback):
+    """Make the loss NaN at the given optimizer steps (1-based) by filling one weight with NaN during
+    that step only: any weight update it let through would show up as a change or a NaN."""
+
+    def __init__(self, steps: list[int]) -> None:
+        self.steps = set(steps)
+        self._saved: torch.Tensor | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step + 1 in self.steps:
+            weight = next(pl_module.parameters())
+            self._saved = weight.detach().clone()
+            with torch.no_grad():
+                weight.fill_(float("nan"))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._saved is not None:
+            with torch.no_grad():
+                next(pl_module.parameters()).copy_(self._saved)
+            self._saved = None
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
+    env.pop("PROJECT_ROOT", None)
+    return env
+
+
+def _cmd(run_dir: Path, args: list[str]) -> list[str]:
+    other_data = any(arg.startswith("experiment=") for arg in args)  # no synthetic sizes to set there
+    base = [a for a in TINY if not (other_data and a.startswith("data.synthetic_sizes"))]
+    return [sys.executable, str(REPO_ROOT / "train.py"), *base, f"hydra.run.dir={run_dir}", *args]
+
+
+def _cli(run_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _cmd(run_dir, args), cwd=run_dir.parent, env=_env(), capture_output=True, text=True, timeout=600
+    )
+
+
+def _parallel(jobs: dict[str, tuple[Path, list[str]]]) -> dict[str, subprocess.CompletedProcess[str]]:
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each run is mostly interpreter start-up
+        futures = {name: pool.submit(_cli, run_dir, args) for name, (run_dir, args) in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _curves(run_dir: Path) -> dict[tuple[str, int], float]:
+    """(metric, step) -> value for the per-step training loss and learning rate in the CSV log."""
+    curves = {}
+    with (run_dir / "csv" / "metrics.csv").open() as f:
+        for row in csv.DictReader(f):
+            for name in ("train/loss", "lr-AdamW/pg1", "train/skipped_steps"):
+                if row.get(name):
+                    key = (name, int(row["step"]))
+                    assert key not in curves, f"{key} logged twice"
+                    curves[key] = float(row[name])
+    return curves
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+# --- exact resume, SIGTERM / SIGINT ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_then_resume_equals_the_straight_run(tmp_path: Path) -> None:
+    """16 steps straight == SIGTERM at step 7 (mid-epoch: 10 steps per epoch) + resume to 16: the same
+    loss and learning rate at every step, no step repeated or skipped, bitwise the same weights."""
+    straight, killed, resumed = tmp_path / "straight", tmp_path / "killed", tmp_path / "resumed"
+    term = [f"+callbacks.sigterm._target_={HOOK}.SignalAtStep", "+callbacks.sigterm.step=6"]
+    results = _parallel(
+        {
+            "straight": (straight, [*EXACT, *EVERY_STEP, "trainer.max_steps=16"]),
+            "killed": (killed, [*EXACT, "trainer.max_steps=16", *term, "+callbacks.sigterm.signal=SIGTERM"]),
+            "sigint": (
+                tmp_path / "sigint",
+                ["trainer.max_steps=16", *term, "+callbacks.sigterm.signal=SIGINT"],
+            ),
+        }
+    )
+    assert results["straight"].returncode == 0, results["straight"].stderr[-3000:]
+    for name, status in (("killed", 128 + signal.SIGTERM), ("sigint", 128 + signal.SIGINT)):
+        assert results[name].returncode == status, results[name].stderr[-3000:]
+        assert "resume with ckpt_path=" in (tmp_path / name / "train.log").read_text()
+        # the signal arrived at the end of step 6; the step in flight (7) finished, then the save
+        assert _load(tmp_path / name / "checkpoints" / "last.ckpt")["global_step"] == 7
+    last = killed / "checkpoints" / "last.ckpt"
+    done = _cli(resumed, [*EXACT, *EVERY_STEP, "trainer.max_steps=16", f"ckpt_path={last}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    before, after, reference = _curves(killed), _curves(resumed), _curves(straight)
+    assert {step for _, step in after} == set(range(7, 16))  # resumed at step 7: none repeated or missed
+    assert {**before, **after} == reference  # bitwise equal losses and learning rates
+    a, b = _load(straight / "checkpoints" / "last.ckpt"), _load(resumed / "checkpoints" / "last.ckpt")
+    assert a["global_step"] == b["global_step"] == 16
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    for state_a, state_b in zip(
+        a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()
+    ):
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+
+
+# --- crash safety: SIGKILL, atomic files ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
+    """SIGKILL a run (checkpointing every step) at random moments, three times in a row, each time
+    resuming from the killed run's last.ckpt: it always loads, and the last resume finishes the run."""
+    rng = random.Random(0)
+    ckpt: Path | None = None
+    steps = []
+    for attempt in range(3):
+        run_dir = tmp_path / f"run{attempt}"
+        args = [*EVERY_STEP, "trainer.max_steps=40", *([f"ckpt_path={ckpt}"] if ckpt else [])]
+        process = subprocess.Popen(
+            _cmd(run_dir, args), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        last = run_dir / "checkpoints" / "last.ckpt"
+        deadline = time.monotonic() + 300
+        while not last.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, process.stderr.read().decode()[-3000:] if process.stderr else ""
+        time.sleep(rng.uniform(0.0, 1.5))  # somewhere among the next steps and their saves
+        process.kill()
+        process.wait()
+        checkpoint = _load(last)  # never half-written
+        steps.append(checkpoint["global_step"])
+        ckpt = last
+    assert steps == sorted(steps) and steps[0] >= 1
+    final = _cli(tmp_path / "final", [*EVERY_STEP, "trainer.max_steps=40", f"ckpt_path={ckpt}"])
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert _load(tmp_path / "final" / "checkpoints" / "last.ckpt")["global_step"] == 40
+
+
+_WRITER = """
+import sys, torch
+from pathlib import Path
+from transformer.reliability import atomic_torch_save
+path = Path(sys.argv[1])
+for i in range(1, 10**6):
+    atomic_torch_save({"version": i, "weights": torch.full((4_000_000,), float(i))}, path)
+    print(i, flush=True)
+"""
+
+
+def test_atomic_save_survives_sigkill_mid_write(tmp_path: Path) -> None:
+    """A process rewriting a 16 MB checkpoint in a loop, SIGKILLed at random moments: the file is always
+    one complete version (old or new), never a truncated mix."""
+    path = tmp_path / "last.ckpt"
+    rng = random.Random(1)
+    for _ in range(4):
+        process = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None
+        process.stdout.readline()  # one version is complete
+        time.sleep(rng.uniform(0.0, 0.3))
+        process.kill()
+        process.wait()
+        checkpoint = _load(path)
+        assert torch.equal(checkpoint["weights"], torch.full((4_000_000,), float(checkpoint["version"])))
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("disk full (simulated)")
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}}, path)
+    with pytest.raises(RuntimeError, match="disk full"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "x": _Unpicklable()}, path)
+    assert torch.equal(_load(path)["state_dict"]["w"], torch.ones(3))
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temp file left behind
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_atomic_torch_save_round_trip(tmp_path: Path) -> None:
+    atomic_torch_save({"a": torch.arange(3)}, tmp_path / "x.ckpt")
+    assert torch.equal(_load(tmp_path / "x.ckpt")["a"], torch.arange(3))
+
+
+# --- numerical faults ----------------------------------------------------------------------------------
+
+
+class _Toy(L.LightningModule):
+    """One linear layer; the loss is NaN at the optimizer steps in `nan_steps` (1-based)."""
+
+    def __init__(self, nan_steps: set[int]) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.nan_steps = nan_steps
+        self.history: list[dict[str, torch.Tensor]] = []
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch).pow(2).mean()
+        return loss * float("nan") if self.global_step + 1 in self.nan_steps else loss
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.history.append({k: v.clone() for k, v in self.state_dict().items()})
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
+
+    def train_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=1)
+
+
+def _fit(guard: NonFiniteLossGuard, nan_steps: set[int], tmp_path: Path) -> _Toy:
+    model = _Toy(nan_steps)
+    trainer = L.Trainer(
+        max_steps=8,
+        callbacks=[guard],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+    )
+    trainer.fit(model)
+    return model
+
+
+def test_skip_leaves_weights_and_optimizer_untouched(tmp_path: Path) -> None:
+    guard = NonFiniteLossGuard(action="skip")
+    model = _fit(guard, {3, 4}, tmp_path)
+    h = model.history
+    assert guard.skipped == 2 and len(h) == 8
+    for skipped in (2, 3):  # history index = step - 1: steps 3 and 4 changed nothing
+        assert all(torch.equal(h[skipped][k], h[skipped - 1][k]) for k in h[0])
+    assert not all(torch.equal(h[4][k], h[3][k]) for k in h[0])  # step 5 trained again
+    assert all(torch.isfinite(v).all() for v in h[-1].values())
+
+
+def test_stop_names_the_step_before_updating(tmp_path: Path) -> None:
+    from transformer.reliability import NonFiniteLossError
+
+    with pytest.raises(NonFiniteLossError, match=r"nan at optimizer step 3 .*stopped before updating"):
+        _fit(NonFiniteLossGuard(action="stop"), {3}, tmp_path)
+
+
+def test_skip_gives_up_after_consecutive_skips(tmp_path: Path) -> None:
+    from transformer.reliability import NonFiniteLossError
+
+    with pytest.raises(NonFiniteLossError, match=r"3 steps in a row skipped"):
+        _fit(NonFiniteLossGuard(action="skip", max_consecutive_skips=3), {2, 3, 4, 5}, tmp_path)
+
+
+def test_guard_arguments() -> None:
+    with pytest.raises(ValueError, match="action"):
+        NonFiniteLossGuard(action="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_consecutive_skips"):
+        NonFiniteLossGuard(max_consecutive_skips=0)
+
+
+@pytest.mark.slow
+def test_cli_nan_loss_skip_and_stop(tmp_path: Path) -> None:
+    poison = [f"+callbacks.poison._target_={HOOK}.PoisonSteps", "+callbacks.poison.steps=[3,4]"]
+    results = _parallel(
+        {
+            "skip": (
+                tmp_path / "skip",
+                ["trainer.max_steps=8", *poison, "callbacks.non_finite_loss.action=skip"],
+            ),
+            "stop": (tmp_path / "stop", ["trainer.max_steps=8", "model.optimizer.lr=1e30"]),
+        }
+    )
+    skip = results["skip"]
+    assert skip.returncode == 0, skip.stderr[-3000:]
+    assert "step skipped" in (tmp_path / "skip" / "train.log").read_text()
+    curves = _curves(tmp_path / "skip")
+    assert [curves[("train/skipped_steps", s)] for s in range(8)] == [0, 0, 1, 2, 2, 2, 2, 2]
+    weights = _load(tmp_path / "skip" / "checkpoints" / "last.ckpt")["state_dict"]
+    assert all(torch.isfinite(v).all() for v in weights.values())
+
+    stop = results["stop"]
+    assert stop.returncode == 1, stop.stderr[-3000:]
+    line = _error_line(stop)
+    assert line.startswith("error: training loss is nan at optimizer step "), stop.stderr[-3000:]
+    assert "Traceback" not in stop.stderr
+
+
+# --- hostile input: one line, non-zero exit, nothing written over --------------------------------------
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()}
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    done = _cli(run_dir, ["trainer.max_steps=3"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def _hostile_cases(root: Path, run: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (train.py arguments, text the one error line must contain)."""
+    last = run / "checkpoints" / "last.ckpt"
+    data = last.read_bytes()
+    (root / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    torch.save({"state_dict": {}, "payload": _Payload(root / "pwned")}, root / "evil.ckpt")
+    (root / "evil_raw.ckpt").write_bytes(pickle.dumps({"state_dict": {}, "x": _Payload(root / "pwned")}))
+    classification = _load(last)
+    classification["config"]["model"]["_target_"] = "transformer.tasks.ClassificationTask"
+    torch.save(classification, root / "classification.ckpt")
+    multi30k = root / "multi30k"
+    multi30k.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            (multi30k / f"{split}.{lang}").write_bytes(os.urandom(3000))  # binary given as text
+    gz = root / "gz"
+    gz.mkdir()
+    import gzip
+
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            blob = gzip.compress(b"a small sentence .\n" * 200)
+            (gz / f"{split}.{lang}.gz").write_bytes(blob[: len(blob) // 2])  # truncated gzip
+    (root / "a_file").write_text("not a directory\n")
+    m30 = ["experiment=multi30k_de_en", "data.vocab_size=300"]
+    return {
+        "unknown_key": (["model.config.d_modle=64"], "d_modle"),
+        "unknown_top_key": (["lrr=1"], "lrr"),
+        "unknown_experiment": (["experiment=quickstrat"], "quickstart"),
+        "wrong_type_lr": (["model.optimizer.lr=abc"], "model.optimizer.lr"),
+        "wrong_type_epochs": (["trainer.max_epochs=abc"], "trainer.max_epochs"),
+        "negative_lr": (["model.optimizer.lr=-1"], "lr"),
+        "dropout_one": (["model.config.dropout=1.0"], "dropout"),
+        "max_tokens_too_small": (["data.max_tokens=5"], "max_tokens"),
+        "missing_data_dir": ([*m30, f"data.data_dir={root / 'nope'}"], str(root / "nope")),
+        "binary_as_text": ([*m30, f"data.data_dir={multi30k}"], "multi30k"),
+        "truncated_gzip": ([*m30, f"data.data_dir={gz}"], ".gz"),
+        "truncated_checkpoint": ([f"ckpt_path={root / 'truncated.ckpt'}"], "truncated.ckpt"),
+        "malicious_checkpoint": ([f"ckpt_path={root / 'evil.ckpt'}"], "evil.ckpt"),
+        "malicious_raw_pickle": ([f"ckpt_path={root / 'evil_raw.ckpt'}"], "evil_raw.ckpt"),
+        "other_task_checkpoint": ([f"ckpt_path={root / 'classification.ckpt'}"], "classification"),
+        "other_model_checkpoint": ([f"ckpt_path={last}", "model.config.d_model=64"], "d_model"),
+        "output_dir_is_a_file": ([f"paths.output_dir={root / 'a_file' / 'run'}"], "a_file"),
+    }
+
+
+@pytest.fixture(scope="module")
+def hostile_runs(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("hostile")
+    cases = _hostile_cases(root, finished_run)
+    before = _snapshot(finished_run)
+    results = _parallel({name: (root / name, args) for name, (args, _) in cases.items()})
+    return {"root": root, "cases": cases, "results": results, "before": before, "run": finished_run}
+
+
+HOSTILE = [
+    "unknown_key",
+    "unknown_top_key",
+    "unknown_experiment",
+    "wrong_type_lr",
+    "wrong_type_epochs",
+    "negative_lr",
+    "dropout_one",
+    "max_tokens_too_small",
+    "missing_data_dir",
+    "binary_as_text",
+    "truncated_gzip",
+    "truncated_checkpoint",
+    "malicious_checkpoint",
+    "malicious_raw_pickle",
+    "other_task_checkpoint",
+    "other_model_checkpoint",
+    "output_dir_is_a_file",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_input_is_one_line_nonzero_and_writes_nothing(
+    hostile_runs: dict[str, Any], case: str
+) -> None:
+    result = hostile_runs["results"][case]
+    expected = hostile_runs["cases"][case][1]
+    assert result.returncode == 1, (result.stdout[-1000:], result.stderr[-3000:])
+    line = _error_line(result)
+    assert line.startswith("error: ") and expected in line, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert not (hostile_runs["root"] / "pwned").exists()  # the planted payload never ran
+    assert not list((hostile_runs["root"] / case).rglob("*.ckpt"))  # nothing trained, nothing saved
+    assert _snapshot(hostile_runs["run"]) == hostile_runs["before"]  # the finished run is untouched
+
+
+@pytest.mark.slow
+def test_unknown_experiment_lists_the_valid_ones(hostile_runs: dict[str, Any]) -> None:
+    line = _error_line(hostile_runs["results"]["unknown_experiment"])
+    for path in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"):
+        assert path.stem in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_output_dir(tmp_path: Path) -> None:
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        result = _cli(tmp_path / "run", [f"paths.output_dir={read_only / 'run'}"])
+    finally:
+        read_only.chmod(0o755)
+    assert result.returncode == 1 and _error_line(result).startswith("error: "), result.stderr[-3000:]
