@@ -1,0 +1,172 @@
+"""Decoding speed: our KV-cached beam search vs MarianMTModel.generate, KV-cached greedy vs recomputing.
+
+Both models are randomly initialised with the same architecture (benchmarks/references.py) and decode
+the same source batch (64 sentences of 10-32 tokens, vocab 10k). The work is fixed: every sentence gets
+exactly `--length` target tokens, the last one EOS. Ours: `max_len_a=0, max_len_b=length` forces EOS at
+that length (a random model almost never picks EOS earlier; mean lengths are printed to show it).
+Marian: `min_new_tokens = max_new_tokens = length` with `forced_eos_token_id`, `early_stopping=False`.
+Length penalty: ours is GNMT's ((5 + len) / 6) ** alpha, Hugging Face's len ** alpha; with every
+hypothesis of the same length neither changes the ranking, so alpha = 0.6 for both.
+Greedy: `greedy_search` (KV cache, finished sentences leave the batch) vs the same loop recomputing the
+decoder over the whole prefix at every step; both must give the same tokens.
+Repeats are interleaved (the order rotates) and medians reported, in sentences/s.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_decode.py [--cases d256,d512] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: no spinning under load
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from references import BOS, EOS, PAD, MarianReference, make_batches  # noqa: E402
+
+from transformer.config import TransformerConfig  # noqa: E402
+from transformer.decoding import beam_search, greedy_search  # noqa: E402
+from transformer.model import Seq2SeqTransformer  # noqa: E402
+
+CASES = {
+    "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
+    "d512": {"d_model": 512, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6, "d_ff": 2048},
+}
+VOCAB = 10_000
+LENGTH_PENALTY = 0.6
+
+
+def recompute_greedy(model: Seq2SeqTransformer, src: Tensor, max_length: int) -> Tensor:
+    """Greedy decoding without a cache: the decoder runs over the whole prefix at every step."""
+    with torch.no_grad():
+        memory = model.encode(src)
+        src_mask = model.padding_mask(src)
+        tgt_in = src.new_full((src.size(0), 1), BOS)
+        finished = torch.zeros(src.size(0), dtype=torch.bool)
+        for step in range(max_length):
+            log_probs = model.decode(tgt_in, memory, src_mask)[:, -1].float().log_softmax(-1)  # (B, V)
+            log_probs[:, [PAD, BOS]] = -math.inf
+            token = (
+                log_probs.argmax(-1)
+                if step < max_length - 1
+                else torch.full_like(finished, EOS, dtype=torch.long)
+            )
+            token = token.masked_fill(finished, PAD)
+            tgt_in = torch.cat([tgt_in, token[:, None]], dim=1)
+            finished |= token == EOS
+            if finished.all():
+                break
+    return tgt_in[:, 1:]
+
+
+def marian_generate(marian: MarianReference, src: Tensor, length: int, beams: int) -> Tensor:
+    """MarianMTModel.generate with exactly `length` new tokens per sentence -> (B, length) without BOS."""
+    with torch.no_grad():
+        out = marian.marian.generate(
+            input_ids=src,
+            attention_mask=src.ne(PAD),
+            num_beams=beams,
+            num_return_sequences=1,
+            do_sample=False,
+            max_new_tokens=length,
+            min_new_tokens=length,
+            use_cache=True,
+            **({"length_penalty": LENGTH_PENALTY, "early_stopping": False} if beams > 1 else {}),
+        )
+    return out[:, 1:]  # drop the decoder start token
+
+
+def interleaved(methods: dict[str, Callable[[], Tensor]], repeats: int) -> dict[str, tuple[float, Tensor]]:
+    """Median seconds of each method over `repeats` rounds with a rotating order, and its last output."""
+    names = list(methods)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    outputs: dict[str, Tensor] = {}
+    for i in range(repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            outputs[name] = methods[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(times[name]), outputs[name]) for name in names}
+
+
+def mean_length(tokens: Tensor) -> float:
+    """Mean tokens per hypothesis up to and including the first EOS (pads after it not counted)."""
+    ended = tokens.eq(EOS).int().cumsum(1)  # (B, L): 1 from the first EOS on
+    return float((ended.eq(0) | (ended.eq(1) & tokens.eq(EOS))).sum(1).float().mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="d256,d512", help="comma-separated subset of " + ",".join(CASES))
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--length", type=int, default=40, help="target tokens per sentence, EOS included")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.batch_size, args.length, args.repeats = 4, 6, 1
+
+    load = os.getloadavg()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY')}, load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
+          f"{args.batch_size} sentences x {args.length} tokens, sentences/s (median of {args.repeats})")  # fmt: skip
+    result: dict[str, object] = {"benchmark": "bench_decode", "torch": torch.__version__,
+                                 "threads": torch.get_num_threads(), "load_start": load[0]}  # fmt: skip
+    ratios: dict[str, float] = {}
+    print(f"{'case':6} {'method':24} {'sent/s':>8} {'mean len':>9}")
+    for case in args.cases.split(","):
+        config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
+        torch.manual_seed(0)
+        ours = Seq2SeqTransformer(config).eval()
+        marian = MarianReference(config).eval()
+        src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src
+        n = args.length
+        methods = {
+            "ours beam4 (KV cache)": lambda: beam_search(
+                ours, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_len_a=0, max_len_b=n
+            )[0][:, 0],
+            "marian generate beam4": lambda: marian_generate(marian, src, n, beams=4),
+            "ours greedy (KV cache)": lambda: greedy_search(ours, src, max_len_a=0, max_len_b=n),
+            "ours greedy recompute": lambda: recompute_greedy(ours, src, n),
+            "marian generate greedy": lambda: marian_generate(marian, src, n, beams=1),
+        }
+        timed = interleaved(methods, args.repeats)
+        cached, recomputed = timed["ours greedy (KV cache)"][1], timed["ours greedy recompute"][1]
+        if not torch.equal(cached, recomputed[:, : cached.size(1)]):
+            raise RuntimeError("KV-cached greedy search and recomputation disagree")
+        rows = {}
+        for name, (seconds, tokens) in timed.items():
+            rows[name] = {"sent_s": args.batch_size / seconds, "mean_length": mean_length(tokens)}
+            print(f"{case:6} {name:24} {rows[name]['sent_s']:8.2f} {rows[name]['mean_length']:9.1f}")
+        ratios[f"{case}_beam4_ours_vs_marian"] = (
+            rows["ours beam4 (KV cache)"]["sent_s"] / rows["marian generate beam4"]["sent_s"]
+        )
+        ratios[f"{case}_greedy_cached_vs_recompute"] = (
+            rows["ours greedy (KV cache)"]["sent_s"] / rows["ours greedy recompute"]["sent_s"]
+        )
+        ratios[f"{case}_greedy_ours_vs_marian"] = (
+            rows["ours greedy (KV cache)"]["sent_s"] / rows["marian generate greedy"]["sent_s"]
+        )
+        result[case] = {name: {k: round(v, 2) for k, v in row.items()} for name, row in rows.items()}
+    result["load_end"] = os.getloadavg()[0]
+    result["ratios"] = {key: round(value, 3) for key, value in ratios.items()}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
