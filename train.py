@@ -41,6 +41,8 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from data.sources import DataError
+
 log = logging.getLogger("train")
 
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -357,7 +359,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
         failed = False
-    except (ConfigError, FloatingPointError) as err:  # FloatingPointError: a NaN/inf loss stopped the run
+    except (ConfigError, DataError, FloatingPointError) as err:  # bad data files; a NaN/inf loss stop
         log.error("%s", err)
         if in_sweep:  # one failed job: the sweeper records it (Optuna: a FAIL trial) and goes on
             raise

@@ -198,7 +198,8 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
     steps = []
     for attempt in range(3):
         run_dir = tmp_path / f"run{attempt}"
-        args = [*EVERY_STEP, "trainer.max_steps=40", *([f"ckpt_path={ckpt}"] if ckpt else [])]
+        long_run = ["trainer.max_steps=200", "trainer.max_epochs=20"]  # far longer than the wait below
+        args = [*EVERY_STEP, *long_run, *([f"ckpt_path={ckpt}"] if ckpt else [])]
         process = subprocess.Popen(
             _cmd(run_dir, args), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
@@ -214,9 +215,11 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
         steps.append(checkpoint["global_step"])
         ckpt = last
     assert steps == sorted(steps) and steps[0] >= 1
-    final = _cli(tmp_path / "final", [*EVERY_STEP, "trainer.max_steps=40", f"ckpt_path={ckpt}"])
+    end = steps[-1] + 3
+    finish = [*EVERY_STEP, "trainer.max_epochs=20", f"trainer.max_steps={end}", f"ckpt_path={ckpt}"]
+    final = _cli(tmp_path / "final", finish)
     assert final.returncode == 0, final.stderr[-3000:]
-    assert _load(tmp_path / "final" / "checkpoints" / "last.ckpt")["global_step"] == 40
+    assert _load(tmp_path / "final" / "checkpoints" / "last.ckpt")["global_step"] == end
 
 
 _WRITER = """
