@@ -233,6 +233,7 @@ for i in range(1, 10**6):
 """
 
 
+@pytest.mark.slow
 def test_atomic_save_survives_sigkill_mid_write(tmp_path: Path) -> None:
     """A process rewriting a 16 MB checkpoint in a loop, SIGKILLed at random moments: the file is always
     one complete version (old or new), never a truncated mix."""
