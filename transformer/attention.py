@@ -1,7 +1,8 @@
 """Scaled dot-product and multi-head attention (Vaswani et al., 2017, §3.2), the one attention in the project.
 
-Owns `MultiHeadAttention` (a drop-in for `torch.nn.MultiheadAttention` plus a KV cache and a rotary
-hook), `KVCache` for incremental decoding, `make_causal_mask`, and the single mask-merging helper.
+Owns `MultiHeadAttention` (a drop-in for `torch.nn.MultiheadAttention` plus a KV cache, a rotary hook and
+a packed-token path), `KVCache` for incremental decoding, `TokenPacking` (padding removed around the
+attention), `make_causal_mask`, and the single mask-merging helper.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KVCache", "MultiHeadAttention", "RotaryLike", "make_causal_mask"]
+__all__ = ["KVCache", "MultiHeadAttention", "RotaryLike", "TokenPacking", "make_causal_mask"]
 
 # rotary(x: (B, H, L, Dh), offset: int) -> (B, H, L, Dh); offset = positions already in the cache.
 RotaryLike = Callable[[Tensor, int], Tensor]
@@ -77,11 +78,60 @@ def _merge_masks(
     return F.pad(merged, (0, n_extra), value=0.0) if n_extra else merged
 
 
+def _sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    fix_empty_rows: bool,
+) -> Tensor:
+    """F.scaled_dot_product_attention -> (B, H, T, Dh); query rows with every key masked give zeros."""
+    empty = None
+    if fix_empty_rows and mask is not None and q.device.type not in _SDPA_ZEROES_EMPTY_ROWS:
+        empty = _empty_rows(mask)  # (…, T, 1)
+        mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, H, T, Dh)
+    return out if empty is None else out.masked_fill(empty, 0.0)
+
+
 def _empty_rows(mask: Tensor) -> Tensor:
     """Query rows (…, T, 1) whose keys are all masked in a mask from `_merge_masks`."""
     if mask.dtype == torch.bool:
         return ~mask.any(dim=-1, keepdim=True)
     return torch.isneginf(mask).all(dim=-1, keepdim=True)
+
+
+class TokenPacking:
+    """The kept tokens of a (B, L) batch as one (N, ...) tensor, and the way back ("unpadding").
+
+    Position-wise work (projections, feed-forward, LayerNorm, dropout) on packed tokens skips the
+    padding; attention unpacks to the padded (B, H, L, Dh) layout, where masks keep pads out.
+    """
+
+    def __init__(self, keep: Tensor) -> None:
+        """keep (B, L) bool, True = a position that is computed."""
+        self.batch, self.length = keep.shape
+        self.keep = keep
+        self.index = keep.reshape(-1).nonzero().squeeze(1)  # (N,) positions in the flattened B * L
+
+    def __len__(self) -> int:
+        return self.index.numel()
+
+    @property
+    def positions(self) -> Tensor:
+        """(N,) long: each kept token's position within its row."""
+        return self.index % self.length
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, L, ...) -> (N, ...), the kept positions in row-major order (= x[keep])."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(N, ...) -> (B, L, ...), zeros at the positions not kept (finite: masked keys stay harmless)."""
+        out = x.new_zeros(self.batch * self.length, *x.shape[1:])
+        return out.index_copy_(0, self.index, x).view(self.batch, self.length, *x.shape[1:])
 
 
 class KVCache:
@@ -91,15 +141,30 @@ class KVCache:
     their projections are appended and the query attends to everything cached so far.
     `static=True` (encoder-decoder attention): the first call projects `key`/`value` (the memory) and
     stores them; later calls reuse them and may pass `key=value=None`.
+    Appends write into buffers that grow `BLOCK` positions at a time, instead of concatenating (copying
+    the whole cache) at every step; `key` / `value` are views of the filled part.
     """
+
+    BLOCK = 16
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
-        self.key: Tensor | None = None  # (B, H, S, Dh)
-        self.value: Tensor | None = None  # (B, H, S, Dh)
+        self._key: Tensor | None = None  # (B, H, capacity, Dh); positions from `len(self)` on are unused
+        self._value: Tensor | None = None
+        self._length = 0
+
+    @property
+    def key(self) -> Tensor | None:
+        """(B, H, S, Dh) cached keys, or None."""
+        return None if self._key is None else self._key[:, :, : self._length]
+
+    @property
+    def value(self) -> Tensor | None:
+        """(B, H, S, Dh) cached values, or None."""
+        return None if self._value is None else self._value[:, :, : self._length]
 
     def __len__(self) -> int:
-        return 0 if self.key is None else self.key.shape[2]
+        return self._length
 
     def __repr__(self) -> str:
         shape = None if self.key is None else tuple(self.key.shape)
@@ -107,18 +172,47 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Select batch entries in place (beam search keeps, repeats or drops hypotheses)."""
-        if self.key is not None and self.value is not None:
-            self.key = self.key.index_select(0, index)  # (B', H, S, Dh)
-            self.value = self.value.index_select(0, index)
+        if self._key is not None and self._value is not None:
+            self._key, self._value = self._select(self._key, index), self._select(self._value, index)
+
+    def _select(self, buffer: Tensor, index: Tensor) -> Tensor:
+        """buffer (B, H, capacity, Dh) -> (B', H, capacity, Dh): rows `index`, filled positions only."""
+        if self.static or self._length == buffer.shape[2]:
+            return buffer.index_select(0, index)
+        out = buffer.new_empty(index.numel(), *buffer.shape[1:])
+        torch.index_select(buffer[:, :, : self._length], 0, index, out=out[:, :, : self._length])
+        return out
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Store new (B, H, L, Dh) keys/values (appended unless static) and return all cached ones."""
-        if self.key is None or self.value is None or self.static:
-            self.key, self.value = key, value
+        length = self._length + key.shape[2]
+        if self.static or (self._key is None and not self._appends_in_place(key, value)):
+            self._key, self._value = key, value
+        elif not self._appends_in_place(key, value):  # autograd must see a concatenation, not writes
+            self._key, self._value = torch.cat([self.key, key], 2), torch.cat([self.value, value], 2)
         else:
-            self.key = torch.cat([self.key, key], dim=2)  # (B, H, S + L, Dh)
-            self.value = torch.cat([self.value, value], dim=2)
-        return self.key, self.value
+            if self._key is None or self._value is None or length > self._key.shape[2]:
+                self._key, self._value = (
+                    self._grow(self._key, key, length),
+                    self._grow(self._value, value, length),
+                )
+            self._key[:, :, self._length : length] = key
+            self._value[:, :, self._length : length] = value
+        self._length = key.shape[2] if self.static else length
+        return self.key, self.value  # (B, H, S + L, Dh)
+
+    def _grow(self, buffer: Tensor | None, new: Tensor, length: int) -> Tensor:
+        """A buffer with room for `length` positions (rounded up to BLOCK), holding the filled part."""
+        capacity = -(-length // self.BLOCK) * self.BLOCK
+        grown = new.new_empty(*new.shape[:2], capacity, new.shape[3])  # (B, H, capacity, Dh)
+        if buffer is not None and self._length:
+            grown[:, :, : self._length] = buffer[:, :, : self._length]
+        return grown
+
+    @staticmethod
+    def _appends_in_place(key: Tensor, value: Tensor) -> bool:
+        """In-place writes are safe unless autograd records them (training through a cache)."""
+        return not (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))
 
 
 class MultiHeadAttention(nn.Module):
@@ -335,14 +429,7 @@ class MultiHeadAttention(nn.Module):
 
         # 4. attend: fused kernel unless the weights are wanted
         if not need_weights:
-            empty = None
-            if mask is not None and n_extra == 0 and q.device.type not in _SDPA_ZEROES_EMPTY_ROWS:
-                empty = _empty_rows(mask)  # (…, T, 1)
-                mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
-            out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, sdpa_causal)  # (B, H, T, Dh)
-            if empty is not None:
-                out = out.masked_fill(empty, 0.0)
-            weights = None
+            out, weights = _sdpa(q, k, v, mask, dropout_p, sdpa_causal, fix_empty_rows=n_extra == 0), None
         else:
             out, weights = self._attend_explicit(q, k, v, mask, dropout_p, n_extra)
             if average_attn_weights:
@@ -355,6 +442,50 @@ class MultiHeadAttention(nn.Module):
         if not self.batch_first:
             out = out.transpose(0, 1)  # (T, B, D)
         return out, weights
+
+    def forward_packed(
+        self,
+        query: Tensor,
+        key: Tensor,
+        query_packing: TokenPacking,
+        key_packing: TokenPacking,
+        key_padding_mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        rotary: RotaryLike | None = None,
+    ) -> Tensor:
+        """Attention between packed tokens: query (N, E) of a (B, T) batch, key = value (M, E) of (B, S).
+
+        The same numbers as `forward(..., need_weights=False)` on the padded batch at the kept query
+        positions, but the projections run on the N + M kept tokens only; the attention itself runs in
+        the padded (B, H, T, S) layout. `key is query` means self-attention (one fused projection).
+        key_padding_mask (B, S) True = pad; `is_causal` masks later keys. Returns (N, E).
+        """
+        if self.bias_k is not None or self.add_zero_attn or not self._qkv_same_embed_dim:
+            raise ValueError("forward_packed supports neither add_bias_kv, add_zero_attn nor kdim/vdim")
+        d = self.embed_dim
+        if key is query:
+            qkv = query_packing.unpack(self._linear(query, slice(None), None))  # (N, 3D) -> (B, T, 3D)
+            q, k, v = (self._split_heads(t) for t in qkv.split(d, dim=-1))  # 3 x (B, H, T, Dh)
+        else:
+            q = self._split_heads(
+                query_packing.unpack(self._linear(query, slice(0, d), None))
+            )  # (B, H, T, Dh)
+            kv = key_packing.unpack(self._linear(key, slice(d, None), None))  # (M, 2D) -> (B, S, 2D)
+            k, v = (self._split_heads(t) for t in kv.split(d, dim=-1))  # 2 x (B, H, S, Dh)
+        if rotary is not None:
+            q, k = rotary(q, 0), rotary(k, 0)
+        batch, q_len, k_len = query_packing.batch, query_packing.length, key_packing.length
+        self._check_masks(None, key_padding_mask, batch, q_len, k_len)
+        sdpa_causal = is_causal and key_padding_mask is None and q_len == k_len
+        attn_mask = (
+            make_causal_mask(q_len, q.device, num_keys=k_len) if is_causal and not sdpa_causal else None
+        )
+        mask = _merge_masks(attn_mask, key_padding_mask, batch, self.num_heads, 0, q.dtype)
+        dropout_p = self.dropout if self.training else 0.0
+        out = _sdpa(q, k, v, mask, dropout_p, sdpa_causal, fix_empty_rows=True)  # (B, H, T, Dh)
+        out = query_packing.pack(out.transpose(1, 2))  # (B, T, H, Dh) -> (N, H, Dh)
+        return self.out_proj(out.reshape(-1, d))  # (N, D)
 
     def _attend_explicit(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, n_extra: int

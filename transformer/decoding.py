@@ -191,7 +191,7 @@ def _beam_search(
 
         # 3. the K best non-EOS candidates live on; should EOS ones have to fill the K slots (tiny
         #    vocabularies), they stay as dead beams scored -inf
-        beams = min(beam_size, n_candidates)
+        beams_before, beams = beams, min(beam_size, n_candidates)
         rank = torch.arange(n_candidates, device=device) + is_eos * n_candidates  # EOS ranked last
         pick = rank.argsort(dim=-1, stable=True)[:, :beams]  # (n, K)
         new_tokens = cand_tokens.gather(1, pick)  # (n, K)
@@ -207,9 +207,12 @@ def _beam_search(
         rows = cand_rows.gather(1, pick)[live].view(-1)  # (n' * K,) parent rows of the new beams
         scores = scores[live]  # (n', K)
         prefixes = torch.cat([prefixes[rows], new_tokens[live].view(-1, 1)], dim=1)  # (n' * K, t + 1)
+        # a beam's parent is a beam of the same sentence, and all beams of a sentence share one memory:
+        # the cross-attention caches only change when sentences leave or the beams multiply (step 0)
+        same_rows = live.numel() == n and rows.numel() == n * beams_before
         sentences = sentences[live]
         src_padding_mask = sentence_padding_mask[sentences].repeat_interleave(beams, dim=0)  # (n' * K, S)
-        cache.reorder(rows)
+        cache.reorder(rows, memory=not same_rows)
         step += 1
     return _pack(finished, n_best, config.pad_id, device)
 

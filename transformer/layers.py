@@ -1,16 +1,82 @@
 """Position-wise feed-forward network and the encoder / decoder layers (the paper, Section 3.1-3.3).
 
 Every attention is the one `MultiHeadAttention`; post-LN (the paper) or pre-LN via `norm_first`.
+The layers run on padded (B, L, D) batches, or on packed (N, D) non-pad tokens given a `TokenPacking`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.attention import KVCache, MultiHeadAttention, RotaryLike
+from transformer.attention import KVCache, MultiHeadAttention, RotaryLike, TokenPacking
+
+_MASK_LEVELS = 2**16  # a CPU dropout mask element is 16 random bits
+
+
+def _dropout_mask(x: Tensor, p: float) -> Tensor:
+    """Float32 mask shaped like x: 0 with probability p' = round(p * 2^16) / 2^16, else 1 / (1 - p').
+
+    torch's CPU bernoulli_ draws a double (64 random bits) per element, serially; here four 16-bit fields
+    share one 64-bit draw and the rest is vectorized: about 4x faster. A float mask (rather than bool)
+    makes applying it one plain multiply in the forward and the backward pass.
+    """
+    n, levels = x.numel(), round(p * _MASK_LEVELS)
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), None)
+    fields = bits.view(torch.int16)[:n].to(torch.float32)  # uniform integers in [-2^15, 2^15)
+    scale = _MASK_LEVELS / (_MASK_LEVELS - levels)
+    # fields < threshold -> <= 0 -> 0 (dropped), fields >= threshold -> >= scale -> scale (kept)
+    threshold = -(2**15) + levels
+    return fields.sub_(threshold - 1).mul_(scale).clamp_(0.0, scale).view(x.shape)
+
+
+class _DropoutAdd(torch.autograd.Function):
+    """dropout(x) [+ residual] with a fresh `_dropout_mask`, applied in one pass; backward: grad * mask."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, p: float, residual: Tensor | None) -> Tensor:
+        mask = _dropout_mask(x, p)
+        ctx.save_for_backward(mask)
+        return x * mask if residual is None else torch.addcmul(residual, x, mask)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None]:
+        (mask,) = ctx.saved_tensors
+        return (
+            grad * mask if ctx.needs_input_grad[0] else None,
+            None,
+            grad if ctx.needs_input_grad[2] else None,
+        )
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (Srivastava et al., 2014; the paper's P_drop, Section 5.4), as `nn.Dropout`, plus an
+    optional fused residual add: `dropout(x, residual)` = residual + dropout(x).
+
+    For float32 on CPU the mask takes 16 random bits per element instead of torch's 64 (`_dropout_mask`),
+    so p is rounded to a multiple of 2^-16 (0.1 -> 0.1000061) and survivors are scaled by 1 / (1 - that
+    p): the expectation stays exact. Elsewhere torch's own (fused, on GPUs) dropout runs.
+    """
+
+    def __init__(self, p: float = 0.1) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        self.p = p
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x if residual is None else residual + x
+        if x.device.type != "cpu" or x.dtype != torch.float32 or self.p == 1.0:
+            dropped = F.dropout(x, self.p, training=True)
+            return dropped if residual is None else residual + dropped
+        return _DropoutAdd.apply(x, self.p, residual)
 
 
 class FeedForward(nn.Module):
@@ -33,7 +99,7 @@ class FeedForward(nn.Module):
         self.activation = activation
         self.linear1 = nn.Linear(d_model, d_ff)
         self.gate = nn.Linear(d_model, d_ff) if activation == "swiglu" else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -67,7 +133,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)  # on each sub-layer's output, before the residual add
+        self.dropout = Dropout(dropout)  # on each sub-layer's output, before the residual add
 
     def forward(
         self,
@@ -76,25 +142,34 @@ class EncoderLayer(nn.Module):
         *,
         rotary: RotaryLike | None = None,
         need_weights: bool = False,
+        packing: TokenPacking | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, S, D), key_padding_mask (B, S) True = pad -> (B, S, D), weights (B, H, S, S) if asked."""
+        """x (B, S, D), key_padding_mask (B, S) True = pad -> (B, S, D), weights (B, H, S, S) if asked.
+
+        With `packing`, x holds the (N, D) non-pad tokens of the (B, S) batch (and so does the output);
+        only the attention looks at the padded layout.
+        """
         residual = x
         x = self.norm1(x) if self.norm_first else x
-        attended, weights = self.self_attn(
-            x,
-            x,
-            x,
-            key_padding_mask=key_padding_mask,
-            need_weights=need_weights,
-            average_attn_weights=False,
-            rotary=rotary,
-        )
-        x = residual + self.dropout(attended)
+        if packing is not None:
+            attended = self.self_attn.forward_packed(x, x, packing, packing, key_padding_mask, rotary=rotary)
+            weights = None
+        else:
+            attended, weights = self.self_attn(
+                x,
+                x,
+                x,
+                key_padding_mask=key_padding_mask,
+                need_weights=need_weights,
+                average_attn_weights=False,
+                rotary=rotary,
+            )
+        x = self.dropout(attended, residual)
         x = x if self.norm_first else self.norm1(x)
 
         residual = x
         x = self.norm2(x) if self.norm_first else x
-        x = residual + self.dropout(self.feed_forward(x))
+        x = self.dropout(self.feed_forward(x), residual)
         x = x if self.norm_first else self.norm2(x)
         return x, weights
 
@@ -120,7 +195,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.norm3 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -132,44 +207,60 @@ class DecoderLayer(nn.Module):
         cross_cache: KVCache | None = None,
         rotary: RotaryLike | None = None,
         need_weights: bool = False,
+        packing: TokenPacking | None = None,
+        memory_packing: TokenPacking | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, D), memory (B, S, D), memory_key_padding_mask (B, S) True = pad.
 
         Self-attention is causal. With `self_cache`, x holds only the new positions: they attend to
         the cached ones and causally among themselves; `cross_cache` keeps the memory's projections.
         Returns (B, T, D) and, if asked, self weights (B, H, T, T_all) and cross weights (B, H, T, S).
+        With `packing` and `memory_packing` (no caches), x is (N, D) and memory (M, D): the kept tokens
+        of the (B, T) and (B, S) batches; the output is (N, D).
         """
+        if packing is not None and memory_packing is None:
+            raise ValueError("a packed DecoderLayer input needs memory_packing too")
         residual = x
         x = self.norm1(x) if self.norm_first else x
-        attended, self_weights = self.self_attn(
-            x,
-            x,
-            x,
-            need_weights=need_weights,
-            average_attn_weights=False,
-            is_causal=True,  # with a cache, MultiHeadAttention aligns the mask with the last T keys
-            kv_cache=self_cache,
-            rotary=rotary,
-        )
-        x = residual + self.dropout(attended)
+        if packing is not None:
+            attended = self.self_attn.forward_packed(x, x, packing, packing, is_causal=True, rotary=rotary)
+            self_weights = None
+        else:
+            attended, self_weights = self.self_attn(
+                x,
+                x,
+                x,
+                need_weights=need_weights,
+                average_attn_weights=False,
+                is_causal=True,  # with a cache, MultiHeadAttention aligns the mask with the last T keys
+                kv_cache=self_cache,
+                rotary=rotary,
+            )
+        x = self.dropout(attended, residual)
         x = x if self.norm_first else self.norm1(x)
 
         residual = x
         x = self.norm2(x) if self.norm_first else x
-        attended, cross_weights = self.cross_attn(
-            x,
-            memory,
-            memory,
-            key_padding_mask=memory_key_padding_mask,
-            need_weights=need_weights,
-            average_attn_weights=False,
-            kv_cache=cross_cache,
-        )
-        x = residual + self.dropout(attended)
+        if packing is not None and memory_packing is not None:
+            attended = self.cross_attn.forward_packed(
+                x, memory, packing, memory_packing, memory_key_padding_mask
+            )
+            cross_weights = None
+        else:
+            attended, cross_weights = self.cross_attn(
+                x,
+                memory,
+                memory,
+                key_padding_mask=memory_key_padding_mask,
+                need_weights=need_weights,
+                average_attn_weights=False,
+                kv_cache=cross_cache,
+            )
+        x = self.dropout(attended, residual)
         x = x if self.norm_first else self.norm2(x)
 
         residual = x
         x = self.norm3(x) if self.norm_first else x
-        x = residual + self.dropout(self.feed_forward(x))
+        x = self.dropout(self.feed_forward(x), residual)
         x = x if self.norm_first else self.norm3(x)
         return x, self_weights, cross_weights

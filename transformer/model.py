@@ -2,6 +2,8 @@
 
 Vaswani et al. (2017), Section 3: embeddings scaled by sqrt(D) plus positions, N layers per stack,
 a final LayerNorm per stack when pre-LN, and a linear projection to the target vocabulary.
+Full-sequence passes skip the padding ("unpadding", see `TokenPacking`): position-wise layers run on
+the non-pad tokens only, attention on the padded layout; the numbers at real positions do not change.
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
-from transformer.attention import KVCache, RotaryLike
+from transformer.attention import KVCache, RotaryLike, TokenPacking
 from transformer.config import TransformerConfig
-from transformer.layers import DecoderLayer, EncoderLayer
+from transformer.layers import DecoderLayer, Dropout, EncoderLayer
 from transformer.positional import RotaryEmbedding, build_absolute_positional
 
 
@@ -51,6 +54,19 @@ class Encoder(nn.Module):
         """As `forward`, plus each layer's self-attention weights (B, H, S, S)."""
         return self._run(x, key_padding_mask, rotary, need_weights=True)
 
+    def forward_packed(
+        self,
+        x: Tensor,
+        packing: TokenPacking,
+        key_padding_mask: Tensor | None,
+        *,
+        rotary: RotaryLike | None = None,
+    ) -> Tensor:
+        """x (N, D): the embedded non-pad tokens of a (B, S) batch (`packing`) -> memory (N, D)."""
+        for layer in self.layers:
+            x, _ = layer(x, key_padding_mask, rotary=rotary, packing=packing)
+        return self.norm(x) if self.norm is not None else x
+
     def _run(
         self, x: Tensor, key_padding_mask: Tensor | None, rotary: RotaryLike | None, need_weights: bool
     ) -> tuple[Tensor, list[Tensor]]:
@@ -77,9 +93,13 @@ class DecoderCache:
     def offset(self) -> int:
         return len(self.self_attn[0])
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (LongTensor (B',)) of every cache, in that order."""
-        for cache in (*self.self_attn, *self.cross_attn):
+    def reorder(self, index: Tensor, *, memory: bool = True) -> None:
+        """Keep batch rows `index` (LongTensor (B',)) of every cache, in that order.
+
+        memory=False leaves the cross-attention caches alone: right when every row keeps the memory of
+        the row it had (beam search moving hypotheses among the beams of one sentence).
+        """
+        for cache in (*self.self_attn, *self.cross_attn) if memory else self.self_attn:
             cache.reorder(index)
 
 
@@ -135,6 +155,29 @@ class Decoder(nn.Module):
         """As `forward`, plus per-layer self (B, H, T, T) and cross (B, H, T, S) attention weights."""
         return self._run(x, memory, memory_key_padding_mask, None, rotary, need_weights=True)
 
+    def forward_packed(
+        self,
+        x: Tensor,
+        packing: TokenPacking,
+        memory: Tensor,
+        memory_packing: TokenPacking,
+        memory_key_padding_mask: Tensor | None,
+        *,
+        rotary: RotaryLike | None = None,
+    ) -> Tensor:
+        """x (N, D): embedded target tokens kept by `packing` of a (B, T) batch; memory (M, D) likewise
+        for (B, S) -> (N, D). Every kept row must hold a prefix (causal attention sees only earlier ones)."""
+        for layer in self.layers:
+            x, _, _ = layer(
+                x,
+                memory,
+                memory_key_padding_mask,
+                rotary=rotary,
+                packing=packing,
+                memory_packing=memory_packing,
+            )
+        return self.norm(x) if self.norm is not None else x
+
     def _run(
         self,
         x: Tensor,
@@ -169,13 +212,21 @@ class _Embedder(nn.Module):
         self.embedding = embedding
         self.positional = positional
         self.scale = math.sqrt(embedding.embedding_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        """tokens (B, T) long at positions offset .. offset+T-1 -> (B, T, D)."""
-        x = self.embedding(tokens) * self.scale  # (B, T, D)
+    def forward(self, tokens: Tensor, offset: int = 0, packing: TokenPacking | None = None) -> Tensor:
+        """tokens (B, T) long at positions offset .. offset+T-1 -> (B, T, D), or (N, D) for the
+        positions that `packing` keeps."""
+        if packing is None:
+            x = self.embedding(tokens) * self.scale  # (B, T, D)
+            if self.positional is not None:
+                x = self.positional(x, offset)
+            return self.dropout(x)
+        x = self.embedding(packing.pack(tokens)) * self.scale  # (N, D)
         if self.positional is not None:
-            x = self.positional(x, offset)
+            # the encodings of positions offset .. offset+T-1 (the module adds them to zeros), then per token
+            table = self.positional(x.new_zeros(1, packing.length, x.size(-1)), offset)[0]  # (T, D)
+            x = x + table.index_select(0, packing.positions)  # (N, D)
         return self.dropout(x)
 
 
@@ -209,8 +260,22 @@ def _init_weights(module: nn.Module) -> None:
             nn.init.zeros_(param)
 
 
+def _prefix_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """(B, T) bool: every position up to each row's last non-pad token (all that a causal decoder needs)."""
+    positions = torch.arange(1, tokens.size(1) + 1, device=tokens.device)  # (T,)
+    lengths = (tokens.ne(pad_id) * positions).amax(dim=1, keepdim=True)  # (B, 1) last non-pad position + 1
+    return positions <= lengths  # (B, T)
+
+
 class Seq2SeqTransformer(nn.Module):
-    """The encoder-decoder Transformer (Section 3, Figure 1); padding masks come from `config.pad_id`."""
+    """The encoder-decoder Transformer (Section 3, Figure 1); padding masks come from `config.pad_id`.
+
+    `pack_tokens` (default True): full-sequence passes (`forward`, `encode`) run their
+    position-wise layers on the non-pad tokens only; set it to False for fixed shapes (torch.compile,
+    CUDA graphs). Outputs at real positions are the same either way; padded positions come out as zeros.
+    """
+
+    pack_tokens: bool = True
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -253,7 +318,33 @@ class Seq2SeqTransformer(nn.Module):
 
     def encode(self, src: Tensor) -> Tensor:
         """src (B, S) long -> memory (B, S, D)."""
-        return self.encoder(self.src_embed(src), self.padding_mask(src), rotary=self.rotary)
+        src_padding_mask = self.padding_mask(src)
+        if self.pack_tokens and src_padding_mask.any():
+            memory, packing = self._encode_packed(src, src_padding_mask)
+            return packing.unpack(memory)  # (B, S, D), zeros at pads (masked as keys anyway)
+        return self.encoder(self.src_embed(src), src_padding_mask, rotary=self.rotary)
+
+    def _encode_packed(self, src: Tensor, src_padding_mask: Tensor) -> tuple[Tensor, TokenPacking]:
+        """src (B, S) -> memory (M, D) of the M non-pad tokens, and their packing."""
+        packing = TokenPacking(~src_padding_mask)
+        embedded = self.src_embed(src, packing=packing)  # (M, D)
+        return self.encoder.forward_packed(embedded, packing, src_padding_mask, rotary=self.rotary), packing
+
+    def _forward_packed(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, TokenPacking]:
+        """src (B, S), tgt_in (B, T) -> final decoder states (N, D) of each target's prefix, and its packing."""
+        src_padding_mask = self.padding_mask(src)
+        memory, src_packing = self._encode_packed(src, src_padding_mask)  # (M, D)
+        packing = TokenPacking(_prefix_mask(tgt_in, self.config.pad_id))
+        embedded = self.tgt_embed(tgt_in, packing=packing)  # (N, D)
+        hidden = self.decoder.forward_packed(
+            embedded, packing, memory, src_packing, src_padding_mask, rotary=self.rotary
+        )
+        return hidden, packing  # (N, D)
+
+    def _packs(self, src: Tensor, tgt_in: Tensor) -> bool:
+        return self.pack_tokens and bool(
+            src.eq(self.config.pad_id).any() or tgt_in.eq(self.config.pad_id).any()
+        )
 
     def new_cache(self) -> DecoderCache:
         """An empty incremental-decoding state for `decode(..., cache=...)`."""
@@ -280,14 +371,27 @@ class Seq2SeqTransformer(nn.Module):
         )  # (B, T, D)
         return hidden if return_hidden else self.output_projection(hidden)
 
-    def forward(self, src: Tensor, tgt_in: Tensor, *, return_hidden: bool = False) -> Tensor:
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, *, return_hidden: bool = False, positions: Tensor | None = None
+    ) -> Tensor:
         """src (B, S), tgt_in (B, T) long -> logits (B, T, V), or the final hidden states (B, T, D).
 
-        `return_hidden` lets a loss project to the vocabulary in chunks via `output_projection`.
+        `return_hidden` lets a loss project to the vocabulary itself via `output_projection`.
+        `positions` (B, T) bool: only the outputs at those positions, (N, V) or (N, D) in row-major
+        order (= the full output[positions]), without building the padded (B, T, ...) tensor; for a
+        loss, positions = tgt_out != pad.
         """
-        src_padding_mask = self.padding_mask(src)
-        memory = self.encoder(self.src_embed(src), src_padding_mask, rotary=self.rotary)
-        return self.decode(tgt_in, memory, src_padding_mask, return_hidden=return_hidden)
+        if not self._packs(src, tgt_in):
+            src_padding_mask = self.padding_mask(src)
+            memory = self.encoder(self.src_embed(src), src_padding_mask, rotary=self.rotary)
+            out = self.decode(tgt_in, memory, src_padding_mask, return_hidden=return_hidden)
+            return out if positions is None else out[positions]
+        hidden, packing = self._forward_packed(src, tgt_in)  # (N', D) over each target's prefix
+        if positions is not None and not torch.equal(packing.keep, positions):
+            hidden = packing.unpack(hidden)[positions]  # (N, D); usually positions == the prefixes
+            packing = None
+        out = hidden if return_hidden else self.output_projection(hidden)
+        return out if positions is not None or packing is None else packing.unpack(out)
 
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
         """Per-layer attention weights: "encoder_self" (B, H, S, S), "decoder_self" (B, H, T, T),
@@ -320,7 +424,7 @@ class TransformerClassifier(nn.Module):
         )
         self.rotary = _build_rotary(config)
         self.encoder = _build_encoder(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.head = nn.Linear(config.d_model, num_classes)
         _init_weights(self)
 

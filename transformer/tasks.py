@@ -204,10 +204,10 @@ class TranslationTask(_TaskBase):
 
     def _token_loss(self, batch: Mapping[str, Tensor]) -> TokenLoss:
         tgt_out = batch["tgt_out"]
-        hidden = self.model(batch["src"], batch["tgt_in"], return_hidden=True)  # (B, T, D)
         keep = tgt_out.ne(self.pad_id)  # (B, T)
-        # project only the non-pad positions: the (D x V) projection and the softmax skip the padding
-        logits = self.model.output_projection(hidden[keep])  # (N, V)
+        # only the non-pad positions: the layers, the (D x V) projection and the softmax skip the padding
+        hidden = self.model(batch["src"], batch["tgt_in"], return_hidden=True, positions=keep)  # (N, D)
+        logits = self.model.output_projection(hidden)  # (N, V)
         return label_smoothed_cross_entropy(
             logits, tgt_out[keep], ignore_index=self.pad_id, label_smoothing=self.hparams.label_smoothing
         )

@@ -712,3 +712,68 @@ def test_cuda_fully_masked_rows_and_fp16() -> None:
         torch.testing.assert_close(out[1], module.out_proj.bias.expand(9, 64))
         out.float().sum().backward()
         assert x.grad.isfinite().all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# packed tokens (unpadding) and the growing KV cache
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_token_packing_round_trip() -> None:
+    keep = torch.tensor([[True, True, False], [False, True, True]])
+    packing = attention.TokenPacking(keep)
+    x = torch.randn(2, 3, 4)
+    assert len(packing) == 4 and packing.positions.tolist() == [0, 1, 1, 2]
+    torch.testing.assert_close(packing.pack(x), x[keep])
+    back = packing.unpack(packing.pack(x))
+    torch.testing.assert_close(back[keep], x[keep])
+    assert torch.all(back[~keep] == 0)
+
+
+@pytest.mark.parametrize("use_rotary", [False, True])
+def test_forward_packed_matches_padded_forward_with_gradients(use_rotary: bool) -> None:
+    """Self (causal or padded) and cross attention on packed tokens = the padded path at kept positions."""
+    module = MultiHeadAttention(E, H, batch_first=True)
+    x, memory = torch.randn(3, 5, E), torch.randn(3, 6, E)
+    x_keep = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    m_pad = torch.tensor([[0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    x_packing, m_packing = attention.TokenPacking(x_keep), attention.TokenPacking(~m_pad)
+    hook = _rope if use_rotary else None
+    cases = [
+        (lambda q: module(q, q, q, is_causal=True, need_weights=False, rotary=hook)[0],
+         lambda q: module.forward_packed(q, q, x_packing, x_packing, is_causal=True, rotary=hook)),
+        (lambda q: module(q, q, q, key_padding_mask=~x_keep, need_weights=False, rotary=hook)[0],
+         lambda q: module.forward_packed(q, q, x_packing, x_packing, ~x_keep, rotary=hook)),
+        (lambda q: module(q, memory, memory, key_padding_mask=m_pad, need_weights=False)[0],
+         lambda q: module.forward_packed(q, m_packing.pack(memory), x_packing, m_packing, m_pad)),
+    ]  # fmt: skip
+    for padded, packed in cases:
+        q = x.clone().requires_grad_()
+        expected = padded(q)[x_keep]
+        expected.sum().backward()
+        expected_grad, q.grad = q.grad[x_keep], None
+        got = packed(x_packing.pack(q))
+        got.sum().backward()
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(q.grad[x_keep], expected_grad, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_grows_in_blocks_and_keeps_autograd() -> None:
+    module = MultiHeadAttention(E, H, batch_first=True).eval()
+    x = torch.randn(2, KVCache.BLOCK + 3, E)
+    full, _ = module(x, x, x, is_causal=True, need_weights=False)
+    cache = KVCache()
+    with torch.no_grad():  # in-place appends into buffers of BLOCK positions
+        steps = [module(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=cache)[0]
+                 for t in range(x.size(1))]  # fmt: skip
+        assert cache._key is not None and cache._key.shape[2] == 2 * KVCache.BLOCK
+        cache.reorder(torch.tensor([1, 1, 0]))
+        assert len(cache) == x.size(1) and torch.equal(cache.key[2], cache.key[2].clone())
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    # with gradients the cache concatenates, so backward through cached steps works
+    grad_cache, y = KVCache(), x.clone().requires_grad_()
+    outs = [
+        module(y[:, t : t + 1], y[:, t : t + 1], y[:, t : t + 1], kv_cache=grad_cache)[0] for t in range(3)
+    ]
+    torch.cat(outs, dim=1).sum().backward()
+    assert y.grad is not None and torch.all(y.grad[:, 3:] == 0) and y.grad[:, :3].abs().sum() > 0

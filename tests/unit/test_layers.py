@@ -97,3 +97,25 @@ def test_dropout_only_in_training(norm_first: bool) -> None:
     assert not torch.equal(layer(x)[0], layer(x)[0])
     layer.eval()
     torch.testing.assert_close(layer(x)[0], layer(x)[0])
+
+
+def test_dropout_mask_rate_scale_and_fused_residual() -> None:
+    from transformer.layers import Dropout
+
+    torch.manual_seed(0)
+    dropout = Dropout(0.1)
+    x, residual = torch.randn(200, 500, requires_grad=True), torch.randn(200, 500, requires_grad=True)
+    out = dropout(x, residual)
+    out.backward(torch.ones_like(out))
+    mask = x.grad  # d out / d x: the mask the forward pass used, 0 or 1 / (1 - p')
+    p = 6554 / 2**16  # 0.1 rounded to 16 bits
+    values = mask.unique().tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(1 / (1 - p))
+    assert abs((mask == 0).float().mean().item() - p) < 0.005
+    torch.testing.assert_close(out, residual + x * mask)
+    assert torch.all(residual.grad == 1)
+    dropout.eval()
+    assert torch.equal(dropout(x, residual), residual + x) and dropout(x) is x
+    assert torch.equal(Dropout(0.0)(x), x) and torch.all(Dropout(1.0)(x) == 0)
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(1.5)

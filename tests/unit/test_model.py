@@ -247,3 +247,34 @@ def test_classifier_learns_a_toy_task() -> None:
         optimizer.step()
     model.eval()
     assert (model(src).argmax(-1) == labels).float().mean() == 1.0
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"norm_first": True, "positional": "rope"}, {"positional": "learned"}]
+)
+def test_packed_tokens_give_the_padded_numbers_and_gradients(overrides: dict[str, object]) -> None:
+    """pack_tokens (position-wise layers on non-pad tokens only) changes nothing at real positions."""
+    model = Seq2SeqTransformer(_config(**overrides))
+    src = _batch(23, [6, 3, 1, 5], width=6)
+    tgt_in = _batch(19, [4, 7, 1, 2], width=7)
+    keep = tgt_in.ne(PAD)
+    results = {}
+    for pack in (True, False):
+        model.pack_tokens = pack
+        model.zero_grad()
+        hidden = model(src, tgt_in, return_hidden=True, positions=keep)  # (N, D)
+        model.output_projection(hidden).logsumexp(-1).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        logits = model(src, tgt_in)
+        assert logits.shape == (4, 7, 19)
+        results[pack] = (hidden, logits[keep], model.encode(src)[src.ne(PAD)], grads)
+    for packed, padded in zip(results[True][:3], results[False][:3]):
+        torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+    for packed, padded in zip(results[True][3], results[False][3]):
+        torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-4)
+    model.pack_tokens = True
+    odd = keep.clone()
+    odd[0, 1] = False  # positions that are not each row's prefix
+    torch.testing.assert_close(
+        model(src, tgt_in, positions=odd), model(src, tgt_in)[odd], atol=1e-5, rtol=1e-5
+    )
