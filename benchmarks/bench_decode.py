@@ -33,11 +33,11 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from references import BOS, EOS, PAD, MarianReference, make_batches  # noqa: E402
+from references import BOS, EOS, PAD, MarianReference, make_batches
 
-from transformer.config import TransformerConfig  # noqa: E402
-from transformer.decoding import beam_search, greedy_search  # noqa: E402
-from transformer.model import Seq2SeqTransformer  # noqa: E402
+from transformer.config import TransformerConfig
+from transformer.decoding import beam_search, greedy_search
+from transformer.model import Seq2SeqTransformer
 
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
@@ -87,6 +87,21 @@ def marian_generate(marian: MarianReference, src: Tensor, length: int, beams: in
     return out[:, 1:]  # drop the decoder start token
 
 
+def _methods(
+    ours: Seq2SeqTransformer, marian: MarianReference, src: Tensor, n: int
+) -> dict[str, Callable[[], Tensor]]:
+    """The decoders to time, each producing (B, L) tokens without BOS for `src`, `n` tokens each."""
+    return {
+        "ours beam4 (KV cache)": lambda: beam_search(
+            ours, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_len_a=0, max_len_b=n
+        )[0][:, 0],
+        "marian generate beam4": lambda: marian_generate(marian, src, n, beams=4),
+        "ours greedy (KV cache)": lambda: greedy_search(ours, src, max_len_a=0, max_len_b=n),
+        "ours greedy recompute": lambda: recompute_greedy(ours, src, n),
+        "marian generate greedy": lambda: marian_generate(marian, src, n, beams=1),
+    }
+
+
 def interleaved(methods: dict[str, Callable[[], Tensor]], repeats: int) -> dict[str, tuple[float, Tensor]]:
     """Median seconds of each method over `repeats` rounds with a rotating order, and its last output."""
     names = list(methods)
@@ -122,9 +137,11 @@ def main() -> None:
         args.batch_size, args.length, args.repeats = 4, 6, 1
 
     load = os.getloadavg()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY')}, load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
-          f"{args.batch_size} sentences x {args.length} tokens, sentences/s (median of {args.repeats})")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY')}, load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
+        f"{args.batch_size} sentences x {args.length} tokens, sentences/s (median of {args.repeats})"
+    )
     result: dict[str, object] = {"benchmark": "bench_decode", "torch": torch.__version__,
                                  "threads": torch.get_num_threads(), "load_start": load[0]}  # fmt: skip
     ratios: dict[str, float] = {}
@@ -135,17 +152,7 @@ def main() -> None:
         ours = Seq2SeqTransformer(config).eval()
         marian = MarianReference(config).eval()
         src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src
-        n = args.length
-        methods = {
-            "ours beam4 (KV cache)": lambda: beam_search(
-                ours, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_len_a=0, max_len_b=n
-            )[0][:, 0],
-            "marian generate beam4": lambda: marian_generate(marian, src, n, beams=4),
-            "ours greedy (KV cache)": lambda: greedy_search(ours, src, max_len_a=0, max_len_b=n),
-            "ours greedy recompute": lambda: recompute_greedy(ours, src, n),
-            "marian generate greedy": lambda: marian_generate(marian, src, n, beams=1),
-        }
-        timed = interleaved(methods, args.repeats)
+        timed = interleaved(_methods(ours, marian, src, args.length), args.repeats)
         cached, recomputed = timed["ours greedy (KV cache)"][1], timed["ours greedy recompute"][1]
         if not torch.equal(cached, recomputed[:, : cached.size(1)]):
             raise RuntimeError("KV-cached greedy search and recomputation disagree")

@@ -181,18 +181,21 @@ def make_batches(n: int, batch_size: int, vocab: int, generator: torch.Generator
     return batches
 
 
-def matmul_flops(config: TransformerConfig, batch: Batch, *, packed: bool, backward: bool = True) -> float:
+def matmul_flops(
+    config: TransformerConfig, batch: Batch, *, packed: bool, packed_logits: bool, backward: bool = True
+) -> float:
     """FLOPs of the matmuls of one step (2 per multiply-add; backward = 2x forward; attention scores and
     weighted sums at the padded lengths, as SDPA computes them).
 
-    packed=False: every linear layer and the vocabulary projection run over the padded tensors (torch,
-    Marian). packed=True: they run over the non-pad tokens only (the decoder over each target's prefix).
+    packed=False: every linear layer runs over the padded tensors; packed=True: over the non-pad tokens
+    only (the decoder over each target's prefix). packed_logits: the vocabulary projection likewise.
     """
     D, F_, V = config.d_model, config.d_ff, config.tgt_vocab_size
     B, S = batch.src.shape
     T = batch.tgt_in.size(1)
     src_tokens = int(batch.src.ne(PAD).sum()) if packed else B * S
     tgt_tokens = int(batch.tgt_out.ne(PAD).sum()) if packed else B * T
+    logit_tokens = int(batch.tgt_out.ne(PAD).sum()) if packed_logits else B * T
     per_enc_token = 2 * (4 * D * D + 2 * D * F_)  # QKV + out projections, FFN
     per_dec_token = 2 * (4 * D * D + 2 * D * D + 2 * D * F_)  # self QKV + out, cross Q + out, FFN
     per_memory_token = 2 * (2 * D * D)  # cross-attention K, V of the memory, per decoder layer
@@ -202,17 +205,17 @@ def matmul_flops(config: TransformerConfig, batch: Batch, *, packed: bool, backw
         + tgt_tokens * per_dec_token * config.n_decoder_layers
         + src_tokens * per_memory_token * config.n_decoder_layers
         + attention
-        + tgt_tokens * 2 * D * V  # output projection
+        + logit_tokens * 2 * D * V  # output projection
     )
     return 3.0 * forward if backward else float(forward)
 
 
 def model_flops(config: TransformerConfig, batch: Batch) -> float:
     """The useful matmul FLOPs of a step: packed layout (no padding work), for MFU."""
-    return matmul_flops(config, batch, packed=True)
+    return matmul_flops(config, batch, packed=True, packed_logits=True)
 
 
-def measure_matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 10) -> dict[str, float]:
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 20) -> dict[str, float]:
     """Best GFLOP/s over `repeats` of square and FFN-shaped matmuls (the best, not the median: on a
     shared machine the ceiling is what an undisturbed run reaches); 'peak' is the best of them."""
     import time
