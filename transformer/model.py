@@ -331,7 +331,7 @@ class Seq2SeqTransformer(nn.Module):
         return self.encoder.forward_packed(embedded, packing, src_padding_mask, rotary=self.rotary), packing
 
     def _forward_packed(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, TokenPacking]:
-        """src (B, S), tgt_in (B, T) -> final decoder states (N, D) of each target's prefix, and its packing."""
+        """src (B, S), tgt_in (B, T) -> final decoder states (N, D) of each target prefix, and its packing."""
         src_padding_mask = self.padding_mask(src)
         memory, src_packing = self._encode_packed(src, src_padding_mask)  # (M, D)
         packing = TokenPacking(_prefix_mask(tgt_in, self.config.pad_id))
