@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from references import BOS, EOS, PAD, MarianReference, make_batches
+from references import BOS, EOS, PAD, MarianReference, load_revision, make_batches
 
 from transformer.config import TransformerConfig
 from transformer.decoding import beam_search, greedy_search
@@ -88,22 +88,33 @@ def marian_generate(marian: MarianReference, src: Tensor, length: int, beams: in
 
 
 def _methods(
-    ours: Seq2SeqTransformer, marian: MarianReference, src: Tensor, n: int
+    ours: Seq2SeqTransformer, marian: MarianReference, src: Tensor, n: int, before: tuple | None
 ) -> dict[str, Callable[[], Tensor]]:
-    """The decoders to time, each producing (B, L) tokens without BOS for `src`, `n` tokens each."""
-    return {
-        "ours beam4 (KV cache)": lambda: beam_search(
-            ours, src, beam_size=4, length_penalty=LENGTH_PENALTY, max_len_a=0, max_len_b=n
-        )[0][:, 0],
+    """The decoders to time, each producing (B, L) tokens without BOS for `src`, `n` tokens each.
+
+    `before`: (revision, model, decoding module) of our code at an earlier revision, timed alongside.
+    """
+    beam = {"beam_size": 4, "length_penalty": LENGTH_PENALTY, "max_len_a": 0, "max_len_b": n}
+    methods = {
+        "ours beam4 (KV cache)": lambda: beam_search(ours, src, **beam)[0][:, 0],
         "marian generate beam4": lambda: marian_generate(marian, src, n, beams=4),
         "ours greedy (KV cache)": lambda: greedy_search(ours, src, max_len_a=0, max_len_b=n),
         "ours greedy recompute": lambda: recompute_greedy(ours, src, n),
         "marian generate greedy": lambda: marian_generate(marian, src, n, beams=1),
     }
+    if before is not None:
+        revision, model, decoding = before
+        methods[f"ours@{revision} beam4"] = lambda: decoding.beam_search(model, src, **beam)[0][:, 0]
+        methods[f"ours@{revision} greedy"] = lambda: decoding.greedy_search(
+            model, src, max_len_a=0, max_len_b=n
+        )
+    return methods
 
 
-def interleaved(methods: dict[str, Callable[[], Tensor]], repeats: int) -> dict[str, tuple[float, Tensor]]:
-    """Median seconds of each method over `repeats` rounds with a rotating order, and its last output."""
+def interleaved(
+    methods: dict[str, Callable[[], Tensor]], repeats: int
+) -> tuple[dict[str, list[float]], dict[str, Tensor]]:
+    """Seconds of each method in each of `repeats` rounds (the order rotates), and its last output."""
     names = list(methods)
     times: dict[str, list[float]] = {name: [] for name in names}
     outputs: dict[str, Tensor] = {}
@@ -113,7 +124,13 @@ def interleaved(methods: dict[str, Callable[[], Tensor]], repeats: int) -> dict[
             start = time.perf_counter()
             outputs[name] = methods[name]()
             times[name].append(time.perf_counter() - start)
-    return {name: (statistics.median(times[name]), outputs[name]) for name in names}
+    return times, outputs
+
+
+def paired_ratio(times: dict[str, list[float]], faster: str, slower: str) -> float:
+    """Median over rounds of slower/faster time: each round's pair ran minutes apart at most, so a
+    change of load between rounds cancels out."""
+    return statistics.median(s / f for f, s in zip(times[faster], times[slower]))
 
 
 def mean_length(tokens: Tensor) -> float:
@@ -129,8 +146,10 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=40, help="target tokens per sentence, EOS included")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--baseline", default=None, help="git revision of our code to time alongside")
     parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
     args = parser.parse_args()
+    revision = load_revision(args.baseline) if args.baseline else None
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick:
@@ -152,23 +171,37 @@ def main() -> None:
         ours = Seq2SeqTransformer(config).eval()
         marian = MarianReference(config).eval()
         src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src
-        timed = interleaved(_methods(ours, marian, src, args.length), args.repeats)
-        cached, recomputed = timed["ours greedy (KV cache)"][1], timed["ours greedy recompute"][1]
+        before = None
+        if revision is not None:
+            old_config = revision["config"].TransformerConfig(**vars(config))
+            torch.manual_seed(0)  # the same weights as `ours`
+            before = (
+                args.baseline,
+                revision["model"].Seq2SeqTransformer(old_config).eval(),
+                revision["decoding"],
+            )
+        times, outputs = interleaved(_methods(ours, marian, src, args.length, before), args.repeats)
+        cached, recomputed = outputs["ours greedy (KV cache)"], outputs["ours greedy recompute"]
         if not torch.equal(cached, recomputed[:, : cached.size(1)]):
             raise RuntimeError("KV-cached greedy search and recomputation disagree")
         rows = {}
-        for name, (seconds, tokens) in timed.items():
-            rows[name] = {"sent_s": args.batch_size / seconds, "mean_length": mean_length(tokens)}
-            print(f"{case:6} {name:24} {rows[name]['sent_s']:8.2f} {rows[name]['mean_length']:9.1f}")
-        ratios[f"{case}_beam4_ours_vs_marian"] = (
-            rows["ours beam4 (KV cache)"]["sent_s"] / rows["marian generate beam4"]["sent_s"]
-        )
-        ratios[f"{case}_greedy_cached_vs_recompute"] = (
-            rows["ours greedy (KV cache)"]["sent_s"] / rows["ours greedy recompute"]["sent_s"]
-        )
-        ratios[f"{case}_greedy_ours_vs_marian"] = (
-            rows["ours greedy (KV cache)"]["sent_s"] / rows["marian generate greedy"]["sent_s"]
-        )
+        for name, seconds in times.items():
+            sent_s = args.batch_size / statistics.median(seconds)
+            rows[name] = {"sent_s": sent_s, "mean_length": mean_length(outputs[name])}
+            print(f"{case:6} {name:24} {sent_s:8.2f} {rows[name]['mean_length']:9.1f}")
+        pairs = {
+            "beam4_ours_vs_marian": ("ours beam4 (KV cache)", "marian generate beam4"),
+            "greedy_cached_vs_recompute": ("ours greedy (KV cache)", "ours greedy recompute"),
+            "greedy_ours_vs_marian": ("ours greedy (KV cache)", "marian generate greedy"),
+        }
+        if before is not None:
+            pairs["beam4_ours_vs_before"] = ("ours beam4 (KV cache)", f"ours@{args.baseline} beam4")
+            pairs["greedy_ours_vs_before"] = ("ours greedy (KV cache)", f"ours@{args.baseline} greedy")
+        for key, (faster, slower) in pairs.items():
+            ratios[f"{case}_{key}"] = paired_ratio(times, faster, slower)
+        print("  paired ratios (median over rounds): " + ", ".join(
+            f"{key} {ratios[f'{case}_{key}']:.2f}" for key in pairs
+        ))  # fmt: skip
         result[case] = {name: {k: round(v, 2) for k, v in row.items()} for name, row in rows.items()}
     result["load_end"] = os.getloadavg()[0]
     result["ratios"] = {key: round(value, 3) for key, value in ratios.items()}

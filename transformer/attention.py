@@ -141,27 +141,35 @@ class KVCache:
     their projections are appended and the query attends to everything cached so far.
     `static=True` (encoder-decoder attention): the first call projects `key`/`value` (the memory) and
     stores them; later calls reuse them and may pass `key=value=None`.
-    Appends write into buffers that grow `BLOCK` positions at a time, instead of concatenating (copying
-    the whole cache) at every step; `key` / `value` are views of the filled part.
+
+    A self-attention cache is stored position-major, (capacity, B, H, Dh), growing `BLOCK` positions at a
+    time: an append writes one contiguous slab in place (no copy of the cache per step) and a beam-search
+    reorder gathers the filled prefix into a contiguous one. `key` / `value` are (B, H, S, Dh) views.
     """
 
     BLOCK = 16
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
-        self._key: Tensor | None = None  # (B, H, capacity, Dh); positions from `len(self)` on are unused
+        # static: (B, H, S, Dh) as given; otherwise (capacity, B, H, Dh), positions >= len(self) unused
+        self._key: Tensor | None = None
         self._value: Tensor | None = None
         self._length = 0
 
     @property
     def key(self) -> Tensor | None:
         """(B, H, S, Dh) cached keys, or None."""
-        return None if self._key is None else self._key[:, :, : self._length]
+        return self._view(self._key)
 
     @property
     def value(self) -> Tensor | None:
         """(B, H, S, Dh) cached values, or None."""
-        return None if self._value is None else self._value[:, :, : self._length]
+        return self._view(self._value)
+
+    def _view(self, buffer: Tensor | None) -> Tensor | None:
+        if buffer is None or self.static:
+            return buffer
+        return buffer[: self._length].permute(1, 2, 0, 3)  # (S, B, H, Dh) -> (B, H, S, Dh)
 
     def __len__(self) -> int:
         return self._length
@@ -172,47 +180,53 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Select batch entries in place (beam search keeps, repeats or drops hypotheses)."""
-        if self._key is not None and self._value is not None:
-            self._key, self._value = self._select(self._key, index), self._select(self._value, index)
+        if self._key is None or self._value is None:
+            return
+        if self.static:
+            self._key, self._value = self._key.index_select(0, index), self._value.index_select(0, index)
+            return
+        self._key, self._value = self._select(self._key, index), self._select(self._value, index)
 
     def _select(self, buffer: Tensor, index: Tensor) -> Tensor:
-        """buffer (B, H, capacity, Dh) -> (B', H, capacity, Dh): rows `index`, filled positions only."""
-        if self.static or self._length == buffer.shape[2]:
-            return buffer.index_select(0, index)
-        out = buffer.new_empty(index.numel(), *buffer.shape[1:])
-        torch.index_select(buffer[:, :, : self._length], 0, index, out=out[:, :, : self._length])
+        """(capacity, B, H, Dh) -> (capacity, B', H, Dh) holding rows `index` of the filled positions."""
+        if buffer.requires_grad and torch.is_grad_enabled():  # out= is not differentiable
+            return buffer[: self._length].index_select(1, index)
+        out = buffer.new_empty(buffer.shape[0], index.numel(), *buffer.shape[2:])
+        torch.index_select(buffer[: self._length], 1, index, out=out[: self._length])  # contiguous prefix
         return out
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Store new (B, H, L, Dh) keys/values (appended unless static) and return all cached ones."""
+        if self.static:
+            self._key, self._value, self._length = key, value, key.shape[2]
+            return key, value
+        new_key, new_value = key.permute(2, 0, 1, 3), value.permute(2, 0, 1, 3)  # (L, B, H, Dh)
         length = self._length + key.shape[2]
-        if self.static or (self._key is None and not self._appends_in_place(key, value)):
-            self._key, self._value = key, value
-        elif not self._appends_in_place(key, value):  # autograd must see a concatenation, not writes
-            self._key, self._value = torch.cat([self.key, key], 2), torch.cat([self.value, value], 2)
+        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
+            # training through a cache: autograd must see a concatenation, not in-place writes
+            self._key = new_key if self._key is None else torch.cat([self._key[: self._length], new_key])
+            self._value = (
+                new_value if self._value is None else torch.cat([self._value[: self._length], new_value])
+            )
         else:
-            if self._key is None or self._value is None or length > self._key.shape[2]:
+            if self._key is None or self._value is None or length > self._key.shape[0]:
                 self._key, self._value = (
-                    self._grow(self._key, key, length),
-                    self._grow(self._value, value, length),
+                    self._grow(self._key, new_key, length),
+                    self._grow(self._value, new_value, length),
                 )
-            self._key[:, :, self._length : length] = key
-            self._value[:, :, self._length : length] = value
-        self._length = key.shape[2] if self.static else length
+            self._key[self._length : length] = new_key
+            self._value[self._length : length] = new_value
+        self._length = length
         return self.key, self.value  # (B, H, S + L, Dh)
 
     def _grow(self, buffer: Tensor | None, new: Tensor, length: int) -> Tensor:
-        """A buffer with room for `length` positions (rounded up to BLOCK), holding the filled part."""
+        """A (capacity, B, H, Dh) buffer with room for `length` positions (rounded up to BLOCK) that
+        holds the filled part of `buffer`."""
         capacity = -(-length // self.BLOCK) * self.BLOCK
-        grown = new.new_empty(*new.shape[:2], capacity, new.shape[3])  # (B, H, capacity, Dh)
+        grown = new.new_empty(capacity, *new.shape[1:])
         if buffer is not None and self._length:
-            grown[:, :, : self._length] = buffer[:, :, : self._length]
+            grown[: self._length] = buffer[: self._length]
         return grown
-
-    @staticmethod
-    def _appends_in_place(key: Tensor, value: Tensor) -> bool:
-        """In-place writes are safe unless autograd records them (training through a cache)."""
-        return not (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))
 
 
 class MultiHeadAttention(nn.Module):

@@ -209,6 +209,7 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
         packing: TokenPacking | None = None,
         memory_packing: TokenPacking | None = None,
+        memory_group: int = 1,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, D), memory (B, S, D), memory_key_padding_mask (B, S) True = pad.
 
@@ -217,6 +218,9 @@ class DecoderLayer(nn.Module):
         Returns (B, T, D) and, if asked, self weights (B, H, T, T_all) and cross weights (B, H, T, S).
         With `packing` and `memory_packing` (no caches), x is (N, D) and memory (M, D): the kept tokens
         of the (B, T) and (B, S) batches; the output is (N, D).
+        `memory_group` = g > 1: each run of g consecutive rows of x shares one memory row (the beams of a
+        sentence), so memory, its mask and `cross_cache` have B / g rows; the g rows' queries attend to
+        it together, reading its keys and values once instead of g times.
         """
         if packing is not None and memory_packing is None:
             raise ValueError("a packed DecoderLayer input needs memory_packing too")
@@ -247,8 +251,9 @@ class DecoderLayer(nn.Module):
             )
             cross_weights = None
         else:
+            rows, length, d_model = x.shape
             attended, cross_weights = self.cross_attn(
-                x,
+                x.reshape(rows // memory_group, memory_group * length, d_model),  # (B / g, g * T, D)
                 memory,
                 memory,
                 key_padding_mask=memory_key_padding_mask,
@@ -256,6 +261,11 @@ class DecoderLayer(nn.Module):
                 average_attn_weights=False,
                 kv_cache=cross_cache,
             )
+            attended = attended.reshape(rows, length, d_model)
+            if cross_weights is not None and memory_group > 1:  # (B / g, H, g * T, S) -> (B, H, T, S)
+                heads, keys = cross_weights.shape[1], cross_weights.shape[-1]
+                cross_weights = cross_weights.view(rows // memory_group, heads, memory_group, length, keys)
+                cross_weights = cross_weights.transpose(1, 2).reshape(rows, heads, length, keys)
         x = self.dropout(attended, residual)
         x = x if self.norm_first else self.norm2(x)
 

@@ -83,24 +83,32 @@ class DecoderCache:
 
     `offset` is the number of target positions already decoded (the position of the next one);
     `reorder(index)` selects batch rows (beam search, or dropping finished sentences).
+    `beams` = g > 1: decoder rows come in runs of g (the beams of a sentence) that share one memory row;
+    the cross-attention caches, the memory and its padding mask then hold one row per sentence.
     """
 
     def __init__(self, n_layers: int) -> None:
         self.self_attn = [KVCache(static=False) for _ in range(n_layers)]
         self.cross_attn = [KVCache(static=True) for _ in range(n_layers)]
+        self.beams = 1
 
     @property
     def offset(self) -> int:
         return len(self.self_attn[0])
 
-    def reorder(self, index: Tensor, *, memory: bool = True) -> None:
-        """Keep batch rows `index` (LongTensor (B',)) of every cache, in that order.
-
-        memory=False leaves the cross-attention caches alone: right when every row keeps the memory of
-        the row it had (beam search moving hypotheses among the beams of one sentence).
-        """
-        for cache in (*self.self_attn, *self.cross_attn) if memory else self.self_attn:
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        """Keep rows `index` (LongTensor (B',)) of the self-attention caches and rows `memory_index` of the
+        cross-attention caches (default: `index`, when each row has its own memory), in that order."""
+        memory_index = index if memory_index is None else memory_index
+        for cache in self.self_attn:
             cache.reorder(index)
+        held = 0 if self.cross_attn[0].key is None else self.cross_attn[0].key.shape[0]
+        if memory_index.numel() == held and bool(
+            (memory_index == torch.arange(held, device=memory_index.device)).all()
+        ):
+            return  # the same memory rows in the same order: nothing to copy
+        for cache in self.cross_attn:
+            cache.reorder(memory_index)
 
 
 class Decoder(nn.Module):
@@ -195,6 +203,7 @@ class Decoder(nn.Module):
                 memory_key_padding_mask,
                 self_cache=cache.self_attn[i] if cache is not None else None,
                 cross_cache=cache.cross_attn[i] if cache is not None else None,
+                memory_group=cache.beams if cache is not None else 1,
                 rotary=rotary,
                 need_weights=need_weights,
             )
@@ -331,7 +340,7 @@ class Seq2SeqTransformer(nn.Module):
         return self.encoder.forward_packed(embedded, packing, src_padding_mask, rotary=self.rotary), packing
 
     def _forward_packed(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, TokenPacking]:
-        """src (B, S), tgt_in (B, T) -> final decoder states (N, D) of each target prefix, and its packing."""
+        """src (B, S), tgt_in (B, T) -> decoder outputs (N, D) over each target's prefix and their packing."""
         src_padding_mask = self.padding_mask(src)
         memory, src_packing = self._encode_packed(src, src_padding_mask)  # (M, D)
         packing = TokenPacking(_prefix_mask(tgt_in, self.config.pad_id))

@@ -766,7 +766,7 @@ def test_cache_grows_in_blocks_and_keeps_autograd() -> None:
     with torch.no_grad():  # in-place appends into buffers of BLOCK positions
         steps = [module(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=cache)[0]
                  for t in range(x.size(1))]  # fmt: skip
-        assert cache._key is not None and cache._key.shape[2] == 2 * KVCache.BLOCK
+        assert cache._key is not None and cache._key.shape[0] == 2 * KVCache.BLOCK  # position-major
         cache.reorder(torch.tensor([1, 1, 0]))
         assert len(cache) == x.size(1) and torch.equal(cache.key[2], cache.key[2].clone())
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)

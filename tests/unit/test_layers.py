@@ -119,3 +119,17 @@ def test_dropout_mask_rate_scale_and_fused_residual() -> None:
     assert torch.equal(Dropout(0.0)(x), x) and torch.all(Dropout(1.0)(x) == 0)
     with pytest.raises(ValueError, match="dropout probability"):
         Dropout(1.5)
+
+
+def test_memory_group_shares_one_memory_row_per_group() -> None:
+    """memory_group=g (beams of a sentence) = every row with its own copy of the memory."""
+    layer = DecoderLayer(D, H, FF, dropout=0.0).eval()
+    x, memory = torch.randn(6, 2, D), torch.randn(2, 5, D)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[1, 3:] = True
+    grouped = layer(x, memory, padding, self_cache=KVCache(), cross_cache=KVCache(static=True),
+                    need_weights=True, memory_group=3)  # fmt: skip
+    repeated = layer(x, memory.repeat_interleave(3, 0), padding.repeat_interleave(3, 0),
+                     self_cache=KVCache(), cross_cache=KVCache(static=True), need_weights=True)  # fmt: skip
+    for a, b in zip(grouped, repeated):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
