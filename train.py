@@ -281,7 +281,16 @@ def _instantiate_group(node: DictConfig | None, key: str) -> list[Any]:
         return []
     if not isinstance(node, DictConfig):
         raise ConfigError(f"`{key}` must be a mapping of name -> config, got {node!r}")
-    return [_instantiate(conf, f"{key}.{name}") for name, conf in node.items() if conf is not None]
+    built = []
+    for name, conf in node.items():
+        if conf is None:
+            continue
+        if isinstance(conf, DictConfig) and "_target_" not in conf:
+            # e.g. `callbacks=none` with an experiment that still sets `callbacks.early_stopping.patience`
+            log.warning("%s.%s has no _target_ (only %s): skipped", key, name, OmegaConf.to_container(conf))
+            continue
+        built.append(_instantiate(conf, f"{key}.{name}"))
+    return built
 
 
 def _fill_from_data(cfg: DictConfig, datamodule: Any) -> None:
