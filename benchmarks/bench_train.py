@@ -155,10 +155,13 @@ class Runner:
     packed_logits: bool  # vocabulary projection on non-pad target positions only
     optimizer: torch.optim.Optimizer = field(init=False)
     autocast: torch.dtype | None = None
+    fused_adamw: bool = True
 
     def __post_init__(self) -> None:
         params = list(self.model.parameters())
-        self.optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=self.fused_adamw, foreach=not self.fused_adamw
+        )
 
     def step(self, batch: Batch) -> float:
         device = batch.src.device
@@ -181,7 +184,7 @@ class Runner:
         return matmul_flops(config, batch, packed=self.packed, packed_logits=self.packed_logits)
 
 
-VARIANTS = ("nopack", "torchdropout", "autogradloss")  # ours with one optimization reverted
+VARIANTS = ("nopack", "torchdropout", "autogradloss", "foreachadamw")  # ours with one lever reverted
 
 
 def build_runner(name: str, config: TransformerConfig, revisions: dict[str, dict[str, ModuleType]]) -> Runner:
@@ -201,7 +204,14 @@ def build_runner(name: str, config: TransformerConfig, revisions: dict[str, dict
         loss_fn = (
             autograd_token_loss if variant == "autogradloss" else our_losses.label_smoothed_cross_entropy
         )
-        return Runner(name, model, lambda b: ours_token_loss(model, b, loss_fn), model.pack_tokens, True)
+        return Runner(
+            name,
+            model,
+            lambda b: ours_token_loss(model, b, loss_fn),
+            model.pack_tokens,
+            True,
+            fused_adamw=variant != "foreachadamw",
+        )
     if name.startswith("ours@"):
         modules = revisions[name.split("@", 1)[1]]
         old_config = modules["config"].TransformerConfig(**vars(config))
@@ -376,11 +386,14 @@ def _peak(device: torch.device, bf16: bool) -> dict[str, float]:
     return peak
 
 
-def _print_padded(case: str, rows: dict[str, dict[str, float]], steps: int, batch_size: int) -> None:
+def _print_padded(
+    case: str, rows: dict[str, dict[str, float]], ratios: dict[str, float], steps: int, batch_size: int
+) -> None:
     print(f"\n[{case}] padded batches of {batch_size} pairs, median of {steps} interleaved steps")
     print(f"{'model':18} {'tok/s':>8} {'step s':>7} {'MFU %':>6} {'HFU %':>6} {'pad %':>6} {'ours/it':>8}")
+    print("  (ours/it: median over steps of its step time / ours, on the same batch)")
     for name, row in rows.items():
-        rel = rows["ours"]["tok_s"] / row["tok_s"] if "ours" in rows else float("nan")
+        rel = ratios.get(f"{case}_padded_ours_vs_{name}", 1.0 if name == "ours" else float("nan"))
         print(
             f"{name:18} {row['tok_s']:8.0f} {row['step_s']:7.2f} {row['mfu_pct']:6.1f} "
             f"{row['hfu_pct']:6.1f} {row['pad_pct']:6.1f} {rel:8.2f}"
@@ -405,6 +418,27 @@ def _print_e2e(case: str, rows: dict[str, dict[str, float]], source: str, max_to
             f"{name:24} {row['tok_s']:8.0f} {row['seconds']:8.1f} {row['batches']:8d} "
             f"{row['pad_pct']:6.1f} {best / row['tok_s']:8.2f}"
         )
+
+
+def _print_summary(result: dict[str, object], ratios: dict[str, float], rescale: float) -> None:
+    """One table of the padded-batch results with MFU/HFU against the best measured peak (updated in
+    `result` too), and the end-to-end ratios."""
+    print(f"\n{'case':5} {'model':18} {'tok/s':>8} {'MFU %':>6} {'HFU %':>6} {'ours/it':>8}")
+    for key, rows in result.items():
+        if not key.endswith("_padded") or not isinstance(rows, dict):
+            continue
+        case = key.removesuffix("_padded")
+        for name, row in rows.items():
+            row["mfu_pct"], row["hfu_pct"] = (
+                round(row["mfu_pct"] * rescale, 1),
+                round(row["hfu_pct"] * rescale, 1),
+            )
+            rel = ratios.get(f"{case}_padded_ours_vs_{name}", 1.0 if name == "ours" else float("nan"))
+            mfu, hfu = row["mfu_pct"], row["hfu_pct"]
+            print(f"{case:5} {name:18} {row['tok_s']:8.0f} {mfu:6.1f} {hfu:6.1f} {rel:8.2f}")
+    for key, value in ratios.items():
+        if "_e2e_" in key or key.startswith("rss_"):
+            print(f"{key:60} {value:6.2f}")
 
 
 def _rounded(table: dict[str, dict[str, float]], digits: int = 2) -> dict[str, dict[str, float]]:
@@ -438,11 +472,13 @@ def run_case(
     if "padded" not in skip:
         times = interleaved(runners, {name: batches for name in runners}, args.warmup)
         rows = {name: summarize(runners[name], config, times[name], peak) for name in runners}
-        _print_padded(case, rows, args.steps, args.batch_size)
         result[f"{case}_padded"] = _rounded(rows)
         for name in rows:
             if name != "ours" and "ours" in rows:
-                ratios[f"{case}_padded_ours_vs_{name}"] = rows["ours"]["tok_s"] / rows[name]["tok_s"]
+                # per step, the same batch ran seconds apart: the median of these ratios shrugs off drift
+                paired = [theirs / mine for (_, mine), (_, theirs) in zip(times["ours"], times[name])]
+                ratios[f"{case}_padded_ours_vs_{name}"] = statistics.median(paired)
+        _print_padded(case, rows, ratios, args.steps, args.batch_size)
     if "profile" not in skip and device.type == "cpu":
         splits = {name: profile_runner(r, batches[: args.profile_steps]) for name, r in runners.items()}
         _print_profile(case, splits, args.profile_steps)
@@ -557,9 +593,10 @@ def main() -> None:
     print(
         f"\nmatmul peak {best:.0f} GFLOP/s (start {peak['peak']:.0f}, end {end_peak['peak']:.0f}; "
         + ", ".join(f"{k} {v:.0f}" for k, v in peak.items() if k != "peak")
-        + "); MFU/HFU above use the start value"
+        + "); the tables above use the start value, the summary below the best"
     )
     result["peak_gflops"] = {"start": round(peak["peak"], 1), "end": round(end_peak["peak"], 1)}
+    _print_summary(result, ratios, peak["peak"] / best)
     result["load_end"] = os.getloadavg()[0]
     result["ratios"] = {key: round(value, 3) for key, value in ratios.items()}
     print(json.dumps(result))
