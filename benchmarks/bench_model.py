@@ -9,6 +9,8 @@ interleaved (alternating which model goes first) and medians reported.
 Decoding: sentences/s of `greedy_search` (KV cache, finished sentences leave the batch) vs the same
 greedy loop recomputing the decoder over the whole prefix at each step; both must agree token for token.
 Prints a table, then one JSON line of ratios (> 1 means ours / the cache is faster).
+The fuller comparison (Marian too, MFU, profiles, memory, end to end) is bench_train.py / bench_decode.py;
+the reference models and batches live in references.py.
 
     python benchmarks/bench_model.py [--cases d256,d512] [--steps 3] [--threads N] [--quick]
 """
@@ -17,98 +19,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode import recompute_greedy
+from references import PAD, Batch, TorchReference, make_batches
+
 from transformer.config import TransformerConfig
 from transformer.decoding import beam_search, greedy_search
 from transformer.model import Seq2SeqTransformer
-from transformer.positional import sinusoidal_table
 
-PAD, BOS, EOS = 0, 1, 2
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
     "d512": {"d_model": 512, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6, "d_ff": 2048},
 }
-
-
-class TorchReference(nn.Module):
-    """torch.nn.Transformer between the same kind of embeddings as ours, with a tied output projection."""
-
-    def __init__(self, config: TransformerConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.embedding = nn.Embedding(config.src_vocab_size, config.d_model)
-        self.output_projection = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
-        self.output_projection.weight = self.embedding.weight  # tie_embeddings="all", as ours
-        self.register_buffer("positions", sinusoidal_table(config.max_len, config.d_model), persistent=False)
-        self.dropout = nn.Dropout(config.dropout)
-        self.transformer = nn.Transformer(
-            config.d_model,
-            config.n_heads,
-            config.n_encoder_layers,
-            config.n_decoder_layers,
-            config.d_ff,
-            dropout=config.dropout,
-            batch_first=True,
-            norm_first=config.norm_first,
-        )
-        self._causal_masks: dict[int, Tensor] = {}  # built once per target length, not per step
-
-    def _embed(self, tokens: Tensor) -> Tensor:
-        x = self.embedding(tokens) * math.sqrt(self.config.d_model)  # (B, L, D)
-        return self.dropout(x + self.positions[: tokens.size(1)])
-
-    def _causal(self, length: int, device: torch.device) -> Tensor:
-        if length not in self._causal_masks:
-            self._causal_masks[length] = nn.Transformer.generate_square_subsequent_mask(length, device=device)
-        return self._causal_masks[length]
-
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        src_mask = src.eq(PAD)  # (B, S)
-        src_mask = torch.zeros(src_mask.shape, device=src.device).masked_fill_(src_mask, -math.inf)
-        hidden = self.transformer(
-            self._embed(src),
-            self._embed(tgt_in),
-            tgt_mask=self._causal(tgt_in.size(1), tgt_in.device),
-            src_key_padding_mask=src_mask,  # float like tgt_mask: torch warns about mixed mask types
-            memory_key_padding_mask=src_mask,
-            tgt_is_causal=True,
-        )  # (B, T, D)
-        return self.output_projection(hidden)  # (B, T, V)
-
-
-@dataclass
-class Batch:
-    src: Tensor
-    tgt_in: Tensor
-    tgt_out: Tensor
-    n_tokens: int  # non-pad source + target tokens
-
-
-def make_batches(n: int, batch_size: int, vocab: int, generator: torch.Generator) -> list[Batch]:
-    """Random pairs with lengths uniform in [10, 32] (about 35% padding), src/tgt lengths independent."""
-    batches = []
-    for _ in range(n):
-        src_len = torch.randint(10, 33, (batch_size,), generator=generator)
-        tgt_len = torch.randint(10, 33, (batch_size,), generator=generator)
-        src = torch.randint(4, vocab, (batch_size, int(src_len.max())), generator=generator)
-        src = src.masked_fill(torch.arange(src.size(1)) >= src_len[:, None], PAD)
-        body = torch.randint(4, vocab, (batch_size, int(tgt_len.max())), generator=generator)
-        body = body.masked_fill(torch.arange(body.size(1)) >= tgt_len[:, None], PAD)
-        tgt_in = F.pad(body, (1, 0), value=BOS)  # [BOS y1 .. yn] + pads
-        tgt_out = F.pad(body, (0, 1), value=PAD)
-        tgt_out[torch.arange(batch_size), tgt_len] = EOS  # [y1 .. yn EOS] + pads
-        n_tokens = int(src_len.sum() + tgt_len.sum() + batch_size)
-        batches.append(Batch(src, tgt_in, tgt_out, n_tokens))
-    return batches
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> float:
@@ -136,29 +68,6 @@ def bench_training(config: TransformerConfig, batches: list[Batch], warmup: int)
             if i >= warmup:
                 rates[name].append(batch.n_tokens / seconds)
     return {name: statistics.median(values) for name, values in rates.items()}
-
-
-def recompute_greedy(model: Seq2SeqTransformer, src: Tensor, max_length: int) -> Tensor:
-    """Greedy decoding without a cache: the decoder runs over the whole prefix at every step."""
-    with torch.no_grad():
-        memory = model.encode(src)
-        src_mask = model.padding_mask(src)
-        tgt_in = src.new_full((src.size(0), 1), BOS)
-        finished = torch.zeros(src.size(0), dtype=torch.bool)
-        for step in range(max_length):
-            log_probs = model.decode(tgt_in, memory, src_mask)[:, -1].float().log_softmax(-1)  # (B, V)
-            log_probs[:, [PAD, BOS]] = -math.inf
-            token = (
-                log_probs.argmax(-1)
-                if step < max_length - 1
-                else torch.full_like(finished, EOS, dtype=torch.long)
-            )
-            token = token.masked_fill(finished, PAD)
-            tgt_in = torch.cat([tgt_in, token[:, None]], dim=1)
-            finished |= token == EOS
-            if finished.all():
-                break
-    return tgt_in[:, 1:]
 
 
 def _time(fn: Callable[[], Tensor], repeats: int) -> tuple[float, Tensor]:
