@@ -11,7 +11,9 @@ import logging
 import math
 import os
 import random
+import re
 import signal
+import socket
 import tempfile
 from pathlib import Path
 from types import FrameType
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +51,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_torch_save(checkpoint, path)
 
+    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if "://" not in str(path):  # resuming after a kill: clear what the killed save left next to it
+            remove_stale_temp_files(Path(path).parent)
+        return super().load_checkpoint(path, *args, **kwargs)
+
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """`torch.save(obj, path)` that leaves either the old file or the complete new one at `path`."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """`torch.save(obj, path)` that leaves either the old file or the complete new one at `path`.
+
+    The temporary file is `.{name}.{host}.{pid}.XXXX.tmp` beside `path`; one left by a killed writer is
+    removed by the next save into the directory (`remove_stale_temp_files`).
+    """
+    remove_stale_temp_files(path.parent)
+    prefix = f".{path.name}.{_HOST}.{os.getpid()}."
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp creates 0600; a checkpoint is an ordinary file
         with os.fdopen(fd, "wb") as f:
@@ -63,6 +77,44 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)  # the rename itself survives a power cut
+
+
+_HOST = socket.gethostname().replace(".", "_") or "localhost"
+_TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Delete the temporary files of `atomic_torch_save` in `directory` whose writer is dead: written on
+    this host by a process that no longer exists (a SIGKILL or power loss during a save). Files of live
+    processes and of other hosts (a shared filesystem) are left alone. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.match(entry.name)
+        if match is None or match["host"] != _HOST or _process_alive(int(match["pid"])):
+            continue
+        try:
+            entry.unlink()
+        except OSError:  # gone already, or not ours to delete: harmless
+            continue
+        removed.append(entry)
+        log.info("removed %s, left by a save that was killed", entry)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _umask() -> int:
@@ -94,6 +146,13 @@ class SaveOnSignal(L.Callback):
     acted on at the end of a training step, where the state is consistent (the same point where
     `every_n_train_steps` checkpoints are taken, so resuming is exact). A second signal of the same
     kind exits at once. Under DDP the ranks agree on stopping (one all-reduce of a flag per step).
+
+    A signal during validation (which can take minutes when it decodes for BLEU) is acted on after
+    the validation batch in flight, without waiting for validation to end: the training state is
+    that of the last training step, and the checkpoint marks the validation as interrupted, so the
+    resumed run first reruns that validation from its start (Lightning's restart mid-evaluation)
+    and then trains on. Under DDP, where ranks may hold different numbers of validation batches, the
+    signal is acted on after the next training step as above.
     """
 
     def __init__(
@@ -104,6 +163,7 @@ class SaveOnSignal(L.Callback):
         self.received: signal.Signals | None = None
         self._exit_code: int | None = None
         self._previous: dict[signal.Signals, Any] = {}
+        self._mid_validation = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None and self.received == signum:  # asked twice: stop now
@@ -136,16 +196,42 @@ class SaveOnSignal(L.Callback):
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
         if not received or self._exit_code is not None:
             return
+        self._save(trainer)  # exit at the next hook, once the loop has logged this step's metrics
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if self.received is None or trainer.sanity_checking or trainer.world_size > 1 or not fitting:
+            return
+        self._mid_validation = True
+        try:
+            self._save(trainer, "during validation")
+        finally:
+            self._mid_validation = False
+        self._exit_if_saved()
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if not self._mid_validation:
+            return
+        # Mark the batch just validated as started but not processed: on resume Lightning then sees an
+        # interrupted validation and runs it again from the start before training on (its progress
+        # counters are the only thing that differs from a save right after the training step).
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+        for counts in (progress["total"], progress["current"]):
+            counts["processed"] = counts["completed"] = counts["started"] - 1
+
+    def _save(self, trainer: L.Trainer, when: str = "") -> None:
         name = self.received.name if self.received is not None else "a signal (on another rank)"
         trainer.save_checkpoint(self.path)
         log.warning(
-            "%s: saved %s at step %d; resume with ckpt_path=%s",
+            "%s%s: saved %s at step %d; resume with ckpt_path=%s",
             name,
+            f" {when}" if when else "",
             self.path,
             trainer.global_step,
             self.path,
         )
-        # exit at the next hook, once the loop has logged this step's metrics
         self._exit_code = 128 + (int(self.received) if self.received is not None else int(signal.SIGTERM))
 
     def _exit_if_saved(self, *args: Any) -> None:

@@ -122,7 +122,7 @@ class _TaskBase(L.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
             raise ValueError(f"{type(self).__name__} has no optimizer: pass `optimizer` (model.optimizer)")
-        optimizer = self.optimizer_factory(self.model)
+        optimizer = self.optimizer_factory(self.model, **self._optimizer_overrides())
         if self.scheduler_factory is None:
             return optimizer
         kwargs = {}
@@ -138,6 +138,22 @@ class _TaskBase(L.LightningModule):
             kwargs["total_steps"] = total
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _optimizer_overrides(self) -> dict[str, Any]:
+        """A fused AdamW unscales its gradients inside its step, so under fp16 loss scaling (16-mixed)
+        Lightning cannot clip them first: with clipping on, `fused=None` (auto) becomes the foreach kernel."""
+        trainer = self.trainer
+        if getattr(trainer.precision_plugin, "scaler", None) is None or not trainer.gradient_clip_val:
+            return {}
+        if "fused" not in inspect.signature(self.optimizer_factory).parameters:
+            return {}
+        if getattr(self.optimizer_factory, "keywords", {}).get("fused"):
+            raise ValueError(
+                "model.optimizer.fused=true cannot clip gradients under trainer.precision=16-mixed "
+                "(the fused step unscales them itself): set model.optimizer.fused=null or "
+                "trainer.gradient_clip_val=null"
+            )
+        return {"fused": False}
 
     def on_train_epoch_start(self) -> None:
         self.throughput.reset()

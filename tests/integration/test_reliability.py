@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from tests.conftest import REPO_ROOT
+from transformer import reliability
 from transformer.reliability import AtomicCheckpointIO, NonFiniteLossGuard, atomic_torch_save
 
 # The quickstart shrunk to a tiny model: 600 examples = 10 steps per epoch.
@@ -69,6 +70,19 @@ class SignalAtStep(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class SignalDuringValidation(L.Callback):
+    """Send this process `signal` once, as validation batch `batch` of epoch `epoch` starts."""
+
+    def __init__(self, epoch: int, batch: int, signal: str) -> None:
+        self.epoch, self.batch, self.signal = epoch, batch, signal
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int, *args: Any
+    ) -> None:
+        if not trainer.sanity_checking and trainer.current_epoch == self.epoch and idx == self.batch:
             os.kill(os.getpid(), getattr(signal, self.signal))
 
 
@@ -123,11 +137,12 @@ def _parallel(jobs: dict[str, tuple[Path, list[str]]]) -> dict[str, subprocess.C
 
 
 def _curves(run_dir: Path) -> dict[tuple[str, int], float]:
-    """(metric, step) -> value for the per-step training loss and learning rate in the CSV log."""
+    """(metric, step) -> value for the per-step training loss and learning rate, and the validation
+    loss and BLEU, in the CSV log."""
     curves = {}
     with (run_dir / "csv" / "metrics.csv").open() as f:
         for row in csv.DictReader(f):
-            for name in ("train/loss", "lr-AdamW/pg1", "train/skipped_steps"):
+            for name in ("train/loss", "lr-AdamW/pg1", "train/skipped_steps", "val/loss", "val/bleu"):
                 if row.get(name):
                     key = (name, int(row["step"]))
                     assert key not in curves, f"{key} logged twice"
@@ -150,9 +165,17 @@ def _error_line(result: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.slow
 def test_sigterm_mid_epoch_then_resume_equals_the_straight_run(tmp_path: Path) -> None:
     """16 steps straight == SIGTERM at step 7 (mid-epoch: 10 steps per epoch) + resume to 16: the same
-    loss and learning rate at every step, no step repeated or skipped, bitwise the same weights."""
-    straight, killed, resumed = tmp_path / "straight", tmp_path / "killed", tmp_path / "resumed"
+    loss and learning rate at every step, no step repeated or skipped, bitwise the same weights. The
+    same for a SIGTERM during the validation after epoch 1: the run stops without finishing the
+    validation, and the resumed run validates again before training on."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
     term = [f"+callbacks.sigterm._target_={HOOK}.SignalAtStep", "+callbacks.sigterm.step=6"]
+    in_val = [
+        f"+callbacks.sigterm._target_={HOOK}.SignalDuringValidation",
+        "+callbacks.sigterm.epoch=0",
+        "+callbacks.sigterm.batch=0",
+        "+callbacks.sigterm.signal=SIGTERM",
+    ]
     results = _parallel(
         {
             "straight": (straight, [*EXACT, *EVERY_STEP, "trainer.max_steps=16"]),
@@ -161,6 +184,7 @@ def test_sigterm_mid_epoch_then_resume_equals_the_straight_run(tmp_path: Path) -
                 tmp_path / "sigint",
                 ["trainer.max_steps=16", *term, "+callbacks.sigterm.signal=SIGINT"],
             ),
+            "in_val": (tmp_path / "in_val", [*EXACT, "trainer.max_steps=16", *in_val]),
         }
     )
     assert results["straight"].returncode == 0, results["straight"].stderr[-3000:]
@@ -169,21 +193,43 @@ def test_sigterm_mid_epoch_then_resume_equals_the_straight_run(tmp_path: Path) -
         assert "resume with ckpt_path=" in (tmp_path / name / "train.log").read_text()
         # the signal arrived at the end of step 6; the step in flight (7) finished, then the save
         assert _load(tmp_path / name / "checkpoints" / "last.ckpt")["global_step"] == 7
-    last = killed / "checkpoints" / "last.ckpt"
-    done = _cli(resumed, [*EXACT, *EVERY_STEP, "trainer.max_steps=16", f"ckpt_path={last}"])
-    assert done.returncode == 0, done.stderr[-3000:]
+    in_val = results["in_val"]
+    assert in_val.returncode == 128 + signal.SIGTERM, in_val.stderr[-3000:]
+    assert "SIGTERM during validation: saved" in (tmp_path / "in_val" / "train.log").read_text()
+    assert _load(tmp_path / "in_val" / "checkpoints" / "last.ckpt")["global_step"] == 10  # epoch 1 done
+    assert not any(name.startswith("val/") for name, _ in _curves(tmp_path / "in_val"))  # not finished
 
-    before, after, reference = _curves(killed), _curves(resumed), _curves(straight)
-    assert {step for _, step in after} == set(range(7, 16))  # resumed at step 7: none repeated or missed
-    assert {**before, **after} == reference  # bitwise equal losses and learning rates
-    a, b = _load(straight / "checkpoints" / "last.ckpt"), _load(resumed / "checkpoints" / "last.ckpt")
-    assert a["global_step"] == b["global_step"] == 16
-    for key, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][key]), key
-    for state_a, state_b in zip(
-        a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()
-    ):
-        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    resumes = {
+        name: (
+            tmp_path / f"{name}_resumed",
+            [*EXACT, *EVERY_STEP, "trainer.max_steps=16", f"ckpt_path={ckpt}"],
+        )
+        for name, ckpt in (
+            ("killed", killed / "checkpoints" / "last.ckpt"),
+            ("in_val", tmp_path / "in_val" / "checkpoints" / "last.ckpt"),
+        )
+    }
+    for name, done in _parallel(resumes).items():
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+
+    reference = _curves(straight)
+    assert ("val/bleu", 9) in reference  # the validation after epoch 1 (logged at its last step)
+    for name, first in (("killed", 7), ("in_val", 10)):
+        before, after = _curves(tmp_path / name), _curves(tmp_path / f"{name}_resumed")
+        train_steps = {step for metric, step in after if metric.startswith("train/")}
+        assert train_steps == set(range(first, 16)), name  # none repeated or missed
+        assert {**before, **after} == reference, name  # bitwise equal losses, learning rates, val metrics
+        a, b = (
+            _load(straight / "checkpoints" / "last.ckpt"),
+            _load(resumes[name][0] / "checkpoints" / "last.ckpt"),
+        )
+        assert a["global_step"] == b["global_step"] == 16
+        for key, value in a["state_dict"].items():
+            assert torch.equal(value, b["state_dict"][key]), f"{name}: {key}"
+        for state_a, state_b in zip(
+            a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()
+        ):
+            assert all(torch.equal(state_a[k], state_b[k]) for k in state_a), name
 
 
 # --- crash safety: SIGKILL, atomic files ---------------------------------------------------------------
@@ -250,6 +296,10 @@ def test_atomic_save_survives_sigkill_mid_write(tmp_path: Path) -> None:
         process.wait()
         checkpoint = _load(path)
         assert torch.equal(checkpoint["weights"], torch.full((4_000_000,), float(checkpoint["version"])))
+    # the kills left temporary files behind (some of them); the next save clears every one
+    atomic_torch_save({"version": 0}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert _load(path) == {"version": 0}
 
 
 class _Unpicklable:
@@ -266,6 +316,33 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     assert torch.equal(_load(path)["state_dict"]["w"], torch.ones(3))
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temp file left behind
     assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_stale_temp_files_are_removed_by_the_next_save_or_load(tmp_path: Path) -> None:
+    """Temporary files of killed writers on this host go; those of live writers, of other hosts (a shared
+    filesystem) and anything else stay."""
+    host, dead = reliability._HOST, _dead_pid()
+    stale = tmp_path / f".last.ckpt.{host}.{dead}.abc123.tmp"
+    alive = tmp_path / f".last.ckpt.{host}.{os.getppid()}.abc123.tmp"
+    foreign = tmp_path / f".last.ckpt.{host}x.{dead}.abc123.tmp"
+    other = tmp_path / "notes.tmp"
+    for path in (stale, alive, foreign, other):
+        path.write_bytes(b"partial")
+    atomic_torch_save({"step": 1}, tmp_path / "epoch_001.ckpt")
+    assert not stale.exists() and alive.exists() and foreign.exists() and other.exists()
+
+    stale.write_bytes(b"partial")
+    AtomicCheckpointIO().load_checkpoint(tmp_path / "epoch_001.ckpt")  # what a resume calls
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["epoch_001.ckpt", alive.name, foreign.name, other.name]
+    )
 
 
 def _umask() -> int:

@@ -278,3 +278,48 @@ def test_classification_task(tmp_path) -> None:
     assert metrics["val/acc_best"] >= metrics["val/acc"]
     (result,) = trainer.test(task, datamodule=data, verbose=False)
     assert {"test/acc", "test/f1", "test/loss"} <= set(result)
+
+
+def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_path) -> None:
+    """`trainer.precision=16-mixed`: fp16 autocast with dynamic loss scaling. A scale so large that the
+    gradients overflow makes the GradScaler skip those steps and back off (weights untouched, no NaN
+    reaches them) until the scale fits; the NaN guard, which watches the loss, counts none of this as a
+    fault. On the CPU Lightning swaps the 16-mixed flag for bf16, so the fp16 plugin is built here."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from transformer.reliability import NonFiniteLossGuard
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=10_000)
+    guard = NonFiniteLossGuard(action="stop")
+    task = _translation()
+    first = next(m for m in task.model.modules() if isinstance(m, torch.nn.Linear))
+    dtypes: set[torch.dtype] = set()
+    first.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+    before = {k: v.clone() for k, v in task.state_dict().items()}
+    trainer = _trainer(
+        tmp_path,
+        max_steps=24,
+        max_epochs=10,
+        limit_val_batches=0,
+        gradient_clip_val=1.0,
+        callbacks=[guard],
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+    )
+    trainer.fit(task, datamodule=CopyData())
+    assert torch.float16 in dtypes
+    assert scaler.get_scale() < 2.0**24  # overflowing steps were skipped and the scale lowered
+    assert guard.skipped == 0 and math.isfinite(float(trainer.callback_metrics["train/loss"]))
+    after = task.state_dict()
+    assert all(value.isfinite().all() for value in after.values() if value.is_floating_point())
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the steps that fit were taken
+
+
+def test_fp16_clipping_with_a_forced_fused_optimizer_names_the_keys(tmp_path) -> None:
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    task = TranslationTask(TINY, optimizer=functools.partial(adamw, lr=1e-3, fused=True))
+    trainer = _trainer(
+        tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision("16-mixed", "cpu")]
+    )
+    with pytest.raises(ValueError, match=r"model\.optimizer\.fused=true .* trainer\.gradient_clip_val=null"):
+        trainer.fit(task, datamodule=CopyData())
