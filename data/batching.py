@@ -172,6 +172,16 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor
     return out
 
 
+def _source_batch(examples: Sequence[Mapping[str, Any]], pad_id: int) -> dict[str, Tensor]:
+    """What every collator returns: src, src_padding_mask and id."""
+    src = pad_sequences([ex["src_ids"] for ex in examples], pad_id)  # (B, S)
+    return {
+        "src": src,
+        "src_padding_mask": src == pad_id,  # (B, S) True = padding
+        "id": torch.tensor([ex["id"] for ex in examples], dtype=torch.long),  # (B,)
+    }
+
+
 class TranslationCollator:
     """Examples {"src_ids", "tgt_ids": [BOS .. EOS], "id"} -> src, tgt_in, tgt_out, masks, id.
 
@@ -182,12 +192,7 @@ class TranslationCollator:
         self.pad_id = pad_id
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
-        src = pad_sequences([ex["src_ids"] for ex in examples], self.pad_id)  # (B, S)
-        batch = {
-            "src": src,
-            "src_padding_mask": src == self.pad_id,  # (B, S) True = padding
-            "id": torch.tensor([ex["id"] for ex in examples], dtype=torch.long),  # (B,)
-        }
+        batch = _source_batch(examples, self.pad_id)
         if "tgt_ids" in examples[0]:
             # Teacher forcing: the decoder reads [BOS y1..yn] and predicts [y1..yn EOS].
             tgt_in = pad_sequences([ex["tgt_ids"][:-1] for ex in examples], self.pad_id)  # (B, T)
@@ -203,12 +208,7 @@ class ClassificationCollator:
         self.pad_id = pad_id
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
-        src = pad_sequences([ex["src_ids"] for ex in examples], self.pad_id)  # (B, S)
-        batch = {
-            "src": src,
-            "src_padding_mask": src == self.pad_id,  # (B, S) True = padding
-            "id": torch.tensor([ex["id"] for ex in examples], dtype=torch.long),  # (B,)
-        }
+        batch = _source_batch(examples, self.pad_id)
         if "label" in examples[0]:
             batch["label"] = torch.tensor([ex["label"] for ex in examples], dtype=torch.long)  # (B,)
         return batch
