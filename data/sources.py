@@ -12,7 +12,7 @@ import gzip
 import json
 import logging
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import datasets
@@ -142,14 +142,8 @@ def load_translation_hub(
 
     `split_names` maps our split names to the hub's (e.g. "val" -> "validation").
     """
-    split_names = split_names or {}
-    hub = datasets.load_dataset(name, config)
     result = {}
-    for split in splits:
-        hub_split = split_names.get(split, split)
-        if hub_split not in hub:
-            raise DataError(f"hub dataset {name!r} has no split {hub_split!r}; it has {sorted(hub)}")
-        table = hub[hub_split]
+    for split, hub_split, table in _hub_splits(name, config, splits, split_names):
         has_columns = {src_lang, tgt_lang} <= set(table.column_names)
         if "translation" not in table.column_names and not has_columns:
             raise DataError(
@@ -178,6 +172,19 @@ def load_translation_hub(
             )
         result[split] = kept
     return datasets.DatasetDict(result)
+
+
+def _hub_splits(
+    name: str, config: str | None, splits: Sequence[str], split_names: Mapping[str, str] | None
+) -> Iterator[tuple[str, str, datasets.Dataset]]:
+    """(our split, the hub's name for it, its table) for each of `splits`, from hub dataset `name`."""
+    split_names = split_names or {}
+    hub = datasets.load_dataset(name, config)
+    for split in splits:
+        hub_split = split_names.get(split, split)
+        if hub_split not in hub:
+            raise DataError(f"hub dataset {name!r} has no split {hub_split!r}; it has {sorted(hub)}")
+        yield split, hub_split, hub[hub_split]
 
 
 def _hub_pairs(batch: Mapping[str, list], src_lang: str, tgt_lang: str) -> dict[str, list[str]]:
@@ -348,14 +355,8 @@ def load_classification_hub(
     split_names: Mapping[str, str] | None = None,
 ) -> datasets.DatasetDict:
     """A hub classification dataset whose label column is a ClassLabel (-1 = unlabeled)."""
-    split_names = split_names or {}
-    hub = datasets.load_dataset(name, config)
     result = {}
-    for split in splits:
-        hub_split = split_names.get(split, split)
-        if hub_split not in hub:
-            raise DataError(f"hub dataset {name!r} has no split {hub_split!r}; it has {sorted(hub)}")
-        table = hub[hub_split]
+    for split, hub_split, table in _hub_splits(name, config, splits, split_names):
         missing = [c for c in (text_column, label_column) if c not in table.column_names]
         if missing:
             raise DataError(f"hub dataset {name!r} has no columns {missing}; it has {table.column_names}")
