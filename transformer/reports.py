@@ -153,11 +153,15 @@ def _layers(n_layers: int, wanted: Sequence[int]) -> list[int]:
     return sorted(set(chosen))
 
 
+# (id, src ids, src tokens, tgt_in ids, output tokens); the last two are None for an encoder-only model
+_AttentionExample = tuple[int, list[int], list[str], list[int] | None, list[str] | None]
+
+
 def _attention_section(
     report: MarkdownReport,
     out_dir: Path,
     model: nn.Module,
-    examples: Sequence[tuple[int, list[int], list[str], list[int] | None, list[str] | None]],
+    examples: Sequence[_AttentionExample],
     options: ReportOptions,
 ) -> list[Path]:
     """Heatmaps per head for each (id, src ids, src tokens, tgt_in ids, output tokens) example."""
@@ -190,6 +194,26 @@ def _pick_examples(lengths: Sequence[int], n: int, max_tokens: int) -> list[int]
         if len(short) == min(n, len(lengths))
         else sorted(range(len(lengths)), key=lengths.__getitem__)[:n]
     )
+
+
+def _finish_report(
+    report: MarkdownReport,
+    files: dict[str, Path],
+    out_dir: Path,
+    model: nn.Module,
+    examples: Sequence[_AttentionExample],
+    options: ReportOptions,
+    curves: Curves,
+    curves_source: str | None,
+) -> dict[str, Path]:
+    """Attention maps and learning curves (both tasks end with them), then report.md; adds their files."""
+    for k, path in enumerate(_attention_section(report, out_dir, model, examples, options)):
+        files[f"attention_{k}"] = path
+    _curves_section(report, out_dir, curves, curves_source)
+    if (out_dir / "learning_curves.png").is_file():
+        files["learning_curves"] = out_dir / "learning_curves.png"
+    files["report"] = report.write(out_dir / "report.md")
+    return files
 
 
 # --- translation --------------------------------------------------------------------------------------
@@ -293,13 +317,7 @@ def write_translation_outputs(
         tgt_in = [model.config.bos_id, *hyp[:-1]]  # what the decoder read while producing `hyp`
         source_tokens = [(source_id_to_token or id_to_token)(t) for t in src_ids[i]]
         examples.append((i, src_ids[i], source_tokens, tgt_in, [id_to_token(t) for t in hyp]))
-    for k, path in enumerate(_attention_section(report, out_dir, model, examples, options)):
-        files[f"attention_{k}"] = path
-    _curves_section(report, out_dir, curves, curves_source)
-    if (out_dir / "learning_curves.png").is_file():
-        files["learning_curves"] = out_dir / "learning_curves.png"
-    files["report"] = report.write(out_dir / "report.md")
-    return files
+    return _finish_report(report, files, out_dir, model, examples, options, curves, curves_source)
 
 
 # --- classification -----------------------------------------------------------------------------------
@@ -384,10 +402,4 @@ def write_classification_outputs(
         [len(ids) for ids in src_ids], options.attention_examples, options.max_attention_tokens
     )
     examples = [(i, src_ids[i], [id_to_token(t) for t in src_ids[i]], None, None) for i in chosen]
-    for k, path in enumerate(_attention_section(report, out_dir, model, examples, options)):
-        files[f"attention_{k}"] = path
-    _curves_section(report, out_dir, curves, curves_source)
-    if (out_dir / "learning_curves.png").is_file():
-        files["learning_curves"] = out_dir / "learning_curves.png"
-    files["report"] = report.write(out_dir / "report.md")
-    return files
+    return _finish_report(report, files, out_dir, model, examples, options, curves, curves_source)
