@@ -20,8 +20,10 @@ from transformer.layers import DecoderLayer, Dropout, EncoderLayer
 from transformer.positional import RotaryEmbedding, build_absolute_positional
 
 
-class Encoder(nn.Module):
-    """A stack of `EncoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
+class _LayerStack(nn.Module):
+    """What `Encoder` and `Decoder` share: n_layers `_layer`s, with a final LayerNorm when pre-LN."""
+
+    _layer: type[EncoderLayer] | type[DecoderLayer]
 
     def __init__(
         self,
@@ -36,11 +38,20 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first)
+            self._layer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first)
             for _ in range(n_layers)
         )
         # pre-LN leaves the residual stream un-normalized; post-LN layers already end with a norm
         self.norm = nn.LayerNorm(d_model) if norm_first else None
+
+    def _final_norm(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.norm is not None else x
+
+
+class Encoder(_LayerStack):
+    """A stack of `EncoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
+
+    _layer = EncoderLayer
 
     def forward(
         self, x: Tensor, key_padding_mask: Tensor | None = None, *, rotary: RotaryLike | None = None
@@ -65,7 +76,7 @@ class Encoder(nn.Module):
         """x (N, D): the embedded non-pad tokens of a (B, S) batch (`packing`) -> memory (N, D)."""
         for layer in self.layers:
             x, _ = layer(x, key_padding_mask, rotary=rotary, packing=packing)
-        return self.norm(x) if self.norm is not None else x
+        return self._final_norm(x)
 
     def _run(
         self, x: Tensor, key_padding_mask: Tensor | None, rotary: RotaryLike | None, need_weights: bool
@@ -75,7 +86,7 @@ class Encoder(nn.Module):
             x, weights = layer(x, key_padding_mask, rotary=rotary, need_weights=need_weights)
             if weights is not None:
                 maps.append(weights)
-        return (self.norm(x) if self.norm is not None else x), maps
+        return self._final_norm(x), maps
 
 
 class DecoderCache:
@@ -111,26 +122,10 @@ class DecoderCache:
             cache.reorder(memory_index)
 
 
-class Decoder(nn.Module):
+class Decoder(_LayerStack):
     """A stack of `DecoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        n_layers: int,
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        activation: Literal["relu", "gelu", "swiglu"] = "relu",
-        norm_first: bool = False,
-    ) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first)
-            for _ in range(n_layers)
-        )
-        self.norm = nn.LayerNorm(d_model) if norm_first else None
+    _layer = DecoderLayer
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers))
@@ -184,7 +179,7 @@ class Decoder(nn.Module):
                 packing=packing,
                 memory_packing=memory_packing,
             )
-        return self.norm(x) if self.norm is not None else x
+        return self._final_norm(x)
 
     def _run(
         self,
@@ -210,7 +205,7 @@ class Decoder(nn.Module):
             if self_weights is not None and cross_weights is not None:
                 self_maps.append(self_weights)
                 cross_maps.append(cross_weights)
-        return (self.norm(x) if self.norm is not None else x), self_maps, cross_maps
+        return self._final_norm(x), self_maps, cross_maps
 
 
 class _Embedder(nn.Module):
