@@ -114,7 +114,26 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(hidden))
 
 
-class EncoderLayer(nn.Module):
+class _ResidualLayer(nn.Module):
+    """Sub-layer plumbing of `EncoderLayer` and `DecoderLayer`: dropout + residual + LayerNorm (Section 3.1).
+
+    Post-LN (the paper) computes norm(x + dropout(sublayer(x))); pre-LN x + dropout(sublayer(norm(x))).
+    """
+
+    norm_first: bool
+    dropout: Dropout
+
+    def _pre_norm(self, norm: nn.LayerNorm, x: Tensor) -> Tensor:
+        """The sub-layer's input: norm(x) when pre-LN, else x."""
+        return norm(x) if self.norm_first else x
+
+    def _add_norm(self, norm: nn.LayerNorm, out: Tensor, residual: Tensor) -> Tensor:
+        """residual + dropout(out) (the sub-layer's output), then norm when post-LN."""
+        x = self.dropout(out, residual)
+        return x if self.norm_first else norm(x)
+
+
+class EncoderLayer(_ResidualLayer):
     """Self-attention then feed-forward, each wrapped in dropout + residual + LayerNorm (Section 3.1)."""
 
     def __init__(
@@ -150,7 +169,7 @@ class EncoderLayer(nn.Module):
         only the attention looks at the padded layout.
         """
         residual = x
-        x = self.norm1(x) if self.norm_first else x
+        x = self._pre_norm(self.norm1, x)
         if packing is not None:
             attended = self.self_attn.forward_packed(x, x, packing, packing, key_padding_mask, rotary=rotary)
             weights = None
@@ -164,17 +183,15 @@ class EncoderLayer(nn.Module):
                 average_attn_weights=False,
                 rotary=rotary,
             )
-        x = self.dropout(attended, residual)
-        x = x if self.norm_first else self.norm1(x)
+        x = self._add_norm(self.norm1, attended, residual)
 
         residual = x
-        x = self.norm2(x) if self.norm_first else x
-        x = self.dropout(self.feed_forward(x), residual)
-        x = x if self.norm_first else self.norm2(x)
+        x = self._pre_norm(self.norm2, x)
+        x = self._add_norm(self.norm2, self.feed_forward(x), residual)
         return x, weights
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_ResidualLayer):
     """Causal self-attention, cross-attention over the encoder memory, feed-forward (Section 3.1)."""
 
     def __init__(
@@ -225,7 +242,7 @@ class DecoderLayer(nn.Module):
         if packing is not None and memory_packing is None:
             raise ValueError("a packed DecoderLayer input needs memory_packing too")
         residual = x
-        x = self.norm1(x) if self.norm_first else x
+        x = self._pre_norm(self.norm1, x)
         if packing is not None:
             attended = self.self_attn.forward_packed(x, x, packing, packing, is_causal=True, rotary=rotary)
             self_weights = None
@@ -240,11 +257,10 @@ class DecoderLayer(nn.Module):
                 kv_cache=self_cache,
                 rotary=rotary,
             )
-        x = self.dropout(attended, residual)
-        x = x if self.norm_first else self.norm1(x)
+        x = self._add_norm(self.norm1, attended, residual)
 
         residual = x
-        x = self.norm2(x) if self.norm_first else x
+        x = self._pre_norm(self.norm2, x)
         if packing is not None and memory_packing is not None:
             attended = self.cross_attn.forward_packed(
                 x, memory, packing, memory_packing, memory_key_padding_mask
@@ -266,11 +282,9 @@ class DecoderLayer(nn.Module):
                 heads, keys = cross_weights.shape[1], cross_weights.shape[-1]
                 cross_weights = cross_weights.view(rows // memory_group, heads, memory_group, length, keys)
                 cross_weights = cross_weights.transpose(1, 2).reshape(rows, heads, length, keys)
-        x = self.dropout(attended, residual)
-        x = x if self.norm_first else self.norm2(x)
+        x = self._add_norm(self.norm2, attended, residual)
 
         residual = x
-        x = self.norm3(x) if self.norm_first else x
-        x = self.dropout(self.feed_forward(x), residual)
-        x = x if self.norm_first else self.norm3(x)
+        x = self._pre_norm(self.norm3, x)
+        x = self._add_norm(self.norm3, self.feed_forward(x), residual)
         return x, self_weights, cross_weights
