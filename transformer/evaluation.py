@@ -36,8 +36,10 @@ __all__ = [
     "attention_maps",
     "bleu_by_length",
     "checkpoint_decoding",
+    "corpus_scores",
     "decoding_settings",
     "score_classification",
+    "score_signatures",
     "score_translation",
     "stream_lines",
     "translate",
@@ -144,6 +146,35 @@ class TranslationResult:
     sentence_bleu: list[float]
 
 
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """Corpus sacreBLEU (cased, detokenized, 13a), lowercased BLEU (`bleu_lc`, for comparison with
+    published lowercased numbers), chrF and sentence exact match, in percent. The training task's
+    val/test metrics and `evaluate.py` both come from here."""
+    if not hypotheses:
+        return {"bleu": 0.0, "bleu_lc": 0.0, "chrf": 0.0, "exact_match": 0.0}
+    hyps, refs = list(hypotheses), [list(references)]
+    exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references))
+    return {
+        "bleu": SCORERS["bleu"].corpus_score(hyps, refs).score,
+        "bleu_lc": SCORERS["bleu_lc"].corpus_score(hyps, refs).score,
+        "chrf": SCORERS["chrf"].corpus_score(hyps, refs).score,
+        "exact_match": 100.0 * exact / len(hyps),
+    }
+
+
+# force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
+SCORERS = {
+    "bleu": sacrebleu.BLEU(force=True),
+    "bleu_lc": sacrebleu.BLEU(lowercase=True, force=True),
+    "chrf": sacrebleu.CHRF(),
+}
+
+
+def score_signatures() -> dict[str, str]:
+    """sacreBLEU signatures of `corpus_scores`' metrics (what a paper should print beside the numbers)."""
+    return {name: str(scorer.get_signature()) for name, scorer in SCORERS.items()}
+
+
 def _sums() -> dict[str, float]:
     return {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
 
@@ -192,7 +223,6 @@ def score_translation(
         )
     hyps = [hypotheses[i][0] for i in range(len(references))]
     refs = list(references)
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
     tokens = max(sums["tokens"], 1.0)
     nll = sums["nll"] / tokens
     metrics = {
@@ -200,14 +230,12 @@ def score_translation(
         f"{stage}/nll": nll,
         f"{stage}/ppl": math.exp(nll),
         f"{stage}/token_acc": sums["correct"] / tokens,
-        f"{stage}/bleu": bleu.corpus_score(hyps, [refs]).score,
-        f"{stage}/chrf": chrf.corpus_score(hyps, [refs]).score,
-        f"{stage}/exact_match": 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs)) / len(hyps),
+        **{f"{stage}/{name}": value for name, value in corpus_scores(hyps, refs).items()},
     }
     sentence = sacrebleu.BLEU(effective_order=True)  # sentence BLEU needs effective order
     return TranslationResult(
         metrics=metrics,
-        signatures={"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
+        signatures=score_signatures(),
         sources=list(sources),
         references=refs,
         hypotheses=hyps,

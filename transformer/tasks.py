@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
-import sacrebleu
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,6 +23,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from transformer.config import TransformerConfig
 from transformer.decoding import beam_search, greedy_search
+from transformer.evaluation import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
@@ -299,7 +299,7 @@ class TranslationTask(_TaskBase):
             self.log(f"{stage}/{name}", value, prog_bar=name == "loss", sync_dist=True)
 
     def _score(self, stage: Literal["val", "test"]) -> dict[str, float]:
-        """sacreBLEU (13a, detokenized), chrF and sentence exact match of this epoch's hypotheses.
+        """`corpus_scores` (sacreBLEU cased and lowercased, chrF, exact match) of this epoch's hypotheses.
 
         Every process decoded its share of the split; all of them gather every hypothesis and
         compute the same corpus scores (corpus BLEU is not a mean of per-process BLEUs).
@@ -308,15 +308,7 @@ class TranslationTask(_TaskBase):
         self._hypotheses = {}
         references = self._datamodule().references(self._split_name(stage))
         ids = sorted(hypotheses)
-        hyps, refs = [hypotheses[i] for i in ids], [references[i] for i in ids]
-        if not hyps:
-            return {"bleu": 0.0, "chrf": 0.0, "exact_match": 0.0}
-        return {
-            # force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
-            "bleu": sacrebleu.corpus_bleu(hyps, [refs], force=True).score,
-            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
-            "exact_match": 100.0 * sum(h.strip() == r.strip() for h, r in zip(hyps, refs)) / len(hyps),
-        }
+        return corpus_scores([hypotheses[i] for i in ids], [references[i] for i in ids])
 
     def _gather(self, local: dict[int, str]) -> dict[int, str]:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):

@@ -413,3 +413,17 @@ def test_last_checkpoints_follow_the_global_step(tmp_path: Path) -> None:
         last_checkpoints(run, 0)
     with pytest.raises(CheckpointError, match="does not exist"):
         last_checkpoints(tmp_path / "nowhere", 1)
+
+
+def test_corpus_scores_cased_and_lowercased() -> None:
+    from transformer.evaluation import corpus_scores, score_signatures
+
+    refs = ["A man rides a horse on the beach .", "Two dogs play in the snow ."]
+    hyps = ["a man rides a horse on the beach .", "Two dogs play in the snow ."]
+    scores = corpus_scores(hyps, refs)
+    assert scores["bleu_lc"] == pytest.approx(100.0) and scores["bleu"] < 100.0
+    assert scores["exact_match"] == 50.0 and 0 < scores["chrf"] < 100
+    signatures = score_signatures()
+    assert "case:mixed" in signatures["bleu"] and "tok:13a" in signatures["bleu"]
+    assert "case:lc" in signatures["bleu_lc"]
+    assert corpus_scores([], []) == {"bleu": 0.0, "bleu_lc": 0.0, "chrf": 0.0, "exact_match": 0.0}
