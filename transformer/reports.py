@@ -246,8 +246,7 @@ def write_translation_outputs(
             out_dir / "metrics.json",
             {
                 **_finite(result.metrics),
-                "bleu_signature": result.signatures["bleu"],
-                "chrf_signature": result.signatures["chrf"],
+                **{f"{name}_signature": signature for name, signature in result.signatures.items()},
                 "decoding": dict(decoding),
                 "bleu_by_source_length": [
                     {"words": b.label, "count": b.count, "bleu": b.bleu} for b in buckets
@@ -276,7 +275,7 @@ def write_translation_outputs(
     report.heading("Decoding")
     report.table(["setting", "value"], [[k, v] for k, v in decoding.items()])
     _metrics_section(report, result.metrics)
-    report.code(f"BLEU: {result.signatures['bleu']}\nchrF: {result.signatures['chrf']}")
+    report.code("\n".join(f"{name}: {signature}" for name, signature in result.signatures.items()))
 
     report.heading("BLEU by source length")
     report.table(["source words", "sentences", "BLEU"], [[b.label, b.count, b.bleu] for b in buckets])
