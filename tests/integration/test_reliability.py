@@ -25,28 +25,14 @@ import torch
 from torch import nn
 
 from tests.conftest import REPO_ROOT
+from tests.integration.test_train import TINY as TRAIN_TINY
+from tests.integration.test_train import cli_env
 from transformer import reliability
 from transformer.reliability import AtomicCheckpointIO, NonFiniteLossGuard, atomic_torch_save
 
-# The quickstart shrunk to a tiny model: 600 examples = 10 steps per epoch.
+# test_train's tiny quickstart (600 examples = 10 steps per epoch), 5 epochs, no test, no selection metric
 TINY = [
-    "data.synthetic_sizes.train=600",
-    "data.synthetic_sizes.val=30",
-    "data.synthetic_sizes.test=30",
-    "data.vocab_size=300",
-    "model.config.d_model=32",
-    "model.config.n_heads=2",
-    "model.config.n_encoder_layers=1",
-    "model.config.n_decoder_layers=1",
-    "model.config.d_ff=64",
-    "model.optimizer.lr=3e-3",
-    "model.scheduler.warmup_steps=8",
-    "model.decoding.max_len_b=4",
-    "trainer.log_every_n_steps=1",
-    "trainer.num_sanity_val_steps=0",
-    "++trainer.enable_progress_bar=false",
-    "callbacks.rich_progress_bar=null",
-    "callbacks.model_summary=null",
+    *(o for o in TRAIN_TINY if not o.startswith("trainer.max_epochs=")),
     "optimized_metric=null",
     "test=false",
     "trainer.max_epochs=5",
@@ -111,13 +97,6 @@ class PoisonSteps(L.Callback):
 # --- helpers -------------------------------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
-    env.pop("PROJECT_ROOT", None)
-    return env
-
-
 def _cmd(run_dir: Path, args: list[str]) -> list[str]:
     other_data = any(arg.startswith("experiment=") for arg in args)  # no synthetic sizes to set there
     base = [a for a in TINY if not (other_data and a.startswith("data.synthetic_sizes"))]
@@ -126,7 +105,7 @@ def _cmd(run_dir: Path, args: list[str]) -> list[str]:
 
 def _cli(run_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        _cmd(run_dir, args), cwd=run_dir.parent, env=_env(), capture_output=True, text=True, timeout=600
+        _cmd(run_dir, args), cwd=run_dir.parent, env=cli_env(), capture_output=True, text=True, timeout=600
     )
 
 
@@ -247,7 +226,11 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
         long_run = ["trainer.max_steps=200", "trainer.max_epochs=20"]  # far longer than the wait below
         args = [*EVERY_STEP, *long_run, *([f"ckpt_path={ckpt}"] if ckpt else [])]
         process = subprocess.Popen(
-            _cmd(run_dir, args), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            _cmd(run_dir, args),
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         last = run_dir / "checkpoints" / "last.ckpt"
         deadline = time.monotonic() + 300

@@ -45,14 +45,19 @@ TINY = [
 IN_PROCESS = ["tune_malloc=false"]  # leave the test process's allocator alone
 
 
-def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def cli_env(**env: str) -> dict[str, str]:
+    """The environment of a command-line run: no inherited wandb settings, unbuffered, one-line errors."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     environ.update(PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", **env)
     environ.pop("PROJECT_ROOT", None)  # train.py finds the repository itself
+    return environ
+
+
+def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(REPO_ROOT / "train.py"), *args],
         cwd=cwd,
-        env=environ,
+        env=cli_env(**env),
         capture_output=True,
         text=True,
         timeout=600,
