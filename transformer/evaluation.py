@@ -146,12 +146,20 @@ class TranslationResult:
     sentence_bleu: list[float]
 
 
+# force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
+SCORERS = {
+    "bleu": sacrebleu.BLEU(force=True),
+    "bleu_lc": sacrebleu.BLEU(lowercase=True, force=True),
+    "chrf": sacrebleu.CHRF(),
+}
+
+
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Corpus sacreBLEU (cased, detokenized, 13a), lowercased BLEU (`bleu_lc`, for comparison with
     published lowercased numbers), chrF and sentence exact match, in percent. The training task's
     val/test metrics and `evaluate.py` both come from here."""
     if not hypotheses:
-        return {"bleu": 0.0, "bleu_lc": 0.0, "chrf": 0.0, "exact_match": 0.0}
+        return {name: 0.0 for name in (*SCORERS, "exact_match")}
     hyps, refs = list(hypotheses), [list(references)]
     exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references))
     return {
@@ -160,14 +168,6 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
         "chrf": SCORERS["chrf"].corpus_score(hyps, refs).score,
         "exact_match": 100.0 * exact / len(hyps),
     }
-
-
-# force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
-SCORERS = {
-    "bleu": sacrebleu.BLEU(force=True),
-    "bleu_lc": sacrebleu.BLEU(lowercase=True, force=True),
-    "chrf": sacrebleu.CHRF(),
-}
 
 
 def score_signatures() -> dict[str, str]:
@@ -202,9 +202,10 @@ def score_translation(
     with torch.no_grad():
         for batch in batches:
             src, tgt_out = batch["src"], batch["tgt_out"]
-            hidden = model(src, batch["tgt_in"], return_hidden=True)  # (B, T, D)
             keep = tgt_out.ne(pad_id)  # (B, T)
-            logits = model.output_projection(hidden[keep])  # (N, V): only the non-pad positions
+            # as the training task: the layers and the (D x V) projection run on the non-pad positions only
+            hidden = model(src, batch["tgt_in"], return_hidden=True, positions=keep)  # (N, D)
+            logits = model.output_projection(hidden)  # (N, V)
             out = label_smoothed_cross_entropy(
                 logits, tgt_out[keep], ignore_index=pad_id, label_smoothing=label_smoothing
             )
