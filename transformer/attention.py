@@ -142,9 +142,10 @@ class KVCache:
     `static=True` (encoder-decoder attention): the first call projects `key`/`value` (the memory) and
     stores them; later calls reuse them and may pass `key=value=None`.
 
-    A self-attention cache is stored position-major, (capacity, B, H, Dh), growing `BLOCK` positions at a
-    time: an append writes one contiguous slab in place (no copy of the cache per step) and a beam-search
-    reorder gathers the filled prefix into a contiguous one. `key` / `value` are (B, H, S, Dh) views.
+    A self-attention cache is stored position-major, (capacity, B, H, Dh), its capacity doubling when
+    full (in multiples of `BLOCK` positions): an append writes one contiguous slab in place (no copy of
+    the cache per step) and `reorder` gathers the filled prefix into a contiguous one. `key` / `value`
+    are (B, H, S, Dh) views.
     """
 
     BLOCK = 16
@@ -155,6 +156,7 @@ class KVCache:
         self._key: Tensor | None = None
         self._value: Tensor | None = None
         self._length = 0
+        self.reserved = 0  # the capacity the first append allocates, when the final length is known
 
     @property
     def key(self) -> Tensor | None:
@@ -220,9 +222,10 @@ class KVCache:
         return self.key, self.value  # (B, H, S + L, Dh)
 
     def _grow(self, buffer: Tensor | None, new: Tensor, length: int) -> Tensor:
-        """A (capacity, B, H, Dh) buffer with room for `length` positions (rounded up to BLOCK) that
-        holds the filled part of `buffer`."""
-        capacity = -(-length // self.BLOCK) * self.BLOCK
+        """A (capacity, B, H, Dh) buffer with room for `length` positions that holds the filled part of
+        `buffer`; the capacity at least doubles (rounded up to BLOCK), so n appends copy O(n) in all."""
+        held = 0 if buffer is None else buffer.shape[0]
+        capacity = -(-max(length, 2 * held, self.reserved) // self.BLOCK) * self.BLOCK
         grown = new.new_empty(capacity, *new.shape[1:])
         if buffer is not None and self._length:
             grown[: self._length] = buffer[: self._length]

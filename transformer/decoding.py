@@ -84,6 +84,7 @@ def greedy_search(
         src_padding_mask = model.padding_mask(src)  # (B, S)
         memory = model.encode(src)  # (B, S, D); projected once into the cross-attention caches
         cache = model.new_cache()
+        cache.reserve(int(max_lengths.max()) if batch else 0)
         hypotheses = src.new_full((batch, int(max_lengths.max()) if batch else 0), config.pad_id)
         rows = torch.arange(batch, device=src.device)  # original sentence of each row still decoding
         last_tokens = src.new_full((batch,), config.bos_id)  # (N,)
@@ -149,7 +150,8 @@ def _beam_search(
     sentence_padding_mask = model.padding_mask(src)  # (B, S)
     src_padding_mask = sentence_padding_mask  # (n, S): the beams of a sentence share its memory row
     memory = model.encode(src)  # (B, S, D)
-    cache = model.new_cache()  # cross-attention caches: one row per live sentence (cache.beams rows each)
+    cache = model.new_cache()  # one row per live sentence, shared by its beams (DecoderCache.select_beams)
+    cache.reserve(1 + (int(max_lengths.max()) - 1) * beam_size if batch else 0)  # BOS, then K keys per step
     finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]  # per sentence: (score, tokens)
     kth_best = torch.full((batch,), -math.inf, device=device)  # K-th best finished score, once there are K
 
@@ -207,12 +209,11 @@ def _beam_search(
         rows = cand_rows.gather(1, pick)[live].view(-1)  # (n' * K,) parent rows of the new beams
         scores = scores[live]  # (n', K)
         prefixes = torch.cat([prefixes[rows], new_tokens[live].view(-1, 1)], dim=1)  # (n' * K, t + 1)
-        # a beam's parent is a beam of the same sentence: the self-attention caches follow the rows, the
-        # cross-attention caches (one row per sentence) only lose the sentences that are done
+        # a beam's parent is a beam of the same sentence: the caches (one row per sentence) only lose
+        # the sentences that are done, and each new beam points at its parent's keys
         sentences = sentences[live]
         src_padding_mask = sentence_padding_mask[sentences]  # (n', S)
-        cache.reorder(rows, memory_index=live)
-        cache.beams = beams
+        cache.select_beams((order // per_beam).gather(1, pick)[live], live)
         step += 1
     return _pack(finished, n_best, config.pad_id, device)
 

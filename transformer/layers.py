@@ -227,6 +227,7 @@ class DecoderLayer(_ResidualLayer):
         packing: TokenPacking | None = None,
         memory_packing: TokenPacking | None = None,
         memory_group: int = 1,
+        self_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, D), memory (B, S, D), memory_key_padding_mask (B, S) True = pad.
 
@@ -237,7 +238,10 @@ class DecoderLayer(_ResidualLayer):
         of the (B, T) and (B, S) batches; the output is (N, D).
         `memory_group` = g > 1: each run of g consecutive rows of x shares one memory row (the beams of a
         sentence), so memory, its mask and `cross_cache` have B / g rows; the g rows' queries attend to
-        it together, reading its keys and values once instead of g times.
+        it together, reading its keys and values once instead of g times. `self_mask` (B / g * H, g, S)
+        bool (True = masked) puts the self-attention in the same layout (`DecoderCache.select_beams`):
+        T = 1, `self_cache` has a row per sentence holding every beam's keys, and the mask picks each
+        beam's own.
         """
         if packing is not None and memory_packing is None:
             raise ValueError("a packed DecoderLayer input needs memory_packing too")
@@ -246,6 +250,19 @@ class DecoderLayer(_ResidualLayer):
         if packing is not None:
             attended = self.self_attn.forward_packed(x, x, packing, packing, is_causal=True, rotary=rotary)
             self_weights = None
+        elif self_mask is not None:
+            rows, length, d_model = x.shape
+            grouped = x.reshape(rows // memory_group, memory_group * length, d_model)  # (B / g, g, D)
+            attended, _ = self.self_attn(
+                grouped,
+                grouped,
+                grouped,
+                attn_mask=self_mask,
+                need_weights=False,
+                kv_cache=self_cache,
+                rotary=rotary,
+            )
+            attended, self_weights = attended.reshape(rows, length, d_model), None
         else:
             attended, self_weights = self.self_attn(
                 x,

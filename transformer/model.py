@@ -92,34 +92,78 @@ class Encoder(_LayerStack):
 class DecoderCache:
     """Incremental-decoding state of a `Decoder`: per layer a self- and a cross-attention `KVCache`.
 
-    `offset` is the number of target positions already decoded (the position of the next one);
-    `reorder(index)` selects batch rows (beam search, or dropping finished sentences).
-    `beams` = g > 1: decoder rows come in runs of g (the beams of a sentence) that share one memory row;
-    the cross-attention caches, the memory and its padding mask then hold one row per sentence.
+    `offset` is the number of target positions already decoded (the position of the next one).
+    `reorder(index)` selects batch rows (dropping finished sentences, or any row gather).
+    `select_beams(parents, sentences)` switches to the beam layout, where the g = `beams` consecutive
+    decoder rows of a sentence share one row of every cache: the cross-attention caches, the memory and
+    its padding mask hold one row per sentence, and each self-attention cache row holds the keys and
+    values of all the sentence's beams, g new ones per step, never moved. `key_paths` (n, g, t) says
+    which of those keys form each beam's prefix, and attention masks out the rest, so a beam-search
+    step re-points a few indices instead of gathering every layer's cache (fairseq and Hugging Face
+    copy it all, O(t) per step).
     """
 
     def __init__(self, n_layers: int) -> None:
         self.self_attn = [KVCache(static=False) for _ in range(n_layers)]
         self.cross_attn = [KVCache(static=True) for _ in range(n_layers)]
         self.beams = 1
+        self.key_paths: Tensor | None = None  # (n, g, t) long, in the beam layout; None: row = hypothesis
 
     @property
     def offset(self) -> int:
-        return len(self.self_attn[0])
+        return len(self.self_attn[0]) if self.key_paths is None else self.key_paths.shape[-1]
+
+    def reserve(self, keys: int) -> None:
+        """Allocate room for `keys` self-attention keys per row at the first step (no regrowth copies)."""
+        for cache in self.self_attn:
+            cache.reserved = keys
 
     def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
         """Keep rows `index` (LongTensor (B',)) of the self-attention caches and rows `memory_index` of the
         cross-attention caches (default: `index`, when each row has its own memory), in that order."""
-        memory_index = index if memory_index is None else memory_index
-        for cache in self.self_attn:
+        if self.key_paths is not None:
+            raise RuntimeError("reorder() selects hypotheses; in the beam layout use select_beams()")
+        self._reorder(self.self_attn, index)
+        self._reorder(self.cross_attn, index if memory_index is None else memory_index)
+
+    def select_beams(self, parents: Tensor, sentences: Tensor) -> None:
+        """The next step's beams: for each kept sentence i (`sentences` (n',) rows of the current ones),
+        new beam j extends the current beam `parents[i, j]` ((n', g') long, in 0 .. beams - 1).
+
+        The first call turns a cache of one hypothesis per row into the beam layout."""
+        if self.key_paths is None:
+            if self.beams != 1:
+                raise RuntimeError("select_beams() starts from one hypothesis per sentence (beams=1)")
+            held = len(self.self_attn[0])
+            rows = 0 if self.self_attn[0].key is None else self.self_attn[0].key.shape[0]
+            self.key_paths = torch.arange(held, device=parents.device).expand(rows, 1, held)
+        paths = self.key_paths.index_select(0, sentences)  # (n', g, t)
+        self.key_paths = paths.gather(1, parents.unsqueeze(-1).expand(-1, -1, paths.shape[-1]))  # (n', g', t)
+        self.beams = parents.shape[1]
+        self._reorder(self.self_attn, sentences)
+        self._reorder(self.cross_attn, sentences)
+
+    def step_mask(self, heads: int) -> Tensor | None:
+        """In the beam layout, start a step: each beam's new key goes after the cached ones, and the
+        returned (n * heads, g, S) bool mask (True = masked, nn.MultiheadAttention's polarity) lets a
+        beam's query see its prefix and its own new key only. None outside the beam layout."""
+        if self.key_paths is None:
+            return None
+        sentences, beams, _ = self.key_paths.shape
+        cached = len(self.self_attn[0])
+        new_keys = torch.arange(cached, cached + beams, device=self.key_paths.device)
+        self.key_paths = torch.cat([self.key_paths, new_keys.expand(sentences, beams).unsqueeze(-1)], dim=-1)
+        masked = torch.ones(sentences, 1, beams, cached + beams, dtype=torch.bool, device=new_keys.device)
+        masked.scatter_(-1, self.key_paths.unsqueeze(1), False)  # (n, 1, g, S)
+        return masked.expand(-1, heads, -1, -1).reshape(sentences * heads, beams, cached + beams)
+
+    @staticmethod
+    def _reorder(caches: list[KVCache], index: Tensor) -> None:
+        held = 0 if caches[0].key is None else caches[0].key.shape[0]
+        if index.numel() == held and bool((index == torch.arange(held, device=index.device)).all()):
+            return  # the same rows in the same order: nothing to copy
+        for cache in caches:
             cache.reorder(index)
-        held = 0 if self.cross_attn[0].key is None else self.cross_attn[0].key.shape[0]
-        if memory_index.numel() == held and bool(
-            (memory_index == torch.arange(held, device=memory_index.device)).all()
-        ):
-            return  # the same memory rows in the same order: nothing to copy
-        for cache in self.cross_attn:
-            cache.reorder(memory_index)
 
 
 class Decoder(_LayerStack):
@@ -191,6 +235,14 @@ class Decoder(_LayerStack):
         need_weights: bool,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         self_maps, cross_maps = [], []
+        self_mask = None
+        if cache is not None and cache.key_paths is not None:  # the beam layout: one new position per beam
+            if x.shape[1] != 1:
+                raise ValueError(f"a beam-layout DecoderCache takes one position per step, got {x.shape[1]}")
+            position = cache.offset
+            self_mask = cache.step_mask(self.layers[0].self_attn.num_heads)
+            if rotary is not None:
+                rotary = _at_position(rotary, position)
         for i, layer in enumerate(self.layers):
             x, self_weights, cross_weights = layer(
                 x,
@@ -199,6 +251,7 @@ class Decoder(_LayerStack):
                 self_cache=cache.self_attn[i] if cache is not None else None,
                 cross_cache=cache.cross_attn[i] if cache is not None else None,
                 memory_group=cache.beams if cache is not None else 1,
+                self_mask=self_mask,
                 rotary=rotary,
                 need_weights=need_weights,
             )
@@ -206,6 +259,16 @@ class Decoder(_LayerStack):
                 self_maps.append(self_weights)
                 cross_maps.append(cross_weights)
         return self._final_norm(x), self_maps, cross_maps
+
+
+def _at_position(rotary: RotaryLike, position: int) -> RotaryLike:
+    """Rotary for the beam layout: all g new keys / queries of a sentence, (n, H, g, Dh), sit at
+    `position`, whatever the number of keys already cached."""
+
+    def rotate(x: Tensor, offset: int) -> Tensor:
+        return rotary(x.reshape(x.shape[0], -1, 1, x.shape[-1]), position).view(x.shape)
+
+    return rotate
 
 
 class _Embedder(nn.Module):
@@ -414,13 +477,13 @@ class TransformerClassifier(nn.Module):
     """Encoder-only Transformer with a linear head on a pooled representation (cf. BERT)."""
 
     def __init__(
-        self, config: TransformerConfig, num_classes: int, pooling: Literal["cls", "mean"] = "cls"
+        self, config: TransformerConfig, num_classes: int, pooling: Literal["cls", "mean", "max"] = "cls"
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        if pooling not in ("cls", "mean", "max"):
+            raise ValueError(f"pooling must be 'cls', 'mean' or 'max', got {pooling!r}")
         self.config = config
         self.pooling = pooling
         self.src_embed = _Embedder(
@@ -433,14 +496,17 @@ class TransformerClassifier(nn.Module):
         _init_weights(self)
 
     def forward(self, src: Tensor) -> Tensor:
-        """src (B, S) long -> logits (B, C); "cls" pools position 0 (BOS), "mean" the non-pad positions."""
+        """src (B, S) long -> logits (B, C); "cls" pools position 0 (BOS), "mean" averages the non-pad
+        positions, "max" takes each feature's maximum over them (max-over-time, as in Kim, 2014)."""
         padding_mask = src.eq(self.config.pad_id)  # (B, S)
         hidden = self.encoder(self.src_embed(src), padding_mask, rotary=self.rotary)  # (B, S, D)
         if self.pooling == "cls":
             pooled = hidden[:, 0]  # (B, D)
-        else:
+        elif self.pooling == "mean":
             keep = (~padding_mask).unsqueeze(-1).to(hidden.dtype)  # (B, S, 1)
             pooled = (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)  # (B, D)
+        else:  # every row has its BOS, so no row is all padding
+            pooled = hidden.masked_fill(padding_mask.unsqueeze(-1), -math.inf).amax(dim=1)  # (B, D)
         return self.head(self.dropout(pooled))
 
     def attention_maps(self, src: Tensor) -> dict[str, list[Tensor]]:

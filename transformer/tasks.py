@@ -351,7 +351,7 @@ class ClassificationTask(_TaskBase):
         self,
         config: Mapping[str, Any],
         num_classes: int,
-        pooling: Literal["cls", "mean"] = "cls",
+        pooling: Literal["cls", "mean", "max"] = "cls",
         optimizer: OptimizerFactory | None = None,
         scheduler: SchedulerFactory | None = None,
         label_smoothing: float = 0.0,

@@ -171,6 +171,43 @@ def test_cache_reorder_selects_and_repeats_rows() -> None:
     torch.testing.assert_close(step, full[index, 3:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_beam_layout_cache_equals_recomputing_each_beam(positional: str, norm_first: bool) -> None:
+    """select_beams: a sentence's beams share one cache row whose keys are never moved; each step's
+    logits equal running the decoder over that beam's whole prefix, through parents that repeat, skip
+    and reorder beams, and sentences that leave."""
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(_config(positional=positional, norm_first=norm_first)).eval()
+    src = _batch(23, [6, 2, 4], width=6)
+    memory, src_mask = model.encode(src), src.eq(PAD)
+    cache = model.new_cache()
+    sentences = torch.arange(3)  # the original sentence of each cache row
+    prefixes = torch.randint(3, 19, (3, 1, 1))  # (n, beams, t) tokens of each beam
+    model.decode(prefixes[:, 0], memory, src_mask, cache)  # the first step: one hypothesis per sentence
+    steps = [  # (parents (n', g'), kept rows of the current sentences)
+        (torch.tensor([[0, 0, 0], [0, 0, 0], [0, 0, 0]]), torch.arange(3)),
+        (torch.tensor([[2, 0, 0], [1, 1, 2], [0, 1, 2]]), torch.arange(3)),
+        (torch.tensor([[1, 2, 1], [0, 0, 0]]), torch.tensor([0, 2])),  # sentence 1 is done
+        (torch.tensor([[2, 1, 0]]), torch.tensor([1])),
+    ]
+    for parents, kept in steps:
+        cache.select_beams(parents, kept)
+        sentences = sentences[kept]
+        prefixes = prefixes[kept].gather(1, parents.unsqueeze(-1).expand(-1, -1, prefixes.shape[-1]))
+        new_tokens = torch.randint(3, 19, (*parents.shape, 1))
+        prefixes = torch.cat([prefixes, new_tokens], dim=-1)  # (n', g', t + 1)
+        assert cache.offset == prefixes.shape[-1] - 1
+        step = model.decode(new_tokens.view(-1, 1), memory[sentences], src_mask[sentences], cache)
+        rows = sentences.repeat_interleave(parents.shape[1])
+        full = model(src[rows], prefixes.view(rows.numel(), -1))[:, -1:]  # (n' * g', 1, V)
+        torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="select_beams"):
+        cache.reorder(torch.tensor([0]))
+    with pytest.raises(ValueError, match="one position per step"):
+        model.decode(prefixes[0, :, -2:], memory[sentences], src_mask[sentences], cache)
+
+
 def test_embedding_tying() -> None:
     none = Seq2SeqTransformer(_config(tie_embeddings="none"))
     decoder = Seq2SeqTransformer(_config(tie_embeddings="decoder"))
@@ -213,12 +250,25 @@ def test_attention_maps() -> None:
     torch.testing.assert_close(maps["cross"][0].sum(-1), torch.ones(2, 4, 4))
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max"])
+def test_classifier_pools_each_sentence_alone(pooling: str) -> None:
+    """The pooled vector of each sentence, recomputed from its own unpadded hidden states."""
+    model = TransformerClassifier(_config(n_decoder_layers=0), num_classes=3, pooling=pooling).eval()  # type: ignore[arg-type]
+    src = _batch(23, [6, 2, 4], width=6)
+    logits = model(src)
+    for row, length in enumerate([6, 2, 4]):
+        alone = src[row : row + 1, :length]
+        hidden = model.encoder(model.src_embed(alone), alone.eq(PAD))[0]  # (length, D)
+        pooled = {"cls": hidden[0], "mean": hidden.mean(0), "max": hidden.max(0).values}[pooling]
+        torch.testing.assert_close(logits[row], model.head(pooled), atol=1e-5, rtol=1e-5)
+
+
 def test_seq2seq_needs_a_decoder() -> None:
     with pytest.raises(ValueError, match="n_decoder_layers"):
         Seq2SeqTransformer(_config(n_decoder_layers=0))
 
 
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max"])
 def test_classifier_ignores_padding(pooling: str) -> None:
     config = _config(n_decoder_layers=0, positional="rope")
     model = TransformerClassifier(config, num_classes=3, pooling=pooling).eval()  # type: ignore[arg-type]
@@ -228,7 +278,7 @@ def test_classifier_ignores_padding(pooling: str) -> None:
     torch.testing.assert_close(model(nn.functional.pad(src, (0, 5))), logits, atol=1e-5, rtol=1e-5)
     assert len(model.attention_maps(src)["encoder_self"]) == 2
     with pytest.raises(ValueError, match="pooling"):
-        TransformerClassifier(config, 3, pooling="max")  # type: ignore[arg-type]
+        TransformerClassifier(config, 3, pooling="sum")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_classes"):
         TransformerClassifier(config, 1)
 
