@@ -355,6 +355,7 @@ class ClassificationTask(_TaskBase):
         optimizer: OptimizerFactory | None = None,
         scheduler: SchedulerFactory | None = None,
         label_smoothing: float = 0.0,
+        token_dropout: float = 0.0,
         compile: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
@@ -362,6 +363,8 @@ class ClassificationTask(_TaskBase):
         config = _plain(config)
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+        if not 0.0 <= token_dropout < 1.0:
+            raise ValueError(f"token_dropout must be in [0, 1), got {token_dropout!r}")
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
         self.model = TransformerClassifier(TransformerConfig.from_dict(config), num_classes, pooling)
         self.pad_id = self.model.config.pad_id
@@ -382,8 +385,19 @@ class ClassificationTask(_TaskBase):
         """src (B, S) -> logits (B, C)."""
         return self.model(src)
 
+    def drop_tokens(self, src: Tensor) -> Tensor:
+        """Word dropout (Iyyer et al., 2015): in training, each token other than BOS/EOS becomes padding
+        with probability `token_dropout`, so attention and pooling skip it; src (B, S) -> (B, S)."""
+        p = self.hparams.token_dropout
+        if not self.training or p == 0.0:
+            return src
+        config = self.model.config
+        droppable = src.ne(config.pad_id) & src.ne(config.bos_id) & src.ne(config.eos_id)  # (B, S)
+        drop = droppable & (torch.rand(src.shape, device=src.device) < p)
+        return src.masked_fill(drop, config.pad_id)
+
     def _step(self, stage: str, batch: Mapping[str, Tensor]) -> Tensor:
-        logits = self.model(batch["src"])  # (B, C)
+        logits = self.model(self.drop_tokens(batch["src"]) if stage == "train" else batch["src"])  # (B, C)
         labels = batch["label"]  # (B,)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
         preds = logits.argmax(dim=-1)  # (B,)

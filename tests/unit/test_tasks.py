@@ -280,6 +280,24 @@ def test_classification_task(tmp_path) -> None:
     assert {"test/acc", "test/f1", "test/loss"} <= set(result)
 
 
+def test_classification_token_dropout_pads_ordinary_tokens_in_training_only() -> None:
+    task = ClassificationTask({**TINY, "n_decoder_layers": 0}, num_classes=2, token_dropout=0.3)
+    config = task.model.config
+    src = torch.randint(3, config.src_vocab_size, (64, 40))
+    src[:, 0], src[:, 30], src[:, 31:] = config.bos_id, config.eos_id, config.pad_id
+    torch.manual_seed(0)
+    task.train()
+    dropped = task.drop_tokens(src)
+    changed = dropped.ne(src)
+    assert dropped[changed].eq(config.pad_id).all()  # dropped tokens become padding
+    assert not changed[:, [0, *range(30, 40)]].any()  # BOS, EOS and padding stay
+    assert abs(changed[:, 1:30].float().mean().item() - 0.3) < 0.03  # each ordinary token with p = 0.3
+    task.eval()
+    assert torch.equal(task.drop_tokens(src), src)
+    with pytest.raises(ValueError, match="token_dropout"):
+        ClassificationTask({**TINY, "n_decoder_layers": 0}, num_classes=2, token_dropout=1.0)
+
+
 def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_path) -> None:
     """`trainer.precision=16-mixed`: fp16 autocast with dynamic loss scaling. A scale so large that the
     gradients overflow makes the GradScaler skip those steps and back off (weights untouched, no NaN
