@@ -110,6 +110,10 @@ def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "model.scheduler.warmup_steps=2",
             "trainer.max_epochs=2",
             "trainer.num_sanity_val_steps=0",
+            "model.pooling=max",
+            "model.token_dropout=0.1",
+            "callbacks=[default,ema]",  # checkpoints hold the averaged weights
+            "callbacks.ema.decay=0.9",
             "callbacks.model_checkpoint.monitor=val/acc",
             "optimized_metric=val/acc_best",
         ],
@@ -182,8 +186,11 @@ def test_classification_scores_equal_the_training_runs_test_step(
     result = _run("evaluate.py", [f"ckpt_path={_best(classification_run)}", f"hydra.run.dir={out}"])
     assert result.returncode == 0, result.stderr[-3000:]
     trained, evaluated = _metrics(classification_run), _metrics(out)
-    for name in ("test/acc", "test/f1", "test/loss"):
+    for name in ("test/acc", "test/f1", "test/loss"):  # both score the EMA weights validation chose
         assert evaluated[name] == pytest.approx(trained[name], rel=1e-5), name
+    checkpoint = torch.load(_best(classification_run), weights_only=True)
+    raw = checkpoint["current_model_state"]
+    assert any(not torch.equal(checkpoint["state_dict"][key], value) for key, value in raw.items())
     assert evaluated["split"] == "dev" and evaluated["task"] == "classification"
     assert 0.0 <= evaluated["test/ece"] <= 1.0
     assert sum(map(sum, evaluated["confusion_matrix"]["rows_gold_columns_predicted"])) == 30
