@@ -176,8 +176,9 @@ def _beam_search(
         cand_scores, order = totals.view(n, beams * per_beam).sort(dim=-1, descending=True, stable=True)
         cand_scores, order = cand_scores[:, :n_candidates], order[:, :n_candidates]  # (n, 2K)
         cand_tokens = top_tokens.view(n, beams * per_beam).gather(1, order)  # (n, 2K)
-        # row of `prefixes` / the caches that each candidate extends: sentence i's beam order // per_beam
-        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + order // per_beam  # (n, 2K)
+        # the beam of its sentence that each candidate extends, and that beam's row of `prefixes`
+        cand_parents = order // per_beam  # (n, 2K)
+        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_parents  # (n, 2K)
 
         # 2. EOS among the K best candidates ends a hypothesis (-inf ones are dead beams' leftovers)
         length = step + 1
@@ -213,7 +214,7 @@ def _beam_search(
         # the sentences that are done, and each new beam points at its parent's keys
         sentences = sentences[live]
         src_padding_mask = sentence_padding_mask[sentences]  # (n', S)
-        cache.select_beams((order // per_beam).gather(1, pick)[live], live)
+        cache.select_beams(cand_parents.gather(1, pick)[live], live)
         step += 1
     return _pack(finished, n_best, config.pad_id, device)
 

@@ -106,8 +106,12 @@ class DecoderCache:
     def __init__(self, n_layers: int) -> None:
         self.self_attn = [KVCache(static=False) for _ in range(n_layers)]
         self.cross_attn = [KVCache(static=True) for _ in range(n_layers)]
-        self.beams = 1
         self.key_paths: Tensor | None = None  # (n, g, t) long, in the beam layout; None: row = hypothesis
+
+    @property
+    def beams(self) -> int:
+        """g: decoder rows per cache row (1 outside the beam layout)."""
+        return 1 if self.key_paths is None else self.key_paths.shape[1]
 
     @property
     def offset(self) -> int:
@@ -132,14 +136,11 @@ class DecoderCache:
 
         The first call turns a cache of one hypothesis per row into the beam layout."""
         if self.key_paths is None:
-            if self.beams != 1:
-                raise RuntimeError("select_beams() starts from one hypothesis per sentence (beams=1)")
             held = len(self.self_attn[0])
             rows = 0 if self.self_attn[0].key is None else self.self_attn[0].key.shape[0]
             self.key_paths = torch.arange(held, device=parents.device).expand(rows, 1, held)
         paths = self.key_paths.index_select(0, sentences)  # (n', g, t)
         self.key_paths = paths.gather(1, parents.unsqueeze(-1).expand(-1, -1, paths.shape[-1]))  # (n', g', t)
-        self.beams = parents.shape[1]
         self._reorder(self.self_attn, sentences)
         self._reorder(self.cross_attn, sentences)
 

@@ -397,7 +397,7 @@ class ClassificationTask(_TaskBase):
         return src.masked_fill(drop, config.pad_id)
 
     def _step(self, stage: str, batch: Mapping[str, Tensor]) -> Tensor:
-        logits = self.model(self.drop_tokens(batch["src"]) if stage == "train" else batch["src"])  # (B, C)
+        logits = self.model(self.drop_tokens(batch["src"]))  # (B, C); tokens are dropped in training only
         labels = batch["label"]  # (B,)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
         preds = logits.argmax(dim=-1)  # (B,)
