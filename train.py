@@ -17,6 +17,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import ctypes
+import inspect
 import json
 import logging
 import math
@@ -43,6 +44,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.sources import DataError
+from transformer.checkpoint import CheckpointError
 
 log = logging.getLogger("train")
 
@@ -80,6 +82,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _check_checkpoint_fits(cfg, checkpoint)
     task = _instantiate(cfg.model, "model")
     _check_optimizer(task)
+    if cfg.get("train") and checkpoint is None and hasattr(task, "load_init_from"):
+        _load_init_from(task, datamodule)
     task.run_config = _resolved(cfg)  # stored in every checkpoint
     callbacks = _instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = _instantiate_group(_with_wandb_id(cfg, checkpoint), "logger")
@@ -227,6 +231,15 @@ def _check_optimizer(task: Any) -> None:
         raise ConfigError(f"cannot build `model.optimizer`: {type(err).__name__}: {err}") from err
 
 
+def _load_init_from(task: Any, datamodule: Any) -> None:
+    """`model.init_from`: the pretrained encoder, checked (task, tokenizer, shapes) before anything is
+    written."""
+    try:
+        task.load_init_from(datamodule.state_dict().get("tokenizers"))
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from err
+
+
 def _set_process_switches(cfg: DictConfig) -> None:
     if cfg.get("matmul_precision") and cfg.matmul_precision not in ("highest", "high", "medium"):
         raise ConfigError(f"matmul_precision must be highest, high or medium, got {cfg.matmul_precision!r}")
@@ -301,7 +314,8 @@ def _fill_from_data(cfg: DictConfig, datamodule: Any) -> None:
         fields.update(src_vocab_size=datamodule.src_vocab_size, tgt_vocab_size=datamodule.tgt_vocab_size)
     else:
         fields.update(src_vocab_size=datamodule.vocab_size, tgt_vocab_size=datamodule.vocab_size)
-        extra["num_classes"] = datamodule.num_classes
+        if _accepts(cfg.model.get("_target_"), "num_classes"):  # not masked-LM pretraining
+            extra["num_classes"] = datamodule.num_classes
     with open_dict(cfg):
         for name, value in fields.items():
             current = cfg.model.config.get(name)
@@ -312,6 +326,15 @@ def _fill_from_data(cfg: DictConfig, datamodule: Any) -> None:
             cfg.model.config[name] = value
         for name, value in extra.items():
             cfg.model[name] = value
+
+
+def _accepts(target: Any, name: str) -> bool:
+    """Whether the class or function `target` (a `_target_` string) takes a `name` argument; True when it
+    cannot be imported, so that instantiating it reports the problem."""
+    try:
+        return name in inspect.signature(hydra.utils.get_object(str(target))).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return True
 
 
 def _last_checkpoint(trainer: L.Trainer) -> str | None:

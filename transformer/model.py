@@ -474,24 +474,44 @@ class Seq2SeqTransformer(nn.Module):
         return {"encoder_self": encoder_maps, "decoder_self": self_maps, "cross": cross_maps}
 
 
-class TransformerClassifier(nn.Module):
-    """Encoder-only Transformer with a linear head on a pooled representation (cf. BERT)."""
+class _EncoderOnly(nn.Module):
+    """Embeddings + encoder stack, shared by the classifier and the masked-LM pretraining model: the same
+    parameter names (`src_embed.*`, `encoder.*`), so pretrained weights load into a classifier."""
 
-    def __init__(
-        self, config: TransformerConfig, num_classes: int, pooling: Literal["cls", "mean", "max"] = "cls"
-    ) -> None:
+    def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-        if pooling not in ("cls", "mean", "max"):
-            raise ValueError(f"pooling must be 'cls', 'mean' or 'max', got {pooling!r}")
         self.config = config
-        self.pooling = pooling
         self.src_embed = _Embedder(
             nn.Embedding(config.src_vocab_size, config.d_model), _build_positional(config), config.dropout
         )
         self.rotary = _build_rotary(config)
         self.encoder = _build_encoder(config)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) long -> hidden states (B, S, D), padding mask (B, S) True = pad."""
+        padding_mask = src.eq(self.config.pad_id)  # (B, S)
+        return self.encoder(self.src_embed(src), padding_mask, rotary=self.rotary), padding_mask
+
+    def attention_maps(self, src: Tensor) -> dict[str, list[Tensor]]:
+        """Per-layer encoder self-attention weights under "encoder_self", each (B, H, S, S)."""
+        _, maps = self.encoder.forward_with_attention(
+            self.src_embed(src), src.eq(self.config.pad_id), rotary=self.rotary
+        )
+        return {"encoder_self": maps}
+
+
+class TransformerClassifier(_EncoderOnly):
+    """Encoder-only Transformer with a linear head on a pooled representation (cf. BERT)."""
+
+    def __init__(
+        self, config: TransformerConfig, num_classes: int, pooling: Literal["cls", "mean", "max"] = "cls"
+    ) -> None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+        if pooling not in ("cls", "mean", "max"):
+            raise ValueError(f"pooling must be 'cls', 'mean' or 'max', got {pooling!r}")
+        super().__init__(config)
+        self.pooling = pooling
         self.dropout = Dropout(config.dropout)
         self.head = nn.Linear(config.d_model, num_classes)
         _init_weights(self)
@@ -499,8 +519,7 @@ class TransformerClassifier(nn.Module):
     def forward(self, src: Tensor) -> Tensor:
         """src (B, S) long -> logits (B, C); "cls" pools position 0 (BOS), "mean" averages the non-pad
         positions, "max" takes each feature's maximum over them (max-over-time, as in Kim, 2014)."""
-        padding_mask = src.eq(self.config.pad_id)  # (B, S)
-        hidden = self.encoder(self.src_embed(src), padding_mask, rotary=self.rotary)  # (B, S, D)
+        hidden, padding_mask = self.encode(src)  # (B, S, D), (B, S)
         if self.pooling == "cls":
             pooled = hidden[:, 0]  # (B, D)
         elif self.pooling == "mean":
@@ -510,9 +529,24 @@ class TransformerClassifier(nn.Module):
             pooled = hidden.masked_fill(padding_mask.unsqueeze(-1), -math.inf).amax(dim=1)  # (B, D)
         return self.head(self.dropout(pooled))
 
-    def attention_maps(self, src: Tensor) -> dict[str, list[Tensor]]:
-        """Per-layer encoder self-attention weights under "encoder_self", each (B, H, S, S)."""
-        _, maps = self.encoder.forward_with_attention(
-            self.src_embed(src), src.eq(self.config.pad_id), rotary=self.rotary
-        )
-        return {"encoder_self": maps}
+
+class TransformerMaskedLM(_EncoderOnly):
+    """Encoder-only Transformer pretrained to predict masked tokens (BERT's masked LM, Devlin et al., 2019).
+
+    The head is BERT's: dense + GELU + LayerNorm, then the output projection tied to the input embedding
+    (plus a bias). Only the encoder (`src_embed.*`, `encoder.*`) is meant to be kept for fine-tuning.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config)
+        D = config.d_model
+        self.lm_transform = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.LayerNorm(D))
+        self.lm_bias = nn.Parameter(torch.zeros(config.src_vocab_size))
+        _init_weights(self)
+
+    def forward(self, src: Tensor, positions: Tensor) -> Tensor:
+        """src (B, S) long with some tokens masked, positions (B, S) bool: where to predict ->
+        logits (N, V) over the vocabulary for the N positions, in row-major order."""
+        hidden, _ = self.encode(src)  # (B, S, D)
+        selected = self.lm_transform(hidden[positions])  # (N, D)
+        return nn.functional.linear(selected, self.src_embed.embedding.weight, self.lm_bias)  # (N, V)

@@ -17,7 +17,15 @@ from transformer.checkpoint import CheckpointError, load_checkpoint, strip_compi
 from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
-__all__ = ["DATAMODULES", "TASKS", "RestoredModel", "last_checkpoints", "restore_model", "task_of"]
+__all__ = [
+    "DATAMODULES",
+    "TASKS",
+    "RestoredModel",
+    "last_checkpoints",
+    "load_pretrained_encoder",
+    "restore_model",
+    "task_of",
+]
 
 TaskKind = Literal["translation", "classification"]
 # The task's LightningModule class and the datamodule class whose state Lightning saves with it.
@@ -27,6 +35,7 @@ DATAMODULES: dict[TaskKind, str] = {
     "classification": "ClassificationDataModule",
 }
 _MODEL_PREFIX = "model."  # the tasks hold their network as `self.model`
+_ENCODER_PREFIXES = ("src_embed.", "encoder.")  # what pretraining hands on to a classifier
 
 
 @dataclass
@@ -59,6 +68,11 @@ def task_of(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") ->
     or hand-edited checkpoint is refused).
     """
     hparams = _hparams(checkpoint, path)
+    if "mask_prob" in hparams:
+        raise CheckpointError(
+            f"checkpoint {path} is a masked-LM pretraining checkpoint (MaskedLMTask): it has no classifier "
+            "to evaluate; fine-tune it first (`model.init_from=` of a classification run)"
+        )
     kind: TaskKind = "classification" if "num_classes" in hparams else "translation"
     evidence = {"hyperparameters": kind}
     keys = checkpoint["state_dict"].keys()
@@ -121,6 +135,51 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
         global_step=checkpoint.get("global_step"),
         epoch=checkpoint.get("epoch"),
     )
+
+
+def load_pretrained_encoder(
+    model: TransformerClassifier, path: str | Path, tokenizers: Mapping[str, str] | None = None
+) -> int:
+    """Copy a `MaskedLMTask` checkpoint's encoder (`src_embed.*`, `encoder.*`) into `model`; returns the
+    number of tensors copied. The rest of `model` (the head) keeps its initialization.
+
+    `tokenizers` (the datamodule's `state_dict()["tokenizers"]`): when given, the checkpoint must have
+    been pretrained with the same tokenizer, since token ids only mean something under it.
+    """
+    checkpoint = load_checkpoint(path)
+    hparams = checkpoint.get("hyper_parameters")
+    if not isinstance(hparams, Mapping) or "mask_prob" not in hparams:
+        raise CheckpointError(
+            f"model.init_from={path} is not a masked-LM pretraining checkpoint (MaskedLMTask, "
+            "`experiment=sst2_pretrain`); to continue a classification run use ckpt_path= instead"
+        )
+    if tokenizers is not None:
+        saved = (checkpoint.get(DATAMODULES["classification"]) or {}).get("tokenizers")
+        if saved != tokenizers:
+            raise CheckpointError(
+                f"model.init_from={path} was pretrained with another tokenizer than this run's (compare "
+                "data.vocab_size, data.min_frequency and the training split): token ids would not match"
+            )
+    weights = {
+        key.removeprefix(_MODEL_PREFIX): value
+        for key, value in strip_compile_prefix(checkpoint["state_dict"]).items()
+        if key.removeprefix(_MODEL_PREFIX).startswith(_ENCODER_PREFIXES)
+    }
+    expected = {k: v for k, v in model.state_dict().items() if k.startswith(_ENCODER_PREFIXES)}
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    mismatched = [
+        f"{key} {tuple(weights[key].shape)} vs {tuple(expected[key].shape)}"
+        for key in sorted(set(expected) & set(weights))
+        if weights[key].shape != expected[key].shape
+    ]
+    if missing or unexpected or mismatched:
+        raise CheckpointError(
+            f"model.init_from={path}: its encoder does not fit model.config (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}, shapes checkpoint vs here {mismatched[:3]}); pretrain and "
+            "fine-tune with the same d_model, n_heads, n_encoder_layers, d_ff, positional, norm_first"
+        )
+    model.load_state_dict(weights, strict=False)
+    return len(weights)
 
 
 def last_checkpoints(directory: str | Path, n: int) -> list[Path]:

@@ -1,4 +1,5 @@
-"""LightningModules: translation (label-smoothed CE, perplexity, decoded sacreBLEU) and classification.
+"""LightningModules: translation (label-smoothed CE, perplexity, decoded sacreBLEU), classification, and
+masked-LM pretraining of a classifier's encoder on unlabelled text.
 
 The tasks build their model from plain data (`TransformerConfig` fields) and keep only plain data in
 their hyperparameters, so checkpoints load with `torch.load(weights_only=True)`. Optimizer and
@@ -25,11 +26,12 @@ from transformer.config import TransformerConfig
 from transformer.decoding import beam_search, greedy_search
 from transformer.evaluation import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy
-from transformer.model import Seq2SeqTransformer, TransformerClassifier
+from transformer.model import Seq2SeqTransformer, TransformerClassifier, TransformerMaskedLM
+from transformer.restore import load_pretrained_encoder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClassificationTask", "TranslationTask"]
+__all__ = ["ClassificationTask", "MaskedLMTask", "TranslationTask"]
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
@@ -356,6 +358,7 @@ class ClassificationTask(_TaskBase):
         scheduler: SchedulerFactory | None = None,
         label_smoothing: float = 0.0,
         token_dropout: float = 0.0,
+        init_from: str | None = None,
         compile: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
@@ -380,6 +383,17 @@ class ClassificationTask(_TaskBase):
             }
         )
         self.acc_best = -math.inf
+
+    def load_init_from(self, tokenizers: Mapping[str, str] | None = None) -> int:
+        """Copy the encoder (embeddings + layers) of the `MaskedLMTask` checkpoint `init_from` into the
+        model; the head keeps its initialization. `tokenizers` (the datamodule's `state_dict()` entry)
+        must be the ones it was pretrained with. `train.py` calls this before a fresh fit, not on resume.
+        Returns the number of tensors copied (0 without `init_from`)."""
+        if not self.hparams.init_from:
+            return 0
+        loaded = load_pretrained_encoder(self.model, self.hparams.init_from, tokenizers)
+        log.info("Initialized %d encoder tensors from %s", loaded, self.hparams.init_from)
+        return loaded
 
     def forward(self, src: Tensor) -> Tensor:
         """src (B, S) -> logits (B, C)."""
@@ -447,3 +461,119 @@ class ClassificationTask(_TaskBase):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.acc_best = checkpoint.get("acc_best", -math.inf)
+
+
+class MaskedLMTask(_TaskBase):
+    """Masked-LM pretraining (BERT, Devlin et al., 2019) of an encoder on a classification dataset's text.
+
+    The labels are ignored. Each step picks `mask_prob` of the tokens (never BOS/EOS/padding) and
+    predicts them: 80% of the picked tokens are replaced by `mask_id` (`<unk>`: the tokenizers have no
+    separate mask token), 10% by a random token, 10% are left as they are. Validation and test draw
+    their masks from a fixed seed per batch, so their losses compare across epochs. Fine-tune the result
+    with `ClassificationTask(init_from=<checkpoint>)` (`model.init_from=` in the configs).
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        mask_prob: float = 0.15,
+        mask_id: int = 3,
+        compile: bool = False,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(optimizer, scheduler, run_config)
+        config = _plain(config)
+        if not 0.0 < mask_prob < 1.0:
+            raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob!r}")
+        self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
+        self.model = TransformerMaskedLM(TransformerConfig.from_dict(config))
+        self.pad_id = self.model.config.pad_id
+        self.means = nn.ModuleDict(
+            {f"{stage}_{name}": MeanMetric() for stage in ("val", "test") for name in ("loss", "acc")}
+        )
+        self.loss_best = math.inf
+
+    def mask_tokens(self, src: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> (masked src (B, S), picked positions (B, S) bool)."""
+        config = self.model.config
+        # the special ids come first in the vocabulary; random replacements are ordinary tokens
+        first_word = max(config.pad_id, config.bos_id, config.eos_id, self.hparams.mask_id) + 1
+        maskable = src.ne(config.pad_id) & src.ne(config.bos_id) & src.ne(config.eos_id)  # (B, S)
+        draw = torch.rand(src.shape, device=src.device, generator=generator)  # (B, S)
+        picked = maskable & (draw < self.hparams.mask_prob)
+        # the same draw, rescaled within the picked tokens, splits them 80 / 10 / 10
+        share = draw / self.hparams.mask_prob  # (B, S) in [0, 1) where picked
+        random_ids = torch.randint(
+            first_word, config.src_vocab_size, src.shape, device=src.device, generator=generator
+        )
+        masked = torch.where(picked & (share < 0.8), torch.full_like(src, self.hparams.mask_id), src)
+        masked = torch.where(picked & (share >= 0.8) & (share < 0.9), random_ids, masked)
+        return masked, picked
+
+    def _loss(
+        self, batch: Mapping[str, Tensor], generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor, int]:
+        """(mean cross entropy over the picked tokens, their accuracy, how many were picked)."""
+        src = batch["src"]
+        masked, picked = self.mask_tokens(src, generator)
+        logits = self.model(masked, picked)  # (N, V)
+        gold = src[picked]  # (N,)
+        n = gold.numel()
+        if n == 0:  # nothing picked in this (tiny) batch: a zero loss that still reaches every parameter
+            zero = sum(p.sum() for p in self.model.parameters()) * 0.0
+            return zero, zero.detach(), 0
+        loss = F.cross_entropy(logits.float(), gold)
+        acc = logits.argmax(dim=-1).eq(gold).float().mean()
+        return loss, acc, n
+
+    def forward(self, src: Tensor, positions: Tensor) -> Tensor:
+        """src (B, S) (masked), positions (B, S) bool -> logits (N, V) at the N picked positions."""
+        return self.model(src, positions)
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        loss, acc, _ = self._loss(batch)
+        B = batch["src"].size(0)
+        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        self.log("train/acc", acc, batch_size=B)
+        self._log_throughput(int(batch["src"].ne(self.pad_id).sum()), batch["src"].numel(), B)
+        return loss
+
+    def _eval_step(self, stage: str, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        generator = torch.Generator(device=batch["src"].device).manual_seed(batch_idx)
+        loss, acc, n = self._loss(batch, generator)
+        if n:
+            self.means[f"{stage}_loss"].update(loss.detach(), n)
+            self.means[f"{stage}_acc"].update(acc, n)
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self._eval_step("val", batch, batch_idx)
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self._eval_step("test", batch, batch_idx)
+
+    def _log_epoch(self, stage: str) -> dict[str, float]:
+        values = {}
+        for name in ("loss", "acc"):
+            metric = self.means[f"{stage}_{name}"]
+            values[name] = float(metric.compute())  # synced across processes
+            metric.reset()
+            self.log(f"{stage}/{name}", values[name], prog_bar=True, sync_dist=True)
+        return values
+
+    def on_validation_epoch_end(self) -> None:
+        values = self._log_epoch("val")
+        if not self.trainer.sanity_checking:
+            self.loss_best = min(self.loss_best, values["loss"])
+            self.log("val/loss_best", self.loss_best, sync_dist=True)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["loss_best"] = self.loss_best
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.loss_best = checkpoint.get("loss_best", math.inf)

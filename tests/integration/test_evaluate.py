@@ -76,10 +76,8 @@ def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _train(root / "run", root / "cache", TINY_QUICKSTART)
 
 
-@pytest.fixture(scope="module")
-def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sst")
-    data = root / "data"
+def _write_sst(data: Path) -> Path:
+    """A tiny SST-2-like directory (GLUE layout): train, dev, and an unlabeled test."""
     data.mkdir()
     good, bad = (
         ["a great fun film", "warm and funny", "a moving story"],
@@ -94,6 +92,26 @@ def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (data / "test.tsv").write_text(
         "index\tsentence\n" + "".join(f"{i}\t{t}\n" for i, (t, _) in enumerate(rows[:10]))
     )
+    return data
+
+
+TINY_SST = [
+    "data.vocab_size=100",
+    "data.max_tokens=128",  # several batches per epoch
+    "model.config.d_model=32",
+    "model.config.n_heads=2",
+    "model.config.d_ff=64",
+    "model.config.n_encoder_layers=1",
+    "model.scheduler.warmup_steps=2",
+    "trainer.max_epochs=2",
+    "trainer.num_sanity_val_steps=0",
+]
+
+
+@pytest.fixture(scope="module")
+def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sst")
+    data = _write_sst(root / "data")
     return _train(
         root / "run",
         root / "cache",
@@ -101,15 +119,7 @@ def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "data=sst2",
             "model=classification",
             f"data.data_dir={data}",
-            "data.vocab_size=100",
-            "data.max_tokens=128",  # several batches per epoch
-            "model.config.d_model=32",
-            "model.config.n_heads=2",
-            "model.config.d_ff=64",
-            "model.config.n_encoder_layers=1",
-            "model.scheduler.warmup_steps=2",
-            "trainer.max_epochs=2",
-            "trainer.num_sanity_val_steps=0",
+            *TINY_SST,
             "model.pooling=max",
             "model.token_dropout=0.1",
             "callbacks=[default,ema]",  # checkpoints hold the averaged weights
@@ -118,6 +128,38 @@ def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "optimized_metric=val/acc_best",
         ],
     )
+
+
+def test_pretrain_then_fine_tune(tmp_path: Path) -> None:
+    """experiment=sst2_pretrain, then experiment=sst2 model.init_from=<its checkpoint>; a pretraining
+    checkpoint is refused by evaluate.py, and one of another tokenizer by init_from, before any file."""
+    data, cache = _write_sst(tmp_path / "data"), tmp_path / "cache"
+    tiny = [f"data.data_dir={data}", *TINY_SST, "data.max_len=16", "model.config.max_len=16"]
+    pre = _train(tmp_path / "pre", cache, ["experiment=sst2_pretrain", *tiny])
+    pre_metrics = _metrics(pre)
+    assert pre_metrics["val/loss_best"] is not None and "test/loss" in pre_metrics
+    ckpt = pre / "checkpoints" / "last.ckpt"
+    fine = _run(
+        "train.py",
+        [f"hydra.run.dir={tmp_path / 'fine'}", f"paths.cache_dir={cache}", "logger=csv", "experiment=sst2",
+         *tiny, f"model.init_from={ckpt}"],
+    )  # fmt: skip
+    assert fine.returncode == 0, fine.stderr[-3000:]
+    log_text = (tmp_path / "fine" / "train.log").read_text()
+    # the embedding, one pre-LN layer (attention 4, feed-forward 4, norms 4) and the final norm (2)
+    assert f"Initialized 15 encoder tensors from {ckpt}" in log_text
+    assert "test/acc" in _metrics(tmp_path / "fine")
+    evaluated = _run("evaluate.py", [f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"])
+    assert evaluated.returncode == 1
+    assert "masked-LM pretraining checkpoint" in evaluated.stderr.splitlines()[-1]
+    other = _run(
+        "train.py",
+        [f"hydra.run.dir={tmp_path / 'other'}", f"paths.cache_dir={cache}", "logger=csv", "experiment=sst2",
+         *tiny, "data.vocab_size=90", f"model.init_from={ckpt}"],
+    )  # fmt: skip
+    assert other.returncode == 1
+    assert other.stderr.rstrip().splitlines()[-1].startswith(f"error: model.init_from={ckpt} was pretrained")
+    assert not any((tmp_path / "other" / name).exists() for name in ("checkpoints", "config.yaml"))
 
 
 def _metrics(directory: Path) -> dict:

@@ -88,7 +88,8 @@ def test_every_experiment_composes_and_instantiates(fresh_hydra, tmp_path, exper
     assert isinstance(trainer, L.Trainer)
     assert cfg.optimized_metric.startswith("val/")
     monitor = cfg.callbacks.model_checkpoint.monitor
-    assert monitor == ("val/acc" if experiment == "sst2" else "val/bleu")
+    expected = {"sst2": "val/acc", "sst2_pretrain": "val/loss"}.get(experiment, "val/bleu")
+    assert monitor == expected
     assert trainer.checkpoint_callback is not None and trainer.checkpoint_callback.monitor == monitor
 
 
