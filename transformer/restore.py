@@ -51,6 +51,20 @@ class RestoredModel:
     epoch: int | None = None
 
 
+def _model_weights(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's network weights (`model.*`), named as the network itself names them."""
+    return {
+        key.removeprefix(_MODEL_PREFIX): value
+        for key, value in strip_compile_prefix(checkpoint["state_dict"]).items()
+        if key.startswith(_MODEL_PREFIX)
+    }
+
+
+def _is_masked_lm(hparams: Any) -> bool:
+    """Whether a checkpoint's hyperparameters are a `MaskedLMTask`'s (pretraining, no classifier head)."""
+    return isinstance(hparams, Mapping) and "mask_prob" in hparams
+
+
 def _hparams(checkpoint: Mapping[str, Any], path: str | Path) -> Mapping[str, Any]:
     hparams = checkpoint.get("hyper_parameters")
     if not isinstance(hparams, Mapping) or not isinstance(hparams.get("config"), Mapping):
@@ -68,7 +82,7 @@ def task_of(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") ->
     or hand-edited checkpoint is refused).
     """
     hparams = _hparams(checkpoint, path)
-    if "mask_prob" in hparams:
+    if _is_masked_lm(hparams):
         raise CheckpointError(
             f"checkpoint {path} is a masked-LM pretraining checkpoint (MaskedLMTask): it has no classifier "
             "to evaluate; fine-tune it first (`model.init_from=` of a classification run)"
@@ -105,11 +119,7 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
             model = TransformerClassifier(config, hparams["num_classes"], hparams.get("pooling", "cls"))
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path}: its model config cannot be built: {err}") from None
-    weights = {
-        key.removeprefix(_MODEL_PREFIX): value
-        for key, value in strip_compile_prefix(checkpoint["state_dict"]).items()
-        if key.startswith(_MODEL_PREFIX)
-    }
+    weights = _model_weights(checkpoint)
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     if missing or unexpected:
@@ -147,8 +157,7 @@ def load_pretrained_encoder(
     been pretrained with the same tokenizer, since token ids only mean something under it.
     """
     checkpoint = load_checkpoint(path)
-    hparams = checkpoint.get("hyper_parameters")
-    if not isinstance(hparams, Mapping) or "mask_prob" not in hparams:
+    if not _is_masked_lm(checkpoint.get("hyper_parameters")):
         raise CheckpointError(
             f"model.init_from={path} is not a masked-LM pretraining checkpoint (MaskedLMTask, "
             "`experiment=sst2_pretrain`); to continue a classification run use ckpt_path= instead"
@@ -160,11 +169,7 @@ def load_pretrained_encoder(
                 f"model.init_from={path} was pretrained with another tokenizer than this run's (compare "
                 "data.vocab_size, data.min_frequency and the training split): token ids would not match"
             )
-    weights = {
-        key.removeprefix(_MODEL_PREFIX): value
-        for key, value in strip_compile_prefix(checkpoint["state_dict"]).items()
-        if key.removeprefix(_MODEL_PREFIX).startswith(_ENCODER_PREFIXES)
-    }
+    weights = {k: v for k, v in _model_weights(checkpoint).items() if k.startswith(_ENCODER_PREFIXES)}
     expected = {k: v for k, v in model.state_dict().items() if k.startswith(_ENCODER_PREFIXES)}
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     mismatched = [

@@ -98,9 +98,11 @@ class _TokenMeans(nn.Module):
 
 
 class _TaskBase(L.LightningModule):
-    """What both tasks share: optimizer/scheduler wiring, optional compile, self-sufficient checkpoints."""
+    """What the tasks share: optimizer/scheduler wiring, optional compile, self-sufficient checkpoints,
+    epoch metrics and the best value of the selection metric (`val/<name>_best`, kept in checkpoints)."""
 
     model: nn.Module
+    best_metric: tuple[str, Literal["max", "min"]]  # the validation metric tracked as val/<name>_best
 
     def __init__(
         self,
@@ -114,6 +116,31 @@ class _TaskBase(L.LightningModule):
         # the resolved Hydra config of the run, stored in every checkpoint (not a hyperparameter)
         self.run_config = _plain(run_config) if run_config is not None else None
         self.throughput = _Throughput()
+        self.best = self._worst()
+
+    def _worst(self) -> float:
+        """Where the best value starts: below (max) or above (min) anything a validation can give."""
+        return -math.inf if self.best_metric[1] == "max" else math.inf
+
+    def _log_best(self, value: float) -> None:
+        """After a real (not sanity-check) validation: fold `value` into the best so far and log it."""
+        if self.trainer.sanity_checking:
+            return
+        name, mode = self.best_metric
+        self.best = max(self.best, value) if mode == "max" else min(self.best, value)
+        self.log(f"val/{name}_best", self.best, sync_dist=True)
+
+    def _log_epoch_metrics(
+        self, stage: str, metrics: Mapping[str, Any], names: Sequence[str], prog_bar: Sequence[str]
+    ) -> dict[str, float]:
+        """Compute, reset and log `metrics[f"{stage}_{name}"]` as `{stage}/{name}` for each name."""
+        values = {}
+        for name in names:
+            metric = metrics[f"{stage}_{name}"]
+            values[name] = float(metric.compute())  # synced across processes
+            metric.reset()
+            self.log(f"{stage}/{name}", values[name], prog_bar=name in prog_bar, sync_dist=True)
+        return values
 
     def configure_model(self) -> None:
         """`torch.compile` in place (`nn.Module.compile`): state_dict keys keep their names."""
@@ -178,10 +205,16 @@ class _TaskBase(L.LightningModule):
         for logger in self.loggers:  # so that `ckpt_path=` resumes the same wandb run
             if type(logger).__name__ == "WandbLogger":
                 checkpoint["wandb_run_id"] = str(logger.version)
+        checkpoint[f"{self.best_metric[0]}_best"] = self.best
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.best = checkpoint.get(f"{self.best_metric[0]}_best", self._worst())
 
 
 class TranslationTask(_TaskBase):
     """Sequence-to-sequence training (section 5) with validation BLEU from greedy or beam search."""
+
+    best_metric = ("bleu", "max")
 
     def __init__(
         self,
@@ -212,7 +245,6 @@ class TranslationTask(_TaskBase):
         self.pad_id = self.model.config.pad_id
         self.val_means, self.test_means = _TokenMeans(), _TokenMeans()
         self._hypotheses: dict[int, str] = {}  # example id -> detokenized hypothesis, this epoch
-        self.bleu_best = -math.inf
 
     # --- loss -------------------------------------------------------------------------------------
 
@@ -287,9 +319,7 @@ class TranslationTask(_TaskBase):
         scores = self._score("val")
         for name, value in scores.items():
             self.log(f"val/{name}", value, prog_bar=name == "bleu", sync_dist=True)
-        if not self.trainer.sanity_checking:
-            self.bleu_best = max(self.bleu_best, scores["bleu"])
-            self.log("val/bleu_best", self.bleu_best, sync_dist=True)
+        self._log_best(scores["bleu"])
 
     def on_test_epoch_end(self) -> None:
         self._log_means("test", self.test_means)
@@ -336,18 +366,11 @@ class TranslationTask(_TaskBase):
         splits = getattr(self._datamodule(), "splits", None)
         return splits[stage] if isinstance(splits, Mapping) and stage in splits else stage
 
-    # --- checkpoint extras -----------------------------------------------------------------------
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["bleu_best"] = self.bleu_best
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.bleu_best = checkpoint.get("bleu_best", -math.inf)
-
 
 class ClassificationTask(_TaskBase):
     """Sentence classification with an encoder-only Transformer: cross entropy, accuracy, macro-F1."""
+
+    best_metric = ("acc", "max")
 
     def __init__(
         self,
@@ -382,7 +405,6 @@ class ClassificationTask(_TaskBase):
                 )
             }
         )
-        self.acc_best = -math.inf
 
     def load_init_from(self, tokenizers: Mapping[str, str] | None = None) -> int:
         """Copy the encoder (embeddings + layers) of the `MaskedLMTask` checkpoint `init_from` into the
@@ -435,32 +457,16 @@ class ClassificationTask(_TaskBase):
 
     def _log_epoch(self, stage: str) -> dict[str, float]:
         names = ("acc", "f1") if stage == "train" else ("loss", "acc", "f1")  # train/loss is per step
-        values = {}
-        for name in names:
-            metric = self.metrics[f"{stage}_{name}"]
-            values[name] = float(metric.compute())  # synced across processes
-            metric.reset()
-            self.log(f"{stage}/{name}", values[name], prog_bar=name == "acc", sync_dist=True)
-        return values
+        return self._log_epoch_metrics(stage, self.metrics, names, prog_bar=("acc",))
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
 
     def on_validation_epoch_end(self) -> None:
-        values = self._log_epoch("val")
-        if not self.trainer.sanity_checking:
-            self.acc_best = max(self.acc_best, values["acc"])
-            self.log("val/acc_best", self.acc_best, sync_dist=True)
+        self._log_best(self._log_epoch("val")["acc"])
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["acc_best"] = self.acc_best
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.acc_best = checkpoint.get("acc_best", -math.inf)
 
 
 class MaskedLMTask(_TaskBase):
@@ -472,6 +478,8 @@ class MaskedLMTask(_TaskBase):
     their masks from a fixed seed per batch, so their losses compare across epochs. Fine-tune the result
     with `ClassificationTask(init_from=<checkpoint>)` (`model.init_from=` in the configs).
     """
+
+    best_metric = ("loss", "min")
 
     def __init__(
         self,
@@ -490,10 +498,9 @@ class MaskedLMTask(_TaskBase):
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
         self.model = TransformerMaskedLM(TransformerConfig.from_dict(config))
         self.pad_id = self.model.config.pad_id
-        self.means = nn.ModuleDict(
+        self.metrics = nn.ModuleDict(
             {f"{stage}_{name}": MeanMetric() for stage in ("val", "test") for name in ("loss", "acc")}
         )
-        self.loss_best = math.inf
 
     def mask_tokens(self, src: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """src (B, S) -> (masked src (B, S), picked positions (B, S) bool)."""
@@ -521,8 +528,8 @@ class MaskedLMTask(_TaskBase):
         logits = self.model(masked, picked)  # (N, V)
         gold = src[picked]  # (N,)
         n = gold.numel()
-        if n == 0:  # nothing picked in this (tiny) batch: a zero loss that still reaches every parameter
-            zero = sum(p.sum() for p in self.model.parameters()) * 0.0
+        if n == 0:  # nothing picked in this (tiny) batch: the empty logits sum to a zero loss, zero gradients
+            zero = logits.float().sum()
             return zero, zero.detach(), 0
         loss = F.cross_entropy(logits.float(), gold)
         acc = logits.argmax(dim=-1).eq(gold).float().mean()
@@ -544,8 +551,8 @@ class MaskedLMTask(_TaskBase):
         generator = torch.Generator(device=batch["src"].device).manual_seed(batch_idx)
         loss, acc, n = self._loss(batch, generator)
         if n:
-            self.means[f"{stage}_loss"].update(loss.detach(), n)
-            self.means[f"{stage}_acc"].update(acc, n)
+            self.metrics[f"{stage}_loss"].update(loss.detach(), n)
+            self.metrics[f"{stage}_acc"].update(acc, n)
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
         self._eval_step("val", batch, batch_idx)
@@ -554,26 +561,10 @@ class MaskedLMTask(_TaskBase):
         self._eval_step("test", batch, batch_idx)
 
     def _log_epoch(self, stage: str) -> dict[str, float]:
-        values = {}
-        for name in ("loss", "acc"):
-            metric = self.means[f"{stage}_{name}"]
-            values[name] = float(metric.compute())  # synced across processes
-            metric.reset()
-            self.log(f"{stage}/{name}", values[name], prog_bar=True, sync_dist=True)
-        return values
+        return self._log_epoch_metrics(stage, self.metrics, ("loss", "acc"), prog_bar=("loss", "acc"))
 
     def on_validation_epoch_end(self) -> None:
-        values = self._log_epoch("val")
-        if not self.trainer.sanity_checking:
-            self.loss_best = min(self.loss_best, values["loss"])
-            self.log("val/loss_best", self.loss_best, sync_dist=True)
+        self._log_best(self._log_epoch("val")["loss"])
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["loss_best"] = self.loss_best
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.loss_best = checkpoint.get("loss_best", math.inf)
