@@ -18,6 +18,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
@@ -169,17 +170,19 @@ class _TaskBase(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _optimizer_overrides(self) -> dict[str, Any]:
-        """A fused AdamW unscales its gradients inside its step, so under fp16 loss scaling (16-mixed)
-        Lightning cannot clip them first: with clipping on, `fused=None` (auto) becomes the foreach kernel."""
+        """A fused AdamW would unscale fp16 gradients inside its step, after clipping, so Lightning's
+        mixed-precision plugin refuses to clip a fused optimizer's gradients under 16-mixed *and* bf16-mixed
+        (`trainer=gpu`). With clipping on, `fused=None` (auto) becomes the foreach kernel."""
         trainer = self.trainer
-        if getattr(trainer.precision_plugin, "scaler", None) is None or not trainer.gradient_clip_val:
+        if not isinstance(trainer.precision_plugin, MixedPrecision) or not trainer.gradient_clip_val:
             return {}
         if "fused" not in inspect.signature(self.optimizer_factory).parameters:
             return {}
         if getattr(self.optimizer_factory, "keywords", {}).get("fused"):
             raise ValueError(
-                "model.optimizer.fused=true cannot clip gradients under trainer.precision=16-mixed "
-                "(the fused step unscales them itself): set model.optimizer.fused=null or "
+                f"model.optimizer.fused=true cannot clip gradients under trainer.precision="
+                f"{trainer.precision} (Lightning refuses a step that unscales them itself): set "
+                "model.optimizer.fused=null or "
                 "trainer.gradient_clip_val=null"
             )
         return {"fused": False}

@@ -62,9 +62,18 @@ def _run(script: str, args: list[str], stdin: str | None = None) -> subprocess.C
     )
 
 
-def _train(run_dir: Path, cache: Path, overrides: list[str]) -> Path:
+def _train(run_dir: Path, cache: Path, overrides: list[str], trainer: str = "cpu") -> Path:
+    """A training run through the CLI. On the CPU by default, also on a GPU machine: evaluate.py scores on
+    the CPU, and the tests compare its numbers with the run's own test step exactly."""
     result = _run(
-        "train.py", [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", "logger=csv", *overrides]
+        "train.py",
+        [
+            f"hydra.run.dir={run_dir}",
+            f"paths.cache_dir={cache}",
+            "logger=csv",
+            f"trainer={trainer}",
+            *overrides,
+        ],
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
@@ -411,6 +420,33 @@ def test_gpu_checkpoint_evaluates_on_cpu(translation_run: Path, tmp_path: Path, 
         compose_eval(tmp_path / "gpu", f"ckpt_path={best}", "device=cuda", "report.enabled=false")
     )
     assert on_gpu["test/loss"] == pytest.approx(on_cpu["test/loss"], rel=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_training_run_then_cpu_evaluation(tmp_path: Path, compose_eval) -> None:
+    """`trainer=gpu` (bf16-mixed autocast, gradient clipping on) through the CLI, then evaluate.py on the
+    CPU in fp32: the same accuracy up to the odd example whose logits bf16 rounds the other way."""
+    from evaluate import evaluate
+
+    data = _write_sst(tmp_path / "data")
+    run = _train(
+        tmp_path / "run",
+        tmp_path / "cache",
+        [
+            "data=sst2",
+            "model=classification",
+            f"data.data_dir={data}",
+            *TINY_SST,
+            "callbacks.model_checkpoint.monitor=val/acc",
+            "optimized_metric=val/acc_best",
+        ],
+        trainer="gpu",
+    )
+    trained = _metrics(run)
+    assert trained["global_step"] > 0 and "test/acc" in trained
+    on_cpu = evaluate(compose_eval(tmp_path / "eval", f"ckpt_path={_best(run)}", "report.enabled=false"))
+    assert on_cpu["test/acc"] == pytest.approx(trained["test/acc"], abs=2 / 30)  # 30 dev rows
+    assert on_cpu["test/loss"] == pytest.approx(trained["test/loss"], rel=0.05)
 
 
 # --- bad input: one line on stderr, exit status 1 ----------------------------------------------------------

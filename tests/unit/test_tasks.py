@@ -332,12 +332,33 @@ def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_pa
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the steps that fit were taken
 
 
-def test_fp16_clipping_with_a_forced_fused_optimizer_names_the_keys(tmp_path) -> None:
+def test_bf16_mixed_precision_clips_gradients_without_the_fused_optimizer(tmp_path) -> None:
+    """`trainer=gpu` (bf16-mixed) with the default gradient clipping: Lightning refuses to clip the
+    gradients of any optimizer that unscales them itself (fused AdamW), scaler or not, so the task picks the
+    foreach kernel. Lightning builds the same plugin on the CPU, so this runs here."""
+    task = _translation()
+    trainer = _trainer(
+        tmp_path, max_steps=2, limit_val_batches=0, gradient_clip_val=1.0, precision="bf16-mixed"
+    )
+    trainer.fit(task, datamodule=CopyData())
+    assert trainer.global_step == 2
+    assert trainer.optimizers[0].defaults["fused"] is False
+    # without clipping nothing stands in the way of the fused kernel
+    task = _translation()
+    trainer = _trainer(
+        tmp_path, max_steps=1, limit_val_batches=0, gradient_clip_val=None, precision="bf16-mixed"
+    )
+    trainer.fit(task, datamodule=CopyData())
+    assert trainer.optimizers[0].defaults["fused"] is True
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_mixed_precision_clipping_with_a_forced_fused_optimizer_names_the_keys(tmp_path, precision) -> None:
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     task = TranslationTask(TINY, optimizer=functools.partial(adamw, lr=1e-3, fused=True))
     trainer = _trainer(
-        tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision("16-mixed", "cpu")]
+        tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision(precision, "cpu")]
     )
     with pytest.raises(ValueError, match=r"model\.optimizer\.fused=true .* trainer\.gradient_clip_val=null"):
         trainer.fit(task, datamodule=CopyData())
