@@ -185,18 +185,25 @@ class Runner:
 
 
 # ours with one lever reverted, or (compiled) torch.compile(dynamic=True) added on the padded layout
-VARIANTS = ("nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled")
+VARIANTS = ("pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled")
 
 
-def build_runner(name: str, config: TransformerConfig, revisions: dict[str, dict[str, ModuleType]]) -> Runner:
-    """ours, ours:VARIANT (one optimization reverted), ours@REV (an earlier revision), torch or marian."""
+def build_runner(
+    name: str,
+    config: TransformerConfig,
+    revisions: dict[str, dict[str, ModuleType]],
+    device: torch.device = torch.device("cpu"),  # noqa: B008
+) -> Runner:
+    """ours, ours:VARIANT (one optimization reverted or forced), ours@REV (an earlier revision), torch or
+    marian, for training on `device` (ours packs tokens by default on the CPU only)."""
     torch.manual_seed(0)
     if name == "ours" or name.startswith("ours:"):
         variant = name.partition(":")[2]
         if variant and variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         model = Seq2SeqTransformer(config)
-        model.pack_tokens = variant not in ("nopack", "compiled")  # packing's shapes depend on the data
+        if variant in ("pack", "nopack", "compiled"):  # packing's shapes depend on the data: not compiled
+            model.pack_tokens = variant == "pack"
         if variant == "compiled":
             model.compile(dynamic=True)
         if variant == "torchdropout":
@@ -211,7 +218,7 @@ def build_runner(name: str, config: TransformerConfig, revisions: dict[str, dict
             name,
             model,
             lambda b: ours_token_loss(model, b, loss_fn),
-            model.pack_tokens,
+            model._packing_on(device),
             True,
             fused_adamw=variant != "foreachadamw",
         )
@@ -219,7 +226,11 @@ def build_runner(name: str, config: TransformerConfig, revisions: dict[str, dict
         modules = revisions[name.split("@", 1)[1]]
         old_config = modules["config"].TransformerConfig(**vars(config))
         model = modules["model"].Seq2SeqTransformer(old_config)
-        packs = bool(getattr(model, "pack_tokens", False))
+        packs = (
+            model._packing_on(device)
+            if hasattr(model, "_packing_on")
+            else bool(getattr(model, "pack_tokens", False))
+        )
         loss_fn = modules["losses"].label_smoothed_cross_entropy
         return Runner(name, model, lambda b: ours_token_loss(model, b, loss_fn), packs, True)
     if name == "torch":
@@ -458,7 +469,7 @@ def run_case(
 ) -> tuple[dict[str, object], dict[str, float]]:
     """Padded batches, profile and end to end for one model size; (JSON results, ratios)."""
     config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
-    runners = {name: build_runner(name, config, revisions) for name in names}
+    runners = {name: build_runner(name, config, revisions, device) for name in names}
     for runner in runners.values():
         runner.model.to(device).train()
         runner.autocast = torch.bfloat16 if args.bf16 else None

@@ -338,12 +338,15 @@ def _prefix_mask(tokens: Tensor, pad_id: int) -> Tensor:
 class Seq2SeqTransformer(nn.Module):
     """The encoder-decoder Transformer (Section 3, Figure 1); padding masks come from `config.pad_id`.
 
-    `pack_tokens` (default True): full-sequence passes (`forward`, `encode`) run their
-    position-wise layers on the non-pad tokens only; set it to False for fixed shapes (torch.compile,
-    CUDA graphs). Outputs at real positions are the same either way; padded positions come out as zeros.
+    `pack_tokens`: full-sequence passes (`forward`, `encode`) run their position-wise layers on the
+    non-pad tokens only. None (the default) packs on the CPU and not on a GPU: a training step on the CPU
+    is 1.23x / 1.34x faster packed (d256 / d512), on an H100 in bf16 1.33x / 1.16x *slower* (the gathers'
+    kernel launches and host syncs cost more than the skipped padding; README Performance). False gives
+    fixed shapes (torch.compile, CUDA graphs). Outputs at real positions are the same either way; padded
+    positions come out as zeros.
     """
 
-    pack_tokens: bool = True
+    pack_tokens: bool | None = None
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -387,7 +390,7 @@ class Seq2SeqTransformer(nn.Module):
     def encode(self, src: Tensor) -> Tensor:
         """src (B, S) long -> memory (B, S, D)."""
         src_padding_mask = self.padding_mask(src)
-        if self.pack_tokens and src_padding_mask.any():
+        if self._packing_on(src.device) and src_padding_mask.any():
             memory, packing = self._encode_packed(src, src_padding_mask)
             return packing.unpack(memory)  # (B, S, D), zeros at pads (masked as keys anyway)
         return self.encoder(self.src_embed(src), src_padding_mask, rotary=self.rotary)
@@ -409,8 +412,11 @@ class Seq2SeqTransformer(nn.Module):
         )
         return hidden, packing  # (N, D)
 
+    def _packing_on(self, device: torch.device) -> bool:
+        return device.type == "cpu" if self.pack_tokens is None else self.pack_tokens
+
     def _packs(self, src: Tensor, tgt_in: Tensor) -> bool:
-        return self.pack_tokens and bool(
+        return self._packing_on(src.device) and bool(
             src.eq(self.config.pad_id).any() or tgt_in.eq(self.config.pad_id).any()
         )
 
