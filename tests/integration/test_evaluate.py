@@ -155,8 +155,8 @@ def test_pretrain_then_fine_tune(tmp_path: Path) -> None:
     )  # fmt: skip
     assert fine.returncode == 0, fine.stderr[-3000:]
     log_text = (tmp_path / "fine" / "train.log").read_text()
-    # the embedding, one pre-LN layer (attention 4, feed-forward 4, norms 4) and the final norm (2)
-    assert f"Initialized 15 encoder tensors from {ckpt}" in log_text
+    # the embedding and one post-LN layer (attention 4, feed-forward 4, norms 4); no final norm after post-LN
+    assert f"Initialized 13 encoder tensors from {ckpt}" in log_text
     assert "test/acc" in _metrics(tmp_path / "fine")
     evaluated = _run("evaluate.py", [f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"])
     assert evaluated.returncode == 1
