@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from transformer.config import TransformerConfig
@@ -142,6 +142,14 @@ class _TaskBase(L.LightningModule):
             metric.reset()
             self.log(f"{stage}/{name}", values[name], prog_bar=name in prog_bar, sync_dist=True)
         return values
+
+    def on_fit_start(self) -> None:
+        """Fresh metric states for training. A `trainer.validate` or `trainer.test` before `fit` resets them
+        under inference mode, which makes them inference tensors; fit's validation (under no_grad) could
+        not update those in place."""
+        for module in self.modules():
+            if isinstance(module, Metric):
+                module.reset()
 
     def configure_model(self) -> None:
         """`torch.compile` in place (`nn.Module.compile`): state_dict keys keep their names."""

@@ -280,6 +280,19 @@ def test_classification_task(tmp_path) -> None:
     assert {"test/acc", "test/f1", "test/loss"} <= set(result)
 
 
+@pytest.mark.parametrize("before", ["validate", "test"])
+def test_fit_after_validate_or_test_on_the_same_task(tmp_path, before: str) -> None:
+    """Evaluating first (inference mode: its metric states become inference tensors), then fitting."""
+    task = ClassificationTask(
+        {**TINY, "n_decoder_layers": 0}, num_classes=2, optimizer=functools.partial(adamw, lr=3e-3)
+    )
+    data = CopyData(classify=True)
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2)
+    getattr(trainer, before)(task, datamodule=data, verbose=False)
+    trainer.fit(task, datamodule=data)
+    assert trainer.global_step == 2 and "val/acc" in trainer.callback_metrics
+
+
 def test_classification_token_dropout_pads_ordinary_tokens_in_training_only() -> None:
     task = ClassificationTask({**TINY, "n_decoder_layers": 0}, num_classes=2, token_dropout=0.3)
     config = task.model.config
