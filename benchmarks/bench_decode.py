@@ -10,8 +10,10 @@ hypothesis of the same length neither changes the ranking, so alpha = 0.6 for bo
 Greedy: `greedy_search` (KV cache, finished sentences leave the batch) vs the same loop recomputing the
 decoder over the whole prefix at every step; both must give the same tokens.
 Repeats are interleaved (the order rotates) and medians reported, in sentences/s.
+`--device cuda` times on a GPU (synchronized around each call); `--bf16` casts both models to bfloat16.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_decode.py [--cases d256,d512] [--repeats 3]
+        [--device cuda] [--bf16]
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def recompute_greedy(model: Seq2SeqTransformer, src: Tensor, max_length: int) ->
         memory = model.encode(src)
         src_mask = model.padding_mask(src)
         tgt_in = src.new_full((src.size(0), 1), BOS)
-        finished = torch.zeros(src.size(0), dtype=torch.bool)
+        finished = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
         for step in range(max_length):
             log_probs = model.decode(tgt_in, memory, src_mask)[:, -1].float().log_softmax(-1)  # (B, V)
             log_probs[:, [PAD, BOS]] = -math.inf
@@ -112,17 +114,23 @@ def _methods(
 
 
 def interleaved(
-    methods: dict[str, Callable[[], Tensor]], repeats: int
+    methods: dict[str, Callable[[], Tensor]],
+    repeats: int,
+    device: torch.device = torch.device("cpu"),  # noqa: B008
 ) -> tuple[dict[str, list[float]], dict[str, Tensor]]:
-    """Seconds of each method in each of `repeats` rounds (the order rotates), and its last output."""
+    """Seconds of each method in each of `repeats` rounds (the order rotates), and its last output;
+    on a GPU each call is timed from an idle device to the end of its last kernel."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     names = list(methods)
     times: dict[str, list[float]] = {name: [] for name in names}
     outputs: dict[str, Tensor] = {}
     for i in range(repeats):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
+            sync()
             start = time.perf_counter()
             outputs[name] = methods[name]()
+            sync()
             times[name].append(time.perf_counter() - start)
     return times, outputs
 
@@ -147,8 +155,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--baseline", default=None, help="git revision of our code to time alongside")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--bf16", action="store_true", help="both models in bfloat16 (for GPUs)")
     parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU, but torch.cuda.is_available() is False here")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
     revision = load_revision(args.baseline) if args.baseline else None
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -156,31 +170,34 @@ def main() -> None:
         args.batch_size, args.length, args.repeats = 4, 6, 1
 
     load = os.getloadavg()
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+        f"torch {torch.__version__}, {where}, {str(dtype).removeprefix('torch.')}, "
+        f"{torch.get_num_threads()} threads, OMP_WAIT_POLICY="
         f"{os.environ.get('OMP_WAIT_POLICY')}, load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
         f"{args.batch_size} sentences x {args.length} tokens, sentences/s (median of {args.repeats})"
     )
-    result: dict[str, object] = {"benchmark": "bench_decode", "torch": torch.__version__,
+    result: dict[str, object] = {"benchmark": "bench_decode", "torch": torch.__version__, "device": where,
+                                 "dtype": str(dtype).removeprefix("torch."),
                                  "threads": torch.get_num_threads(), "load_start": load[0]}  # fmt: skip
     ratios: dict[str, float] = {}
     print(f"{'case':6} {'method':24} {'sent/s':>8} {'mean len':>9}")
     for case in args.cases.split(","):
         config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
         torch.manual_seed(0)
-        ours = Seq2SeqTransformer(config).eval()
-        marian = MarianReference(config).eval()
-        src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src
+        ours = Seq2SeqTransformer(config).eval().to(device, dtype)
+        marian = MarianReference(config).eval().to(device, dtype)
+        src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src.to(device)
         before = None
         if revision is not None:
             old_config = revision["config"].TransformerConfig(**vars(config))
             torch.manual_seed(0)  # the same weights as `ours`
             before = (
                 args.baseline,
-                revision["model"].Seq2SeqTransformer(old_config).eval(),
+                revision["model"].Seq2SeqTransformer(old_config).eval().to(device, dtype),
                 revision["decoding"],
             )
-        times, outputs = interleaved(_methods(ours, marian, src, args.length, before), args.repeats)
+        times, outputs = interleaved(_methods(ours, marian, src, args.length, before), args.repeats, device)
         cached, recomputed = outputs["ours greedy (KV cache)"], outputs["ours greedy recompute"]
         if not torch.equal(cached, recomputed[:, : cached.size(1)]):
             raise RuntimeError("KV-cached greedy search and recomputation disagree")
