@@ -132,12 +132,12 @@ class _TaskBase(L.LightningModule):
         self.log(f"val/{name}_best", self.best, sync_dist=True)
 
     def _log_epoch_metrics(
-        self, stage: str, metrics: Mapping[str, Any], names: Sequence[str], prog_bar: Sequence[str]
+        self, stage: str, names: Sequence[str], prog_bar: Sequence[str]
     ) -> dict[str, float]:
-        """Compute, reset and log `metrics[f"{stage}_{name}"]` as `{stage}/{name}` for each name."""
+        """Compute, reset and log `self.metrics[f"{stage}_{name}"]` as `{stage}/{name}` for each name."""
         values = {}
         for name in names:
-            metric = metrics[f"{stage}_{name}"]
+            metric = self.metrics[f"{stage}_{name}"]
             values[name] = float(metric.compute())  # synced across processes
             metric.reset()
             self.log(f"{stage}/{name}", values[name], prog_bar=name in prog_bar, sync_dist=True)
@@ -190,8 +190,7 @@ class _TaskBase(L.LightningModule):
             raise ValueError(
                 f"model.optimizer.fused=true cannot clip gradients under trainer.precision="
                 f"{trainer.precision} (Lightning refuses a step that unscales them itself): set "
-                "model.optimizer.fused=null or "
-                "trainer.gradient_clip_val=null"
+                "model.optimizer.fused=null or trainer.gradient_clip_val=null"
             )
         return {"fused": False}
 
@@ -468,7 +467,7 @@ class ClassificationTask(_TaskBase):
 
     def _log_epoch(self, stage: str) -> dict[str, float]:
         names = ("acc", "f1") if stage == "train" else ("loss", "acc", "f1")  # train/loss is per step
-        return self._log_epoch_metrics(stage, self.metrics, names, prog_bar=("acc",))
+        return self._log_epoch_metrics(stage, names, prog_bar=("acc",))
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
@@ -572,7 +571,7 @@ class MaskedLMTask(_TaskBase):
         self._eval_step("test", batch, batch_idx)
 
     def _log_epoch(self, stage: str) -> dict[str, float]:
-        return self._log_epoch_metrics(stage, self.metrics, ("loss", "acc"), prog_bar=("loss", "acc"))
+        return self._log_epoch_metrics(stage, ("loss", "acc"), prog_bar=("loss", "acc"))
 
     def on_validation_epoch_end(self) -> None:
         self._log_best(self._log_epoch("val")["loss"])
