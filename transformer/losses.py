@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["TokenLoss", "label_smoothed_cross_entropy"]
+__all__ = ["TokenLoss", "label_smoothed_cross_entropy", "symmetric_kl"]
 
 
 class TokenLoss(NamedTuple):
@@ -88,3 +88,12 @@ def label_smoothed_cross_entropy(
         n_correct=n_correct,
         n_tokens=n_tokens,
     )
+
+
+def symmetric_kl(logits_p: Tensor, logits_q: Tensor) -> Tensor:
+    """(KL(p || q) + KL(q || p)) / 2 between the softmaxes of two (N, C) logits, averaged over the N rows:
+    R-Drop's consistency term (Liang et al., 2021), in float32. Gradients flow into both sides."""
+    log_p = F.log_softmax(logits_p.float(), dim=-1)  # (N, C)
+    log_q = F.log_softmax(logits_q.float(), dim=-1)  # (N, C)
+    # sum_c (p - q)(log p - log q) = KL(p || q) + KL(q || p)
+    return ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=-1).mean() / 2

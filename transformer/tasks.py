@@ -26,7 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from transformer.config import TransformerConfig
 from transformer.decoding import beam_search, greedy_search
 from transformer.evaluation import corpus_scores
-from transformer.losses import TokenLoss, label_smoothed_cross_entropy
+from transformer.losses import TokenLoss, label_smoothed_cross_entropy, symmetric_kl
 from transformer.model import Seq2SeqTransformer, TransformerClassifier, TransformerMaskedLM
 from transformer.restore import load_pretrained_encoder
 
@@ -391,6 +391,7 @@ class ClassificationTask(_TaskBase):
         scheduler: SchedulerFactory | None = None,
         label_smoothing: float = 0.0,
         token_dropout: float = 0.0,
+        rdrop: float = 0.0,
         init_from: str | None = None,
         compile: bool = False,
         run_config: Mapping[str, Any] | None = None,
@@ -401,6 +402,8 @@ class ClassificationTask(_TaskBase):
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
         if not 0.0 <= token_dropout < 1.0:
             raise ValueError(f"token_dropout must be in [0, 1), got {token_dropout!r}")
+        if rdrop < 0.0:
+            raise ValueError(f"rdrop must be >= 0, got {rdrop!r}")
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
         self.model = TransformerClassifier(TransformerConfig.from_dict(config), num_classes, pooling)
         self.pad_id = self.model.config.pad_id
@@ -443,9 +446,18 @@ class ClassificationTask(_TaskBase):
         return src.masked_fill(drop, config.pad_id)
 
     def _step(self, stage: str, batch: Mapping[str, Tensor]) -> Tensor:
-        logits = self.model(self.drop_tokens(batch["src"]))  # (B, C); tokens are dropped in training only
-        labels = batch["label"]  # (B,)
-        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
+        src, labels = batch["src"], batch["label"]  # (B, S), (B,)
+        smoothing, alpha = self.hparams.label_smoothing, self.hparams.rdrop
+        if stage == "train" and alpha > 0.0:
+            # R-Drop (Liang et al., 2021): the batch twice through the model, so with two dropout masks;
+            # both copies' cross entropy plus alpha times the symmetric KL between their predictions
+            both = self.model(self.drop_tokens(src.repeat(2, 1))).float()  # (2B, C)
+            loss = F.cross_entropy(both, labels.repeat(2), label_smoothing=smoothing)
+            logits, other = both.chunk(2)  # (B, C) each
+            loss = loss + alpha * symmetric_kl(logits, other)
+        else:
+            logits = self.model(self.drop_tokens(src))  # (B, C); tokens are dropped in training only
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
         preds = logits.argmax(dim=-1)  # (B,)
         self.metrics[f"{stage}_acc"].update(preds, labels)
         self.metrics[f"{stage}_f1"].update(preds, labels)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.losses import label_smoothed_cross_entropy
+from transformer.losses import label_smoothed_cross_entropy, symmetric_kl
 
 PAD = 0
 
@@ -80,3 +80,18 @@ def test_bad_smoothing_is_refused(eps: float) -> None:
         label_smoothed_cross_entropy(
             torch.randn(1, 2, 3), torch.ones(1, 2, dtype=torch.long), label_smoothing=eps
         )
+
+
+def test_symmetric_kl_matches_torch_kl_div_both_ways() -> None:
+    torch.manual_seed(0)
+    p, q = torch.randn(6, 3, requires_grad=True), torch.randn(6, 3, requires_grad=True)
+    log_p, log_q = F.log_softmax(p, dim=-1), F.log_softmax(q, dim=-1)
+    kl_pq = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")  # KL(p || q)
+    kl_qp = F.kl_div(log_p, log_q, log_target=True, reduction="batchmean")  # KL(q || p)
+    expected = (kl_pq + kl_qp) / 2
+    got = symmetric_kl(p, q)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(torch.autograd.grad(got, [p, q]), torch.autograd.grad(expected, [p, q]))
+    assert symmetric_kl(p, p).abs().item() < 1e-7  # identical predictions: no penalty
+    torch.testing.assert_close(symmetric_kl(q, p), got)  # symmetric
+    assert symmetric_kl(p.bfloat16(), q.bfloat16()).dtype == torch.float32

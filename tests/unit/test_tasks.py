@@ -311,6 +311,39 @@ def test_classification_token_dropout_pads_ordinary_tokens_in_training_only() ->
         ClassificationTask({**TINY, "n_decoder_layers": 0}, num_classes=2, token_dropout=1.0)
 
 
+def test_classification_rdrop_adds_the_symmetric_kl_of_two_dropout_passes() -> None:
+    """R-Drop: in training the batch goes through twice (two dropout masks); the loss is the cross
+    entropy over both copies plus rdrop times their symmetric KL. Evaluation is one plain pass."""
+    import torch.nn.functional as F
+
+    from transformer.losses import symmetric_kl
+
+    config = {**TINY, "n_decoder_layers": 0, "dropout": 0.3}
+    task = ClassificationTask(config, num_classes=3, label_smoothing=0.1, rdrop=0.7)
+    src = torch.randint(3, CharTokenizer.vocab_size, (5, 9))
+    src[:, 0] = task.model.config.bos_id
+    labels = torch.tensor([0, 1, 2, 1, 0])
+    outputs = []
+    task.model.register_forward_hook(lambda module, args, out: outputs.append((args[0], out)))
+    task.train()
+    loss = task._step("train", {"src": src, "label": labels})
+    ((seen, both),) = outputs
+    assert torch.equal(seen, torch.cat([src, src]))  # one forward pass over the doubled batch
+    first, second = both.chunk(2)
+    assert not torch.allclose(first, second)  # two dropout masks
+    cross_entropy = F.cross_entropy(both, labels.repeat(2), label_smoothing=0.1)
+    torch.testing.assert_close(loss, cross_entropy + 0.7 * symmetric_kl(first, second))
+    task.eval()
+    outputs.clear()
+    with torch.no_grad():
+        loss = task._step("val", {"src": src, "label": labels})
+    ((seen, logits),) = outputs
+    assert torch.equal(seen, src)
+    torch.testing.assert_close(loss, F.cross_entropy(logits, labels, label_smoothing=0.1))
+    with pytest.raises(ValueError, match="rdrop"):
+        ClassificationTask(config, num_classes=2, rdrop=-0.1)
+
+
 def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_path) -> None:
     """`trainer.precision=16-mixed`: fp16 autocast with dynamic loss scaling. A scale so large that the
     gradients overflow makes the GradScaler skip those steps and back off (weights untouched, no NaN
