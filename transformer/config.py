@@ -13,10 +13,12 @@ from typing import Literal
 Activation = Literal["relu", "gelu", "swiglu"]
 Positional = Literal["sinusoidal", "learned", "rope"]
 TieEmbeddings = Literal["none", "decoder", "all"]
+EmbeddingInit = Literal["xavier", "normal"]
 
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "swiglu")
 POSITIONALS: tuple[str, ...] = ("sinusoidal", "learned", "rope")
 TIE_EMBEDDINGS: tuple[str, ...] = ("none", "decoder", "all")
+EMBEDDING_INITS: tuple[str, ...] = ("xavier", "normal")
 
 
 @dataclass
@@ -43,6 +45,9 @@ class TransformerConfig:
     positional: Positional = "sinusoidal"
     max_len: int = 512  # longest sequence (source, or target including BOS) the model accepts
     tie_embeddings: TieEmbeddings = "all"
+    # "xavier": like every other matrix; "normal": N(0, d_model^-0.5), so that the sqrt(d_model) scaling gives
+    # the token embeddings unit variance, on a par with the positional encodings (tensor2tensor, fairseq)
+    embedding_init: EmbeddingInit = "xavier"
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -66,6 +71,7 @@ class TransformerConfig:
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("positional", self.positional, POSITIONALS)
         _check_choice("tie_embeddings", self.tie_embeddings, TIE_EMBEDDINGS)
+        _check_choice("embedding_init", self.embedding_init, EMBEDDING_INITS)
         if not isinstance(self.norm_first, bool):
             raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
         if self.positional == "rope" and self.d_head % 2:

@@ -320,12 +320,18 @@ def _build_encoder(config: TransformerConfig) -> Encoder:
 
 
 def _init_weights(module: nn.Module) -> None:
-    """Xavier-uniform matrices and zero biases, as the paper's reference code (tensor2tensor) does."""
+    """Xavier-uniform matrices and zero biases, as the paper's reference code (tensor2tensor) does for its
+    dense layers; with `config.embedding_init == "normal"` the token embeddings (and an output projection
+    tied to them) are then drawn from N(0, d_model^-0.5), as tensor2tensor and fairseq draw them."""
     for name, param in module.named_parameters():
         if param.dim() > 1:
             nn.init.xavier_uniform_(param)
         elif name.endswith("bias"):
             nn.init.zeros_(param)
+    if module.config.embedding_init == "normal":
+        for embedder in module.modules():
+            if isinstance(embedder, _Embedder):
+                nn.init.normal_(embedder.embedding.weight, std=embedder.embedding.embedding_dim**-0.5)
 
 
 def _prefix_mask(tokens: Tensor, pad_id: int) -> Tensor:

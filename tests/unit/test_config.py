@@ -25,6 +25,7 @@ def test_defaults_are_the_papers_base_model() -> None:
         ({"attention_dropout": 1.0}, ["attention_dropout", "1.0"]),
         ({"positional": "alibi"}, ["positional", "'alibi'"]),
         ({"tie_embeddings": "some"}, ["tie_embeddings", "'some'"]),
+        ({"embedding_init": "uniform"}, ["embedding_init", "'uniform'"]),
         ({"n_encoder_layers": 0}, ["n_encoder_layers", "0"]),
         ({"d_ff": 2.5}, ["d_ff", "2.5"]),
         ({"max_len": 1}, ["max_len", "1"]),

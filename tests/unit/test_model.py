@@ -237,6 +237,33 @@ def test_initialisation_and_embedding_scale() -> None:
     torch.testing.assert_close(x[0, 0], expected)
 
 
+@pytest.mark.parametrize("tie", ["none", "all"])
+def test_normal_embedding_init_gives_unit_variance_after_the_sqrt_d_scaling(tie: str) -> None:
+    """embedding_init="normal": token embeddings (and a projection tied to them) ~ N(0, D^-0.5), so that
+    embedding * sqrt(D) has unit variance; learned positions and every other matrix stay Xavier."""
+    torch.manual_seed(0)
+    D, V = 64, 4000
+    config = dict(src_vocab_size=V, d_model=D, n_heads=4, d_ff=128, positional="learned", tie_embeddings=tie)
+    xavier = Seq2SeqTransformer(TransformerConfig(**config))
+    normal = Seq2SeqTransformer(TransformerConfig(**config, embedding_init="normal"))
+    embeddings = [normal.src_embed.embedding.weight, normal.tgt_embed.embedding.weight]
+    for weight in embeddings:
+        assert abs(weight.std().item() * D**0.5 - 1.0) < 0.02 and abs(weight.mean().item()) < 0.01
+    assert abs(xavier.src_embed.embedding.weight.std().item() - (2 / (V + D)) ** 0.5) < 1e-3
+    assert (normal.output_projection.weight is embeddings[1]) == (tie == "all")
+    if tie == "none":  # an untied projection is an ordinary Xavier matrix
+        assert normal.output_projection.weight.abs().max() <= (6 / (V + D)) ** 0.5
+    positions = normal.src_embed.positional.embedding.weight  # (max_len, D) learned positions
+    assert positions.abs().max() <= (6 / sum(positions.shape)) ** 0.5
+    feed_forward = normal.encoder.layers[0].feed_forward.linear1.weight
+    assert feed_forward.abs().max() <= (6 / (D + 128)) ** 0.5
+    encoder_only = TransformerConfig(**{**config, "n_decoder_layers": 0}, embedding_init="normal")
+    classifier = TransformerClassifier(encoder_only, 2)
+    assert abs(classifier.src_embed.embedding.weight.std().item() * D**0.5 - 1.0) < 0.02
+    with pytest.raises(ValueError, match="embedding_init"):
+        TransformerConfig(src_vocab_size=V, embedding_init="uniform")
+
+
 def test_attention_maps() -> None:
     model = Seq2SeqTransformer(_config()).eval()
     src = _batch(23, [5, 3], width=5)
