@@ -447,17 +447,14 @@ class ClassificationTask(_TaskBase):
 
     def _step(self, stage: str, batch: Mapping[str, Tensor]) -> Tensor:
         src, labels = batch["src"], batch["label"]  # (B, S), (B,)
-        smoothing, alpha = self.hparams.label_smoothing, self.hparams.rdrop
-        if stage == "train" and alpha > 0.0:
-            # R-Drop (Liang et al., 2021): the batch twice through the model, so with two dropout masks;
-            # both copies' cross entropy plus alpha times the symmetric KL between their predictions
-            both = self.model(self.drop_tokens(src.repeat(2, 1))).float()  # (2B, C)
-            loss = F.cross_entropy(both, labels.repeat(2), label_smoothing=smoothing)
-            logits, other = both.chunk(2)  # (B, C) each
-            loss = loss + alpha * symmetric_kl(logits, other)
-        else:
-            logits = self.model(self.drop_tokens(src))  # (B, C); tokens are dropped in training only
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
+        # R-Drop (Liang et al., 2021) in training: the batch twice through the model, so with two dropout
+        # masks; both copies' cross entropy plus `rdrop` times the symmetric KL between their predictions
+        copies = 2 if stage == "train" and self.hparams.rdrop > 0.0 else 1
+        logits = self.model(self.drop_tokens(src.repeat(copies, 1))).float()  # (copies * B, C)
+        loss = F.cross_entropy(logits, labels.repeat(copies), label_smoothing=self.hparams.label_smoothing)
+        if copies == 2:
+            logits, other = logits.chunk(2)  # (B, C) each
+            loss = loss + self.hparams.rdrop * symmetric_kl(logits, other)
         preds = logits.argmax(dim=-1)  # (B,)
         self.metrics[f"{stage}_acc"].update(preds, labels)
         self.metrics[f"{stage}_f1"].update(preds, labels)
