@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -98,6 +99,68 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+class BPEDropout:
+    """BPE-dropout (Provilkov et al., 2020): `tokenizer`'s segmentation with every merge skipped with
+    probability `p`, so a word comes out in one of its many subword splits (subword regularization).
+
+    The merge loop is re-implemented here so that the draws come from a generator the caller seeds
+    (`tokenizers`' own dropout cannot be seeded). It is the same loop: repeatedly apply the
+    best-ranked merge among adjacent pieces (leftmost on ties), each candidate first dropped with
+    probability `p`; stop when none is left. At p=0 it reproduces `tokenizer.encode` exactly.
+    """
+
+    def __init__(self, tokenizer: BPETokenizer, p: float) -> None:
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"BPE-dropout probability must be in [0, 1), got {p}")
+        backend = tokenizer.tokenizer
+        model = json.loads(backend.to_str())["model"]
+        plain = {"continuing_subword_prefix": None, "end_of_word_suffix": None, "byte_fallback": False}
+        if model.get("type") != "BPE" or any(model.get(key, value) != value for key, value in plain.items()):
+            raise ValueError("BPE-dropout needs a plain BPE model (as train_bpe makes)")
+        self.p = p
+        self._vocab: dict[str, int] = model["vocab"]
+        # merges are "a b" strings in older tokenizer.json files, [a, b] pairs in newer ones
+        self._ranks = {
+            tuple(pair.split(" ", 1) if isinstance(pair, str) else pair): rank
+            for rank, pair in enumerate(model["merges"])
+        }
+        self._normalize = backend.normalizer.normalize_str if backend.normalizer else (lambda text: text)
+        self._pre_tokenize = backend.pre_tokenizer.pre_tokenize_str
+
+    def words(self, text: str) -> list[str]:
+        """The pre-tokenized words of `text` (normalized): BPE never merges across them."""
+        return [word for word, _ in self._pre_tokenize(self._normalize(text))]
+
+    def encode(self, text: str, rng: np.random.Generator) -> list[int]:
+        """[BOS, ..., EOS] ids of `text`, segmented with dropout drawn from `rng`."""
+        return self.encode_words(self.words(text), rng)
+
+    def encode_words(self, words: Sequence[str], rng: np.random.Generator) -> list[int]:
+        """As `encode`, for words already pre-tokenized with `words` (cache them: it is the slow part)."""
+        ids = [BOS_ID]
+        for word in words:
+            ids.extend(self._vocab.get(piece, UNK_ID) for piece in self._segment(word, rng))
+        ids.append(EOS_ID)
+        return ids
+
+    def _segment(self, word: str, rng: np.random.Generator) -> list[str]:
+        pieces = list(word)
+        while len(pieces) > 1:
+            candidates = [
+                (rank, i)
+                for i in range(len(pieces) - 1)
+                if (rank := self._ranks.get((pieces[i], pieces[i + 1]))) is not None
+            ]
+            if self.p and candidates:
+                kept = rng.random(len(candidates)) >= self.p
+                candidates = [candidate for candidate, keep in zip(candidates, kept) if keep]
+            if not candidates:
+                break
+            _, i = min(candidates)
+            pieces[i : i + 2] = [pieces[i] + pieces[i + 1]]
+        return pieces
 
 
 def train_bpe(

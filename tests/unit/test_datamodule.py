@@ -126,6 +126,8 @@ def test_bad_arguments() -> None:
         TranslationDataModule(source="parallel")
     with pytest.raises(ValueError, match="hub_name"):
         ClassificationDataModule(source="hub")
+    with pytest.raises(ValueError, match=r"bpe_dropout must be in \[0, 1\), got 1.0"):
+        ClassificationDataModule(bpe_dropout=1.0)
 
 
 def test_multi30k_real(multi30k_dir: Path) -> None:
@@ -240,3 +242,55 @@ def test_lightning_resume_continues_exactly(tmp_path: Path) -> None:
         assert resumed == full[step:]
     # Saved when epoch 0's validation ended: resumes with epoch 1.
     assert _fit(tmp_path / "from_epoch0", cache, tmp_path / "full" / "epoch0.ckpt") == full[per_epoch:]
+
+
+class _SourceRecorder(_Recorder):
+    """Also records each example's source ids, by stage, epoch and example id."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__(vocab_size)
+        self.sources: dict[tuple[str, int, int], list[int]] = {}
+
+    def _record(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
+        for row, i in zip(batch["src"].tolist(), batch["id"].tolist()):
+            self.sources[stage, self.current_epoch, i] = [t for t in row if t != datamodules.PAD_ID]
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self._record("train", batch)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._record("val", batch)
+
+
+def _sources_seen(
+    cache_dir: Path, **kwargs: object
+) -> tuple[dict[tuple[str, int, int], list[int]], TranslationDataModule]:
+    trainer = L.Trainer(
+        max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    model, dm = _SourceRecorder(150), _synthetic(cache_dir=cache_dir, **kwargs)
+    trainer.fit(model, datamodule=dm)
+    return model.sources, dm
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_bpe_dropout_resegments_training_sources_only(tmp_path: Path) -> None:
+    seen, dm = _sources_seen(tmp_path, bpe_dropout=0.3)
+    tok = dm.src_tokenizer
+    plain = {(stage, epoch, i): tok.encode(dm.sources(dm.splits[stage])[i]) for stage, epoch, i in seen}
+    train = [key for key in seen if key[0] == "train"]
+    assert len(train) == 2 * 400
+    cut = [key for key in train if len(seen[key]) == dm.max_len]  # more pieces: some exceed max_len
+    assert all(seen[key][-1] == dm.eos_id for key in cut) and len(cut) < 100
+    kept = [key for key in train if key not in cut]
+    assert all(tok.decode(seen[key]) == dm.sources("train")[key[2]] for key in kept)  # same text
+    assert sum(seen[key] != plain[key] for key in train) > 100  # in other pieces
+    assert sum(seen["train", 0, i] != seen["train", 1, i] for i in range(400)) > 50  # redrawn each epoch
+    assert all(seen[key] == plain[key] for key in seen if key[0] == "val")  # evaluation: plain BPE
+    # Drawn per (seed, epoch, example): other batches give the same segmentations; another seed does not.
+    assert _sources_seen(tmp_path, bpe_dropout=0.3, max_tokens=200)[0] == seen
+    assert _sources_seen(tmp_path, bpe_dropout=0.3, seed=1)[0] != seen
+    without, _ = _sources_seen(tmp_path)
+    assert all(without[key] == plain[key] for key in train)

@@ -1,14 +1,24 @@
-"""BPE tokenizers: fixed special ids, BOS/EOS, exact round trips on real Multi30k text, save/load, caching."""
+"""BPE tokenizers: fixed special ids, BOS/EOS, exact round trips on real Multi30k text, save/load, caching,
+BPE-dropout."""
 
 import gzip
 from itertools import islice
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from tokenizers import models
 
 from data import tokenization
-from data.tokenization import BPETokenizer, Tokenizer, bpe_fingerprint, load_or_train_bpe, train_bpe
+from data.tokenization import (
+    BPEDropout,
+    BPETokenizer,
+    Tokenizer,
+    bpe_fingerprint,
+    load_or_train_bpe,
+    train_bpe,
+)
 
 TINY = ["the cat sat on the mat .", "the dog sat on the log .", "a cat and a dog ."] * 20
 
@@ -111,3 +121,61 @@ def test_bad_settings() -> None:
     )
     with pytest.raises(ValueError, match="'<pad>' has id 1, expected 0"):
         BPETokenizer.from_json(swapped)
+
+
+def test_bpe_dropout_at_zero_is_the_tokenizer(multi30k_tokenizer: tuple[BPETokenizer, Path]) -> None:
+    """p=0 reproduces `tokenizers`' own BPE exactly: real text, punctuation, umlauts, unknown characters."""
+    tok, directory = multi30k_tokenizer
+    texts = _lines(directory / "val.en.gz", 300) + _lines(directory / "val.de.gz", 300)
+    texts += ["Ein Mann (ca. 30) sagt: „Hallo!“ — don't", "ｆｕｌｌ-width and 漢字 ☃ unknown", "", "  a  b  "]
+    plain = BPEDropout(tok, 0.0)
+    rng = np.random.default_rng(0)
+    assert [plain.encode(text, rng) for text in texts] == [tok.encode(text) for text in texts]
+    assert tok.unk_id in plain.encode("漢字 ☃", rng)
+
+
+def test_bpe_dropout_splits_words_reproducibly(multi30k_tokenizer: tuple[BPETokenizer, Path]) -> None:
+    tok, directory = multi30k_tokenizer
+    texts = _lines(directory / "val.en.gz", 200)
+    dropout = BPEDropout(tok, 0.1)
+
+    def encode_all(seed: int) -> list[list[int]]:
+        rng = np.random.default_rng(seed)
+        return [dropout.encode(text, rng) for text in texts]
+
+    first = encode_all(1)
+    assert first == encode_all(1)  # the generator alone decides
+    assert first != encode_all(2)
+    plain = [tok.encode(text) for text in texts]
+    assert [tok.decode(ids) for ids in first] == [tok.decode(ids) for ids in plain]  # other splits, same text
+    changed = sum(ids != base for ids, base in zip(first, plain)) / len(texts)
+    assert 0.3 < changed < 1.0
+    assert sum(map(len, first)) > 1.05 * sum(map(len, plain))
+    assert tok.unk_id not in {i for ids in first for i in ids}  # every piece is in the vocabulary
+    # Near p=1 almost every merge is skipped: words fall apart into characters.
+    chars = BPEDropout(tok, 0.999).encode("a dog runs", np.random.default_rng(0))
+    assert [tok.tokenizer.id_to_token(i) for i in chars[1:-1]] == [
+        "▁",
+        "a",
+        "▁",
+        "d",
+        "o",
+        "g",
+        "▁",
+        "r",
+        "u",
+        "n",
+        "s",
+    ]
+
+
+def test_bpe_dropout_refuses_bad_settings() -> None:
+    tok = train_bpe(TINY, 40)
+    for p in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"BPE-dropout probability must be in \[0, 1\)"):
+            BPEDropout(tok, p)
+    suffixed = train_bpe(TINY, 40)
+    suffixed.tokenizer.model = models.BPE(vocab={"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}, merges=[],
+                                          end_of_word_suffix="</w>")  # fmt: skip
+    with pytest.raises(ValueError, match="plain BPE model"):
+        BPEDropout(suffixed, 0.1)
