@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import datasets
@@ -36,6 +36,9 @@ class TokenBudgetBatchSampler(DistributedSampler):
     ranks get the same count. It subclasses `DistributedSampler` so that Lightning calls `set_epoch`
     and never wraps it; pass it as `DataLoader(dataset, sampler=..., batch_size=None)` (the dataset is
     then indexed with a list of indices) or as `batch_sampler=`.
+
+    `epoch_lengths(epoch)`, when given, replaces `lengths` in that epoch: for examples whose
+    tokens change every epoch (BPE-dropout), so that the budget holds for what is actually batched.
     """
 
     def __init__(
@@ -50,8 +53,10 @@ class TokenBudgetBatchSampler(DistributedSampler):
         rank: int = 0,
         drop_last: bool = False,
         max_sentences: int | None = None,
+        epoch_lengths: Callable[[int], Sequence[int]] | None = None,
     ) -> None:
         self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.epoch_lengths = epoch_lengths
         if self.lengths.ndim != 1 or len(self.lengths) == 0:
             raise ValueError(f"lengths must be a non-empty 1-d sequence, got shape {self.lengths.shape}")
         if max_tokens < 1:
@@ -83,29 +88,42 @@ class TokenBudgetBatchSampler(DistributedSampler):
         self._cache: tuple[int, list[list[int]]] | None = None
 
     # -- the batches of one epoch ------------------------------------------------------------------
+    def _lengths_of(self, epoch: int) -> np.ndarray:
+        """`lengths`, or what `epoch_lengths` gives for `epoch` (examples re-segmented every epoch)."""
+        if self.epoch_lengths is None:
+            return self.lengths
+        lengths = np.asarray(self.epoch_lengths(epoch), dtype=np.int64)
+        if lengths.shape != self.lengths.shape or lengths.max() > self.max_tokens:
+            raise ValueError(
+                f"epoch_lengths({epoch}) must give {len(self.lengths)} lengths of at most "
+                f"max_tokens={self.max_tokens}, got shape {lengths.shape}, longest {lengths.max()}"
+            )
+        return lengths
+
     def _all_batches(self, epoch: int) -> list[list[int]]:
         """Every rank's batches of `epoch`, in order, before splitting across ranks."""
+        lengths = self._lengths_of(epoch)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch])
-            order = rng.permutation(len(self.lengths))
+            order = rng.permutation(len(lengths))
             pool = self.pool_size or len(order)
             # Stable sort inside each pool: ties keep the random order, so batches differ per epoch.
             pools = [order[i : i + pool] for i in range(0, len(order), pool)]
-            order = np.concatenate([p[np.argsort(self.lengths[p], kind="stable")] for p in pools])
+            order = np.concatenate([p[np.argsort(lengths[p], kind="stable")] for p in pools])
         else:
-            order = np.argsort(self.lengths, kind="stable")
-        batches = self._pack(order)
+            order = np.argsort(lengths, kind="stable")
+        batches = self._pack(order, lengths)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
-    def _pack(self, order: np.ndarray) -> list[list[int]]:
+    def _pack(self, order: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
         """Greedy: add examples while (count + 1) x longest still fits the budget."""
         batches: list[list[int]] = []
         batch: list[int] = []
         longest = 0
         cap = self.max_sentences or math.inf
-        for index, length in zip(order.tolist(), self.lengths[order].tolist()):
+        for index, length in zip(order.tolist(), lengths[order].tolist()):
             if batch and ((len(batch) + 1) * max(longest, length) > self.max_tokens or len(batch) >= cap):
                 batches.append(batch)
                 batch, longest = [], 0

@@ -122,6 +122,26 @@ def test_max_tokens_smaller_than_an_example() -> None:
         TokenBudgetBatchSampler([5, 6, 31, 7], 30)
 
 
+def test_epoch_lengths_repack_every_epoch() -> None:
+    """Lengths that change per epoch (BPE-dropout): each epoch is packed and bucketed by its own."""
+    per_epoch = {
+        e: [length + random.Random(e * 10_000 + i).randint(0, 8) for i, length in enumerate(LENGTHS)]
+        for e in range(3)
+    }
+    sampler = TokenBudgetBatchSampler(LENGTHS, 400, seed=1, epoch_lengths=per_epoch.__getitem__)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert sorted(_flat(batches)) == list(range(len(LENGTHS)))
+        assert max(_cost(b, per_epoch[epoch]) for b in batches) <= 400
+        assert sum(per_epoch[epoch]) / sum(_cost(b, per_epoch[epoch]) for b in batches) > 0.95
+    bad = TokenBudgetBatchSampler(LENGTHS, 400, epoch_lengths=lambda epoch: LENGTHS[:-1])
+    with pytest.raises(
+        ValueError, match=r"epoch_lengths\(0\) must give 1000 lengths of at most max_tokens=400"
+    ):
+        list(bad)
+
+
 def test_max_sentences_caps_batch_size() -> None:
     batches = list(TokenBudgetBatchSampler([1] * 50, 1000, max_sentences=8))
     assert max(map(len, batches)) == 8 and len(batches) == 7

@@ -215,7 +215,7 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(run_dir: Path, cache_dir: Path, ckpt_path: Path | None = None) -> list[list[int]]:
+def _fit(run_dir: Path, cache_dir: Path, ckpt_path: Path | None = None, **data: object) -> list[list[int]]:
     """Two epochs; checkpoints every 5 steps and, as the project's callbacks do, when validation ends."""
     callbacks = [
         ModelCheckpoint(run_dir, "{step}", every_n_train_steps=5, save_top_k=-1),
@@ -226,7 +226,7 @@ def _fit(run_dir: Path, cache_dir: Path, ckpt_path: Path | None = None) -> list[
         callbacks=callbacks, limit_val_batches=1, num_sanity_val_steps=0,
     )  # fmt: skip
     model = _Recorder(150)
-    trainer.fit(model, datamodule=_synthetic(cache_dir=cache_dir), ckpt_path=ckpt_path)
+    trainer.fit(model, datamodule=_synthetic(cache_dir=cache_dir, **data), ckpt_path=ckpt_path)
     return model.seen
 
 
@@ -250,6 +250,7 @@ class _SourceRecorder(_Recorder):
     def __init__(self, vocab_size: int) -> None:
         super().__init__(vocab_size)
         self.sources: dict[tuple[str, int, int], list[int]] = {}
+        self.batch_sizes: list[int] = []  # padded tokens of each training batch
 
     def _record(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
         for row, i in zip(batch["src"].tolist(), batch["id"].tolist()):
@@ -257,28 +258,27 @@ class _SourceRecorder(_Recorder):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self._record("train", batch)
+        self.batch_sizes.append(batch["src"].numel())
         return super().training_step(batch, batch_idx)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._record("val", batch)
 
 
-def _sources_seen(
-    cache_dir: Path, **kwargs: object
-) -> tuple[dict[tuple[str, int, int], list[int]], TranslationDataModule]:
+def _sources_seen(cache_dir: Path, **kwargs: object) -> tuple[_SourceRecorder, TranslationDataModule]:
     trainer = L.Trainer(
         max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=False, num_sanity_val_steps=0,
     )  # fmt: skip
     model, dm = _SourceRecorder(150), _synthetic(cache_dir=cache_dir, **kwargs)
     trainer.fit(model, datamodule=dm)
-    return model.sources, dm
+    return model, dm
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_bpe_dropout_resegments_training_sources_only(tmp_path: Path) -> None:
-    seen, dm = _sources_seen(tmp_path, bpe_dropout=0.3)
-    tok = dm.src_tokenizer
+    model, dm = _sources_seen(tmp_path, bpe_dropout=0.3)
+    seen, tok = model.sources, dm.src_tokenizer
     plain = {(stage, epoch, i): tok.encode(dm.sources(dm.splits[stage])[i]) for stage, epoch, i in seen}
     train = [key for key in seen if key[0] == "train"]
     assert len(train) == 2 * 400
@@ -289,8 +289,26 @@ def test_bpe_dropout_resegments_training_sources_only(tmp_path: Path) -> None:
     assert sum(seen[key] != plain[key] for key in train) > 100  # in other pieces
     assert sum(seen["train", 0, i] != seen["train", 1, i] for i in range(400)) > 50  # redrawn each epoch
     assert all(seen[key] == plain[key] for key in seen if key[0] == "val")  # evaluation: plain BPE
+    # Packed by the re-segmented lengths: the token budget holds, with little padding.
+    assert max(model.batch_sizes) <= dm.max_tokens
+    assert sum(model.batch_sizes) < 1.1 * sum(len(seen[key]) for key in train)
     # Drawn per (seed, epoch, example): other batches give the same segmentations; another seed does not.
-    assert _sources_seen(tmp_path, bpe_dropout=0.3, max_tokens=200)[0] == seen
-    assert _sources_seen(tmp_path, bpe_dropout=0.3, seed=1)[0] != seen
-    without, _ = _sources_seen(tmp_path)
+    smaller_batches = _sources_seen(tmp_path, bpe_dropout=0.3, max_tokens=200)[0].sources
+    assert all(smaller_batches[key] == seen[key] for key in train)
+    other_seed = _sources_seen(tmp_path, bpe_dropout=0.3, seed=1)[0].sources
+    assert any(other_seed[key] != seen[key] for key in train)
+    without = _sources_seen(tmp_path)[0].sources
     assert all(without[key] == plain[key] for key in train)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_resume_with_bpe_dropout_continues_exactly(tmp_path: Path) -> None:
+    """Epoch 1 is packed by its own re-segmented lengths; a restart in it rebuilds the same batches."""
+    cache = tmp_path / "cache"
+    full = _fit(tmp_path / "full", cache, bpe_dropout=0.2)
+    per_epoch = next(
+        n for n in range(1, len(full)) if sorted(i for b in full[:n] for i in b) == list(range(400))
+    )
+    step = per_epoch + 5 - per_epoch % 5  # the first checkpoint inside epoch 1
+    resumed = _fit(tmp_path / "resumed", cache, tmp_path / "full" / f"step={step}.ckpt", bpe_dropout=0.2)
+    assert resumed == full[step:]
