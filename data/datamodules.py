@@ -3,7 +3,8 @@
 `prepare_data` trains (or reuses) the tokenizer(s) under `cache_dir`; `setup` loads raw splits, tokenizes
 them with `Dataset.map`, drops over-long training examples and serves loaders of the batch dicts
 documented in `data.batching`. `state_dict` carries the tokenizer JSON and the train sampler position,
-so a checkpoint alone can rebuild the vocabulary and resume mid-epoch.
+so a checkpoint alone can rebuild the vocabulary and resume mid-epoch. With `bpe_dropout` the training
+sources are re-segmented (BPE-dropout) every epoch, and batched by those lengths.
 """
 
 from __future__ import annotations
