@@ -106,9 +106,8 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         self._tokenizers: dict[str, BPETokenizer] = {}  # "src" and "tgt" (same object when joint)
         self._train_sampler: TokenBudgetBatchSampler | None = None
         self._pending_sampler_state: dict[str, int] | None = None
-        # bpe_dropout: the segmenter, the training rows' words and one epoch's segmented sources
-        self._resegmenter: BPEDropout | None = None
-        self._train_words: list[list[str]] = []
+        # bpe_dropout: the segmenter with the training rows' words, and one epoch's segmented sources
+        self._resegmenter: tuple[BPEDropout, list[list[str]]] | None = None
         self._resegmented: tuple[int, dict[int, list[int]]] | None = None
 
     # -- hooks for the subclasses ------------------------------------------------------------------
@@ -245,8 +244,12 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         """Raise if `split` cannot be used for training or scoring (classification: unlabeled)."""
 
     # -- loaders -------------------------------------------------------------------------------------
-    def _lengths(self, dataset: datasets.Dataset) -> list[int]:
-        return self._length({col: dataset[col][:] for col in dataset.column_names if col.endswith("_len")})
+    def _lengths(self, dataset: datasets.Dataset, src_len: list[int] | None = None) -> list[int]:
+        """Batching lengths of `dataset`'s examples; `src_len` replaces the stored source lengths."""
+        lengths = {col: dataset[col][:] for col in dataset.column_names if col.endswith("_len")}
+        if src_len is not None:
+            lengths["src_len"] = src_len
+        return self._length(lengths)
 
     def _loader(self, examples: Any, sampler: TokenBudgetBatchSampler) -> DataLoader:
         return DataLoader(
@@ -324,11 +327,11 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         if self._resegmented is not None and self._resegmented[0] == epoch:
             return self._resegmented[1]
         if self._resegmenter is None:
-            self._resegmenter = BPEDropout(self.src_tokenizer, self.bpe_dropout)
+            segmenter = BPEDropout(self.src_tokenizer, self.bpe_dropout)
             texts = self.raw_split(self.splits["train"])[self._text_columns[0]]
-            self._train_words = [self._resegmenter.words(text) for text in texts]
-        segmenter, words = self._resegmenter, self._train_words
-        segmented = {
+            self._resegmenter = (segmenter, [segmenter.words(text) for text in texts])
+        segmenter, words = self._resegmenter
+        segmented = {  # in dataset order, which _epoch_lengths relies on
             i: _truncate(
                 segmenter.encode_words(words[i], np.random.default_rng([self.seed, epoch, i])), self.max_len
             )
@@ -339,11 +342,8 @@ class _TokenBudgetDataModule(L.LightningDataModule):
 
     def _epoch_lengths(self, epoch: int) -> list[int]:
         """Batching lengths of the training examples (in dataset order) with `epoch`'s sources."""
-        dataset = self.tokenized(self.splits["train"])
         segmented = self._segmented_sources(epoch)
-        lengths = {col: dataset[col][:] for col in dataset.column_names if col.endswith("_len")}
-        lengths["src_len"] = [len(segmented[i]) for i in dataset["id"]]
-        return self._length(lengths)
+        return self._lengths(self.tokenized(self.splits["train"]), [len(ids) for ids in segmented.values()])
 
     def _trainer_or_none(self) -> L.Trainer | None:
         return self.trainer if getattr(self, "trainer", None) is not None else None
