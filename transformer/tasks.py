@@ -392,6 +392,7 @@ class ClassificationTask(_TaskBase):
         label_smoothing: float = 0.0,
         token_dropout: float = 0.0,
         rdrop: float = 0.0,
+        adversarial: float = 0.0,
         init_from: str | None = None,
         compile: bool = False,
         run_config: Mapping[str, Any] | None = None,
@@ -404,6 +405,8 @@ class ClassificationTask(_TaskBase):
             raise ValueError(f"token_dropout must be in [0, 1), got {token_dropout!r}")
         if rdrop < 0.0:
             raise ValueError(f"rdrop must be >= 0, got {rdrop!r}")
+        if adversarial < 0.0:
+            raise ValueError(f"adversarial must be >= 0, got {adversarial!r}")
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
         self.model = TransformerClassifier(TransformerConfig.from_dict(config), num_classes, pooling)
         self.pad_id = self.model.config.pad_id
@@ -445,16 +448,61 @@ class ClassificationTask(_TaskBase):
         drop = droppable & (torch.rand(src.shape, device=src.device) < p)
         return src.masked_fill(drop, config.pad_id)
 
+    def _logits(self, src: Tensor, perturbation: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> logits (B, C) in fp32 and the token embeddings (B, S, D) that the model looked
+        up (before its sqrt(D) scaling), with `perturbation` (B, S, D) added to them. Used only with
+        adversarial training, so the hook never meets a compiled plain forward pass."""
+        looked_up = []
+
+        def perturb(module: nn.Module, args: Any, embeddings: Tensor) -> Tensor:
+            if perturbation is not None:
+                embeddings = embeddings + perturbation
+            looked_up.append(embeddings)
+            return embeddings
+
+        handle = self.model.src_embed.embedding.register_forward_hook(perturb)
+        try:
+            logits = self.model(src).float()
+        finally:
+            handle.remove()
+        return logits, looked_up[0]
+
+    def adversarial_perturbation(self, loss: Tensor, embeddings: Tensor, src: Tensor) -> Tensor:
+        """The fast-gradient perturbation of Miyato et al. (2017): per sentence, the direction of the
+        loss gradient w.r.t. the token embeddings (B, S, D), scaled to `adversarial` times the norm of
+        the sentence's own embeddings (padding excluded), so its size follows the embeddings' scale.
+        A constant: no gradient flows through it."""
+        (grad,) = torch.autograd.grad(loss, embeddings, retain_graph=True)  # (B, S, D)
+        keep = src.ne(self.pad_id).unsqueeze(-1)  # (B, S, 1)
+        grad = grad.float().masked_fill(~keep, 0.0)
+        size = embeddings.detach().float().masked_fill(~keep, 0.0).norm(dim=(1, 2), keepdim=True)  # (B, 1, 1)
+        direction = grad / grad.norm(dim=(1, 2), keepdim=True).clamp(min=1e-12)
+        return (self.hparams.adversarial * size * direction).to(embeddings.dtype)
+
     def _step(self, stage: str, batch: Mapping[str, Tensor]) -> Tensor:
         src, labels = batch["src"], batch["label"]  # (B, S), (B,)
+        smoothing = self.hparams.label_smoothing
+        training = stage == "train"
         # R-Drop (Liang et al., 2021) in training: the batch twice through the model, so with two dropout
         # masks; both copies' cross entropy plus `rdrop` times the symmetric KL between their predictions
-        copies = 2 if stage == "train" and self.hparams.rdrop > 0.0 else 1
-        logits = self.model(self.drop_tokens(src.repeat(copies, 1))).float()  # (copies * B, C)
-        loss = F.cross_entropy(logits, labels.repeat(copies), label_smoothing=self.hparams.label_smoothing)
+        copies = 2 if training and self.hparams.rdrop > 0.0 else 1
+        adversarial = training and self.hparams.adversarial > 0.0
+        src = self.drop_tokens(src.repeat(copies, 1))  # (copies * B, S)
+        if adversarial:
+            logits, embeddings = self._logits(src)  # (copies * B, C), (copies * B, S, D)
+        else:
+            logits = self.model(src).float()  # (copies * B, C)
+        loss = F.cross_entropy(logits, labels.repeat(copies), label_smoothing=smoothing)
         if copies == 2:
             logits, other = logits.chunk(2)  # (B, C) each
             loss = loss + self.hparams.rdrop * symmetric_kl(logits, other)
+        if adversarial:
+            # adversarial training (Miyato et al., 2017): also the cross entropy of the same tokens with
+            # their embeddings moved in the direction that raises the loss most (a second forward pass)
+            perturbation = self.adversarial_perturbation(loss, embeddings, src)
+            adversarial_logits, _ = self._logits(src, perturbation)
+            labels_seen = labels.repeat(copies)  # (copies * B,)
+            loss = loss + F.cross_entropy(adversarial_logits, labels_seen, label_smoothing=smoothing)
         preds = logits.argmax(dim=-1)  # (B,)
         self.metrics[f"{stage}_acc"].update(preds, labels)
         self.metrics[f"{stage}_f1"].update(preds, labels)
