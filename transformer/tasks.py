@@ -450,8 +450,9 @@ class ClassificationTask(_TaskBase):
 
     def _logits(self, src: Tensor, perturbation: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """src (B, S) -> logits (B, C) in fp32 and the token embeddings (B, S, D) that the model looked
-        up (before its sqrt(D) scaling), with `perturbation` (B, S, D) added to them. Used only with
-        adversarial training, so the hook never meets a compiled plain forward pass."""
+        up (before its sqrt(D) scaling), with `perturbation` (B, S, D) added to them. The forward hook
+        lives only for this call, and `_step` calls this only for adversarial training steps, so plain
+        passes run without it."""
         looked_up = []
 
         def perturb(module: nn.Module, args: Any, embeddings: Tensor) -> Tensor:
@@ -488,11 +489,12 @@ class ClassificationTask(_TaskBase):
         copies = 2 if training and self.hparams.rdrop > 0.0 else 1
         adversarial = training and self.hparams.adversarial > 0.0
         src = self.drop_tokens(src.repeat(copies, 1))  # (copies * B, S)
+        targets = labels.repeat(copies)  # (copies * B,)
         if adversarial:
             logits, embeddings = self._logits(src)  # (copies * B, C), (copies * B, S, D)
         else:
             logits = self.model(src).float()  # (copies * B, C)
-        loss = F.cross_entropy(logits, labels.repeat(copies), label_smoothing=smoothing)
+        loss = F.cross_entropy(logits, targets, label_smoothing=smoothing)
         if copies == 2:
             logits, other = logits.chunk(2)  # (B, C) each
             loss = loss + self.hparams.rdrop * symmetric_kl(logits, other)
@@ -501,8 +503,7 @@ class ClassificationTask(_TaskBase):
             # their embeddings moved in the direction that raises the loss most (a second forward pass)
             perturbation = self.adversarial_perturbation(loss, embeddings, src)
             adversarial_logits, _ = self._logits(src, perturbation)
-            labels_seen = labels.repeat(copies)  # (copies * B,)
-            loss = loss + F.cross_entropy(adversarial_logits, labels_seen, label_smoothing=smoothing)
+            loss = loss + F.cross_entropy(adversarial_logits, targets, label_smoothing=smoothing)
         preds = logits.argmax(dim=-1)  # (B,)
         self.metrics[f"{stage}_acc"].update(preds, labels)
         self.metrics[f"{stage}_f1"].update(preds, labels)
