@@ -16,6 +16,7 @@ import os
 # elementwise op up to 100x slower; sleeping costs little when the cores are idle.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import contextlib
 import ctypes
 import inspect
 import json
@@ -24,7 +25,8 @@ import math
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +43,17 @@ from hydra.errors import (
 from hydra.types import RunMode
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.sources import DataError
 from transformer.checkpoint import CheckpointError
+from transformer.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
 
 log = logging.getLogger("train")
 
 PROJECT_ROOT = Path(__file__).resolve().parent
+CONFIGS = PROJECT_ROOT / "configs"
 
 
 class ConfigError(Exception):
@@ -61,6 +66,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     _check_numbers(cfg)
     if cfg.get("train") or cfg.get("test"):
         _check_output_dir(Path(cfg.paths.output_dir))
+        _continue_earlier_run(cfg)
     _set_process_switches(cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
@@ -102,7 +108,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     metrics: dict[str, Any] = {}
     if cfg.get("train"):
-        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        with _lightning_refusals():
+            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         metrics.update(_floats(trainer.callback_metrics))
     checkpoint_callback = trainer.checkpoint_callback
     best = checkpoint_callback.best_model_path if checkpoint_callback is not None else ""
@@ -115,7 +122,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             log.warning(
                 "No best checkpoint to test (checkpointing off or nothing saved): testing current weights"
             )
-        trainer.test(task, datamodule=datamodule, ckpt_path=test_ckpt)
+        with _lightning_refusals():
+            trainer.test(task, datamodule=datamodule, ckpt_path=test_ckpt)
         metrics.update(_floats(trainer.callback_metrics))
     metrics.update(
         best_ckpt_path=best or None,
@@ -181,6 +189,27 @@ def _check_numbers(cfg: DictConfig) -> None:
             raise ConfigError(f"`{key}` must be {bound}, got {value!r}")
 
 
+def _continue_earlier_run(cfg: DictConfig) -> None:
+    """A run directory that holds an earlier run: continue from its `checkpoints/last.ckpt` (fairseq's
+    `checkpoint_last.pt` rule: a requeued command goes on where it stopped) or refuse to overwrite it."""
+    output_dir = Path(cfg.paths.output_dir)
+    try:
+        ckpt_path = checkpoint_to_continue(output_dir, cfg.get("ckpt_path"), train=cfg.train)
+    except RunDirectoryError as err:
+        raise ConfigError(str(err)) from err
+    if ckpt_path != cfg.get("ckpt_path"):
+        log.info("Continuing the earlier run in %s from %s", output_dir, ckpt_path)
+        with open_dict(cfg):
+            cfg.ckpt_path = ckpt_path
+    elif ckpt_path is None and _local_rank() == 0 and (logs := earlier_logs(output_dir)):
+        log.warning(
+            "%s holds logs of an earlier run that saved no checkpoint (%s): starting over, this run's "
+            "logs replace them",
+            output_dir,
+            ", ".join(str(p.relative_to(output_dir)) for p in logs),
+        )
+
+
 def _check_output_dir(path: Path) -> None:
     """Fail before any work if the run directory cannot be written (read-only, or under a file)."""
     try:
@@ -238,6 +267,16 @@ def _load_init_from(task: Any, datamodule: Any) -> None:
         task.load_init_from(datamodule.state_dict().get("tokenizers"))
     except CheckpointError as err:
         raise ConfigError(str(err)) from err
+
+
+@contextlib.contextmanager
+def _lightning_refusals() -> Iterator[None]:
+    """Settings Lightning checks only once the loop starts (e.g. `trainer.val_check_interval` larger than
+    an epoch) end the run with one line, like those checked up front."""
+    try:
+        yield
+    except MisconfigurationException as err:
+        raise ConfigError(f"the trainer refused the config: {_first_line(err)}") from err
 
 
 def _set_process_switches(cfg: DictConfig) -> None:
@@ -389,21 +428,27 @@ def _floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    hydra_cfg = HydraConfig.get()
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     if in_sweep:
         _group_wandb_runs(cfg)
+        job = _SweepJob(hydra_cfg.job.num, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir))
+        _SWEEP_JOBS.append(job)
     failed = True
     try:
         metrics = train(cfg)
+        objective = _objective(cfg, metrics, needed=in_sweep and _sweeper_uses_objective(hydra_cfg))
         failed = False
     except (ConfigError, DataError, FloatingPointError) as err:  # bad data files; a NaN/inf loss stop
         log.error("%s", err)
         if in_sweep:  # one failed job: the sweeper records it (Optuna: a FAIL trial) and goes on
+            job.error = str(err)
             raise
         raise SystemExit(f"error: {err}") from None
     except Exception as err:
         if in_sweep:  # the sweeper keeps only the message: the traceback goes to the job's log file
             log.exception("The job failed")
+            job.error = f"{type(err).__name__}: {_first_line(err)}"
             # Hydra keeps the exception until the next job has run: free what its frames hold
             # (activations on the GPU after an out-of-memory error) so that the next job gets it
             traceback.clear_frames(err.__traceback__)
@@ -411,12 +456,6 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     finally:
         if in_sweep:  # the jobs share this process: each ends its own wandb run, or the next reuses it
             _finish_wandb_run(failed)
-    metric_name = cfg.get("optimized_metric") if cfg.get("train") else None  # a sweep's objective
-    if metric_name and metric_name not in metrics:
-        available = sorted(k for k, v in metrics.items() if isinstance(v, float))
-        raise SystemExit(
-            f"error: optimized_metric={metric_name!r} was not logged; logged metrics: {available}"
-        )
     if rank_zero_only.rank == 0:
         width = max((len(k) for k in metrics), default=0)
         for name, value in sorted(metrics.items()):
@@ -424,7 +463,67 @@ def _hydra_main(cfg: DictConfig) -> float | None:
                 f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}"
             )
         print(f"run directory: {HydraConfig.get().runtime.output_dir}")
-    return metrics.get(metric_name) if metric_name else None
+    return objective
+
+
+def _objective(cfg: DictConfig, metrics: Mapping[str, Any], needed: bool) -> float | None:
+    """The value of `optimized_metric`, what a sweeper optimizes. A run without it (one that ended
+    before its first validation, e.g. `trainer.max_steps=20`) is fine on its own, and a failed trial
+    in a sweep whose sweeper needs the value (Optuna; a grid needs none)."""
+    name = cfg.get("optimized_metric") if cfg.get("train") else None
+    if not name or metrics.get(name) is not None:
+        return metrics.get(name) if name else None
+    validated = sorted(k for k in metrics if k.startswith("val/"))
+    if validated:
+        problem = f"optimized_metric={name} was not logged; the validation logged {', '.join(validated)}"
+    else:
+        problem = (
+            f"no validation ran before training ended at step {metrics.get('global_step')}, "
+            f"so optimized_metric={name} has no value"
+        )
+    if needed:
+        raise ConfigError(problem)
+    (log.warning if validated else log.info)("%s", problem[0].upper() + problem[1:])
+    return None
+
+
+def _sweeper_uses_objective(hydra_cfg: DictConfig) -> bool:
+    """Whether the sweeper reads the jobs' return values: every sweeper but Hydra's grid (BasicSweeper)."""
+    return not str(hydra_cfg.sweeper.get("_target_", "")).endswith(".BasicSweeper")
+
+
+@dataclass
+class _SweepJob:
+    """One job of a sweep run in this process, for the summary when the sweep fails."""
+
+    num: int
+    overrides: list[str]
+    output_dir: Path
+    error: str | None = None
+
+
+_SWEEP_JOBS: list[_SweepJob] = []
+
+
+def _sweep_failure(err: BaseException) -> str:
+    """One line on a sweep that stopped with `err`: how many jobs failed, the first one's error, where
+    the logs are."""
+    failed = [job for job in _SWEEP_JOBS if job.error is not None]
+    if not failed:
+        return f"the sweep failed after {len(_SWEEP_JOBS)} jobs: {type(err).__name__}: {_first_line(err)}"
+    first = failed[0]
+    logs = first.output_dir.parent / "*" / "train.log"
+    if len(failed) == len(_SWEEP_JOBS):
+        what = f"every job of the sweep failed ({len(failed)} of {len(_SWEEP_JOBS)})"
+    else:
+        what = f"{len(failed)} of the sweep's {len(_SWEEP_JOBS)} jobs failed"
+    which = "the first, job" if len(failed) > 1 else "job"
+    overrides = " ".join(first.overrides) or "no overrides"
+    return f"{what}; {which} {first.num} ({overrides}): {first.error}; logs: {logs}"
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
 
 
 def _group_wandb_runs(cfg: DictConfig) -> None:
@@ -452,6 +551,27 @@ def main() -> None:
         _hydra_main()
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
         raise SystemExit(f"error: {_one_line(str(err))}") from None
+    except Exception as err:
+        if _SWEEP_JOBS:  # each job's error and traceback are in its log: the sweep ends in one line
+            raise SystemExit(f"error: {_sweep_failure(err)}") from None
+        if _raised_by_hydra(err):  # e.g. `logger=null`
+            groups = [
+                a for a in sys.argv[1:] if a.endswith("=null") and (CONFIGS / a[:-5].lstrip("+")).is_dir()
+            ]
+            hint = f" ({groups[0]}: a config group is removed with ~{groups[0][:-5]})" if groups else ""
+            raise SystemExit(f"error: {_one_line(str(err))}{hint}") from None
+        raise
+
+
+def _raised_by_hydra(err: BaseException) -> bool:
+    """Whether `err` comes from Hydra composing the config (no frame of a job in its traceback)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    hydra_dir = str(Path(hydra.__file__).parent)
+    return (
+        bool(frames)
+        and frames[-1].filename.startswith(hydra_dir)
+        and not any(f.name == "_hydra_main" for f in frames)
+    )
 
 
 def _one_line(message: str) -> str:
