@@ -1,0 +1,158 @@
+"""The model card (README.md) written beside an exported model: data, recipe, the checkpoint's scores.
+
+Only what the checkpoint itself records is stated: its resolved training config, its step and epoch,
+the validation score its checkpoint callback saw, and the run's test metrics when the run's
+`metrics.json` names this very file as its best checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from transformer.evaluation import score_signatures
+from transformer.export.source import ExportSource
+
+__all__ = ["model_card", "write_model_card"]
+
+_DATA_KEYS = ("source", "data_dir", "src_lang", "tgt_lang", "train_split", "val_split", "test_split",
+              "vocab_size", "joint_vocab", "max_len", "bpe_dropout")  # fmt: skip
+_RECIPE_KEYS = ("label_smoothing", "optimizer", "scheduler")
+_TRAINER_KEYS = ("max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val")
+
+_USAGE = {
+    "hf": """```python
+from transformers import pipeline
+
+translate = pipeline("translation", model="{dir}")
+print(translate("{example}")[0]["translation_text"])
+```
+
+`AutoModelForSeq2SeqLM.from_pretrained("{dir}")` and `AutoTokenizer.from_pretrained("{dir}")` load it
+offline. `generate()` uses `generation_config.json` ({decoding}).""",
+    "ctranslate2": """```python
+import ctranslate2
+from tokenizers import Tokenizer
+
+translator = ctranslate2.Translator("{dir}")
+tokenizer = Tokenizer.from_file("{dir}/{src_tokenizer}")
+tokens = tokenizer.encode("{example}", add_special_tokens=False).tokens
+result = translator.translate_batch([tokens], beam_size={beam_size}, length_penalty={length_penalty})
+print(Tokenizer.from_file("{dir}/{tgt_tokenizer}").decode(
+    [tokenizer.token_to_id(t) for t in result[0].hypotheses[0]]))
+```
+
+The model adds `<s>` and `</s>` to the source and starts the decoder from `<s>` itself.""",
+}
+
+
+def _get(mapping: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(mapping, Mapping) or key not in mapping:
+            return None
+        mapping = mapping[key]
+    return mapping
+
+
+def _decoding_text(decoding: Mapping[str, Any]) -> str:
+    beam = int(decoding.get("beam_size", 1))
+    search = "greedy" if beam == 1 or decoding.get("search") == "greedy" else f"beam {beam}"
+    penalty = f", length penalty alpha {decoding.get('length_penalty')}" if search != "greedy" else ""
+    limit = f"{decoding.get('max_len_a')} * source length + {decoding.get('max_len_b')}"
+    return f"{search}{penalty}, max length {limit}"
+
+
+def model_card(
+    source: ExportSource, target: Literal["hf", "ctranslate2"], tokenizer_files: dict[str, str]
+) -> str:
+    """The card's Markdown text."""
+    config, run = source.config, source.run_config
+    data = run.get("data") or {}
+    src_lang, tgt_lang = data.get("src_lang", "src"), data.get("tgt_lang", "tgt")
+    validation = source.hparams.get("decoding") or {}
+    trainer = {key: value for key, value in (run.get("trainer") or {}).items() if key in _TRAINER_KEYS}
+    lines = [
+        f"# aiayn Transformer, {src_lang} -> {tgt_lang}",
+        "",
+        "An encoder-decoder Transformer (Vaswani et al., 2017) trained with the aiayn project and exported "
+        "with "
+        f"`aiayn-export {source.path.name} --to {target}`, which checks that the export computes what the "
+        'checkpoint computes (see the project\'s README, "Export and deploy").',
+        "",
+        "## Model",
+        "",
+        f"- {config.n_encoder_layers} encoder + {config.n_decoder_layers} decoder layers, d_model "
+        f"{config.d_model}, {config.n_heads} heads, d_ff {config.d_ff}, {config.activation}, "
+        f"{'pre-LN' if config.norm_first else 'post-LN'}, {config.positional} positions, max_len "
+        f"{config.max_len}",
+        f"- vocabulary: {'joint' if source.joint_vocabulary else 'separate'} BPE, {config.src_vocab_size} "
+        f"source / {config.tgt_vocab_size} target tokens; embeddings tied: {config.tie_embeddings}",
+        f"- {sum(p.numel() for p in source.model.parameters()):,} parameters",
+        "",
+        "## Data",
+        "",
+        *[f"- `data.{key}`: {data[key]}" for key in _DATA_KEYS if key in data],
+        "",
+        "## Recipe",
+        "",
+        f"- experiment tags: {', '.join(map(str, run.get('tags') or [])) or 'none'}; seed {run.get('seed')}",
+        f"- checkpoint `{source.path.name}`: epoch {source.epoch}, global step {source.global_step}",
+        *[
+            f"- `model.{key}`: {json.dumps(value, default=str)}"
+            for key in _RECIPE_KEYS
+            if (value := _get(run, "model", key)) is not None
+        ],
+        f"- trainer: {json.dumps(trainer, default=str)}",
+        f"- validation decoding: {_decoding_text({**validation, 'search': 'auto'})}; test decoding: "
+        f"{_decoding_text(source.decoding)}",
+        "",
+        "## Scores of this checkpoint",
+        "",
+    ]
+    if source.scores:
+        lines += ["| metric | value |", "|---|---|"]
+        lines += [f"| `{name}` | {value:.4g} |" for name, value in sorted(source.scores.items())]
+        lines += [
+            "",
+            f"Validation metrics with the validation decoding, test metrics (split "
+            f"`{data.get('test_split', 'test')}`) with the test decoding, both by this project's own search "
+            "(the exported model's decoders differ slightly, see the README). sacreBLEU signatures: "
+            + "; ".join(f"{name} `{signature}`" for name, signature in score_signatures().items()),
+        ]
+    else:
+        lines.append(
+            "No scores are stored with this checkpoint (score it with `python evaluate.py ckpt_path=...`)."
+        )
+    beam_size = int(source.decoding.get("beam_size", 1))
+    lines += [
+        "",
+        "## Usage",
+        "",
+        _USAGE[target].format(
+            dir="path/to/this/directory",
+            example="Ein Hund läuft." if src_lang == "de" else "A dog runs.",
+            decoding=_decoding_text(source.decoding),
+            beam_size=beam_size,
+            length_penalty=source.decoding.get("length_penalty", 1.0) if beam_size > 1 else 0.0,
+            src_tokenizer=tokenizer_files.get("src", "tokenizer.json"),
+            tgt_tokenizer=tokenizer_files.get("tgt", "tokenizer.json"),
+        ),
+        "",
+        "Length penalty: this project's beam search divides a hypothesis' log-probability by GNMT's "
+        "((5 + length) / 6) ** alpha; transformers and CTranslate2 divide by length ** alpha. The same alpha "
+        "is written here, so beam search can rank hypotheses of different lengths differently.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(
+    source: ExportSource,
+    path: Path,
+    *,
+    target: Literal["hf", "ctranslate2"],
+    tokenizer_files: dict[str, str] | None = None,
+) -> None:
+    path.write_text(model_card(source, target, tokenizer_files or {}), encoding="utf-8")

@@ -1,0 +1,179 @@
+"""Checkpoint -> a CTranslate2 model directory, built with CTranslate2's own spec API (`ctranslate2.specs`).
+
+Our weights go into a `TransformerSpec` as they are: CTranslate2 takes the position table explicitly
+(so our sin/cos layout, or learned positions, need no permutation), fuses q/k/v the way our
+`in_proj_weight` already stores them, and has both post-LN and pre-LN (with a final norm per stack)
+layouts, ReLU, GELU and gated (SwiGLU) feed-forwards. The config adds `<s>` and `</s>` to the source
+and starts the decoder from `<s>`, so users pass plain subword tokens, as with CTranslate2's own
+converters; the tokenizer JSON(s) are written beside the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from ctranslate2.specs import common_spec, transformer_spec
+from torch import Tensor, nn
+
+from transformer.export.card import write_model_card
+from transformer.export.source import ExportError, ExportSource, staged_output
+from transformer.layers import FeedForward
+from transformer.model import Seq2SeqTransformer
+
+__all__ = [
+    "QUANTIZATIONS",
+    "ctranslate2_refusal",
+    "export_ctranslate2",
+    "to_ctranslate2_spec",
+    "tokenizer_files",
+]
+
+# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`); None keeps float32
+QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
+_ACTIVATIONS = {
+    "relu": common_spec.Activation.RELU,
+    "gelu": common_spec.Activation.GELU,  # the exact (erf) GELU, as F.gelu
+    "swiglu": common_spec.Activation.SWISH,  # silu(x W1) * (x W3): CTranslate2's ffn_glu
+}
+_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every norm of ours uses
+
+
+def ctranslate2_refusal(source: ExportSource) -> str | None:
+    """Why `source` cannot become a CTranslate2 model exactly (one line naming the setting), or None."""
+    if source.config.positional == "rope":
+        return (
+            "model.config.positional=rope: CTranslate2's encoder-decoder Transformer adds absolute "
+            "positions in its encoder, so rotary ones are not exported"
+        )
+    return None
+
+
+def _array(tensor: Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy().copy()
+
+
+def _set_linear(spec: common_spec.LinearSpec, weight: Tensor, bias: Tensor | None) -> None:
+    spec.weight = _array(weight)
+    if bias is not None:
+        spec.bias = _array(bias)
+
+
+def _set_norm(spec: common_spec.LayerNormSpec, norm: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def _set_self_attention(
+    spec: transformer_spec.attention_spec.MultiHeadAttentionSpec, module: nn.Module
+) -> None:
+    _set_linear(spec.linear[0], module.in_proj_weight, module.in_proj_bias)  # (3D, D): [W_q; W_k; W_v]
+    _set_linear(spec.linear[1], module.out_proj.weight, module.out_proj.bias)
+
+
+def _set_cross_attention(
+    spec: transformer_spec.attention_spec.MultiHeadAttentionSpec, module: nn.Module
+) -> None:
+    D = module.embed_dim
+    weight, bias = module.in_proj_weight, module.in_proj_bias
+    _set_linear(spec.linear[0], weight[:D], None if bias is None else bias[:D])  # queries from the decoder
+    _set_linear(spec.linear[1], weight[D:], None if bias is None else bias[D:])  # keys and values (2D, D)
+    _set_linear(spec.linear[2], module.out_proj.weight, module.out_proj.bias)
+
+
+def _set_feed_forward(spec: transformer_spec.FeedForwardSpec, module: FeedForward) -> None:
+    _set_linear(spec.linear_0, module.linear1.weight, module.linear1.bias)
+    if module.gate is not None:
+        _set_linear(spec.linear_0_noact, module.gate.weight, module.gate.bias)
+    _set_linear(spec.linear_1, module.linear2.weight, module.linear2.bias)
+
+
+def _positions(embedder: nn.Module) -> np.ndarray:
+    """The (max_len, D) table of absolute positions the embedder adds (sinusoidal or learned)."""
+    positional = embedder.positional
+    table = positional.table if hasattr(positional, "table") else positional.embedding.weight
+    return _array(table)
+
+
+def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpec:
+    """A validated `TransformerSpec` holding `source`'s weights and vocabularies (not yet quantized)."""
+    model: Seq2SeqTransformer = source.model
+    config = model.config
+    common = {
+        "pre_norm": config.norm_first,  # pre-LN: a final norm per stack, as ours
+        "activation": _ACTIVATIONS[config.activation],
+        "ffn_glu": config.activation == "swiglu",
+    }
+    encoder = transformer_spec.TransformerEncoderSpec(config.n_encoder_layers, config.n_heads, **common)
+    decoder = transformer_spec.TransformerDecoderSpec(config.n_decoder_layers, config.n_heads, **common)
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+
+    encoder.embeddings[0].weight = _array(model.src_embed.embedding.weight)
+    encoder.position_encodings.encodings = _positions(model.src_embed)
+    for layer_spec, layer in zip(encoder.layer, model.encoder.layers):
+        _set_self_attention(layer_spec.self_attention, layer.self_attn)
+        _set_norm(layer_spec.self_attention.layer_norm, layer.norm1)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward)
+        _set_norm(layer_spec.ffn.layer_norm, layer.norm2)
+    decoder.embeddings.weight = _array(model.tgt_embed.embedding.weight)
+    decoder.position_encodings.encodings = _positions(model.tgt_embed)
+    decoder.projection.weight = _array(model.output_projection.weight)
+    for layer_spec, layer in zip(decoder.layer, model.decoder.layers):
+        _set_self_attention(layer_spec.self_attention, layer.self_attn)
+        _set_norm(layer_spec.self_attention.layer_norm, layer.norm1)
+        _set_cross_attention(layer_spec.attention, layer.cross_attn)
+        _set_norm(layer_spec.attention.layer_norm, layer.norm2)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward)
+        _set_norm(layer_spec.ffn.layer_norm, layer.norm3)
+    if config.norm_first:
+        _set_norm(encoder.layer_norm, model.encoder.norm)
+        _set_norm(decoder.layer_norm, model.decoder.norm)
+
+    spec.register_source_vocabulary(source.vocabulary("src"))
+    spec.register_target_vocabulary(source.vocabulary("tgt"))
+    tgt_vocabulary = source.vocabulary("tgt")
+    spec.config.unk_token = "<unk>"
+    spec.config.bos_token = tgt_vocabulary[config.bos_id]
+    spec.config.eos_token = tgt_vocabulary[config.eos_id]
+    spec.config.decoder_start_token = tgt_vocabulary[config.bos_id]
+    spec.config.add_source_bos = True  # our sources are <s> ... </s>
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = _LAYER_NORM_EPS
+    spec.validate()
+    return spec
+
+
+def tokenizer_files(source: ExportSource) -> dict[str, str]:
+    """File names of the tokenizer(s) written beside the model: one `tokenizer.json` for a joint
+    vocabulary, else `source_tokenizer.json` and `target_tokenizer.json`."""
+    if source.joint_vocabulary:
+        return {"src": "tokenizer.json", "tgt": "tokenizer.json"}
+    return {"src": "source_tokenizer.json", "tgt": "target_tokenizer.json"}
+
+
+def export_ctranslate2(
+    source: ExportSource, output: str | Path, *, quantization: str | None = None, force: bool = False
+) -> Path:
+    """Write `source` as a CTranslate2 model directory at `output`, weights quantized as asked."""
+    refusal = ctranslate2_refusal(source)
+    if refusal is not None:
+        raise ExportError(f"cannot export {source.path} to CTranslate2: {refusal}")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ExportError(f"--quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
+    spec = to_ctranslate2_spec(source)
+    spec.optimize(quantization=quantization)
+    files = tokenizer_files(source)
+    with staged_output(output, force=force) as staging:
+        spec.save(str(staging))
+        (staging / files["src"]).write_text(source.src_tokenizer_json, encoding="utf-8")
+        (staging / files["tgt"]).write_text(source.tgt_tokenizer_json, encoding="utf-8")
+        write_model_card(source, staging / "README.md", target="ctranslate2", tokenizer_files=files)
+    return Path(output)

@@ -1,0 +1,188 @@
+"""What every export reads from a checkpoint, and the one way every export writes its directory.
+
+`load_source` restores a translation checkpoint with the evaluation code (`transformer.restore`, safe
+`weights_only=True` loading) and collects what a deployed model needs besides its weights: tokenizer
+JSON(s), decoding settings, scores. `staged_output` writes into a temporary directory beside the
+output and renames it into place at the end, so a failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+import torch
+
+from transformer.checkpoint import load_checkpoint
+from transformer.config import TransformerConfig
+from transformer.evaluation import checkpoint_decoding
+from transformer.model import Seq2SeqTransformer
+from transformer.restore import DATAMODULES, restore_model
+
+__all__ = ["ExportError", "ExportSource", "load_source", "staged_output"]
+
+SPECIAL_TOKENS = {"pad_id": "<pad>", "bos_id": "<s>", "eos_id": "</s>"}  # data.tokenization's specials
+
+
+class ExportError(ValueError):
+    """A checkpoint or a setting that the requested export target cannot take, or a bad output path."""
+
+
+@dataclass
+class ExportSource:
+    """A translation checkpoint, restored: the network (eval mode, CPU) and what travels with it."""
+
+    path: Path
+    model: Seq2SeqTransformer
+    tokenizers: dict[str, str]  # {"joint": JSON} or {"src": JSON, "tgt": JSON} (`tokenizers` format)
+    decoding: dict[str, Any]  # the settings the run's test step decoded with
+    hparams: dict[str, Any]
+    run_config: dict[str, Any]
+    scores: dict[str, float] = field(default_factory=dict)  # this checkpoint's own metrics, when known
+    global_step: int | None = None
+    epoch: int | None = None
+
+    @property
+    def config(self) -> TransformerConfig:
+        return self.model.config
+
+    @property
+    def joint_vocabulary(self) -> bool:
+        return "joint" in self.tokenizers
+
+    @property
+    def src_tokenizer_json(self) -> str:
+        return self.tokenizers["joint" if self.joint_vocabulary else "src"]
+
+    @property
+    def tgt_tokenizer_json(self) -> str:
+        return self.tokenizers["joint" if self.joint_vocabulary else "tgt"]
+
+    def vocabulary(self, side: str) -> list[str]:
+        """The tokens of the "src" or "tgt" tokenizer in id order (id i = position i)."""
+        text = self.src_tokenizer_json if side == "src" else self.tgt_tokenizer_json
+        vocab = tokenizers.Tokenizer.from_str(text).get_vocab(with_added_tokens=True)
+        return [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+
+
+def load_source(path: str | Path) -> ExportSource:
+    """Restore a translation checkpoint for export; any other kind is refused with an `ExportError`
+    (a missing, truncated or unsafe file with `transformer.checkpoint.CheckpointError`)."""
+    path = Path(path)
+    checkpoint = load_checkpoint(path)
+    hparams = checkpoint.get("hyper_parameters")
+    if isinstance(hparams, Mapping) and "mask_prob" in hparams:
+        raise ExportError(
+            f"checkpoint {path} is a masked-LM pretraining checkpoint (MaskedLMTask): only translation "
+            "(encoder-decoder) checkpoints can be exported"
+        )
+    restored = restore_model(checkpoint, path)
+    if restored.task != "translation" or not isinstance(restored.model, Seq2SeqTransformer):
+        raise ExportError(
+            f"checkpoint {path} is a {restored.task} checkpoint: only translation (encoder-decoder) "
+            "checkpoints can be exported to transformers or CTranslate2"
+        )
+    saved = restored.datamodule_state.get("tokenizers")
+    if not isinstance(saved, Mapping) or not (set(saved) == {"joint"} or set(saved) == {"src", "tgt"}):
+        raise ExportError(
+            f"checkpoint {path} carries no tokenizer ({DATAMODULES['translation']} state 'tokenizers' "
+            "with 'joint' or 'src' + 'tgt'): it was not written by train.py"
+        )
+    source = ExportSource(
+        path=path,
+        model=restored.model,
+        tokenizers={side: str(text) for side, text in saved.items()},
+        decoding=checkpoint_decoding(restored.hparams),
+        hparams=restored.hparams,
+        run_config=restored.run_config,
+        scores=_own_scores(path, checkpoint),
+        global_step=restored.global_step,
+        epoch=restored.epoch,
+    )
+    _check_tokenizers(source)
+    return source
+
+
+def _check_tokenizers(source: ExportSource) -> None:
+    """Token ids only mean something under the tokenizer the model was trained with: sizes and specials."""
+    config = source.config
+    for side, size in (("src", config.src_vocab_size), ("tgt", config.tgt_vocab_size)):
+        vocabulary = source.vocabulary(side)
+        if len(vocabulary) != size:
+            raise ExportError(
+                f"checkpoint {source.path}: its {side} tokenizer has {len(vocabulary)} tokens but the model "
+                f"{size} ({side}_vocab_size)"
+            )
+        for key, token in SPECIAL_TOKENS.items():
+            if vocabulary[getattr(config, key)] != token:
+                raise ExportError(
+                    f"checkpoint {source.path}: {key}={getattr(config, key)} is "
+                    f"{vocabulary[getattr(config, key)]!r} in its {side} tokenizer, expected {token!r}"
+                )
+
+
+def _own_scores(path: Path, checkpoint: Mapping[str, Any]) -> dict[str, float]:
+    """This checkpoint's validation score (from its checkpoint callback's state) and, when the run's
+    `metrics.json` names this file as the run's best checkpoint, the test metrics of that run."""
+    scores: dict[str, float] = {}
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if isinstance(state, Mapping) and state.get("monitor") and state.get("current_score") is not None:
+            value = state["current_score"]
+            scores[str(state["monitor"])] = float(value.item() if isinstance(value, torch.Tensor) else value)
+    metrics_file = path.resolve().parent.parent / "metrics.json"
+    if metrics_file.is_file():
+        try:
+            metrics = json.loads(metrics_file.read_text())
+        except (OSError, ValueError):
+            return scores
+        best = metrics.get("best_ckpt_path") if isinstance(metrics, dict) else None
+        if best and Path(best).resolve() == path.resolve():
+            scores.update(
+                {
+                    key: float(value)
+                    for key, value in metrics.items()
+                    if key.startswith("test/") and isinstance(value, (int, float))
+                }
+            )
+    return scores
+
+
+@contextmanager
+def staged_output(output: str | Path, *, force: bool = False) -> Iterator[Path]:
+    """A fresh temporary directory beside `output` to write into; renamed to `output` on success.
+
+    An `output` that exists and is not an empty directory is refused unless `force` (then it is replaced,
+    only once the new directory is complete). On failure the temporary directory is removed and `output`
+    is untouched.
+    """
+    output = Path(output)
+    check_output(output, force=force)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if output.exists():  # (forced) swap: the old directory goes only after the new one is in place
+        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
+        output.rename(old / output.name)
+        staging.rename(output)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(output)
+
+
+def check_output(output: Path, *, force: bool) -> None:
+    """Refuse an output path that is a file, or a non-empty directory without `force`."""
+    if output.exists() and not output.is_dir():
+        raise ExportError(f"output {output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()) and not force:
+        raise ExportError(f"output directory {output} exists and is not empty (pass --force to replace it)")
