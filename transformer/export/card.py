@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from transformer.evaluation import score_signatures
+from transformer.evaluation import corpus_scores, score_signatures
 from transformer.export.source import ExportSource
 
 __all__ = ["model_card", "write_model_card"]
@@ -62,6 +62,14 @@ def _decoding_text(decoding: Mapping[str, Any]) -> str:
     penalty = f", length penalty alpha {decoding.get('length_penalty')}" if search != "greedy" else ""
     limit = f"{decoding.get('max_len_a')} * source length + {decoding.get('max_len_b')}"
     return f"{search}{penalty}, max length {limit}"
+
+
+def _signatures() -> dict[str, str]:
+    """The sacreBLEU signatures of the project's metrics. A signature names the number of references,
+    which sacreBLEU knows only after an evaluation: one of a single sentence against itself (1 reference,
+    as in training)."""
+    corpus_scores(["."], ["."])
+    return score_signatures()
 
 
 def model_card(
@@ -119,7 +127,7 @@ def model_card(
             f"Validation metrics with the validation decoding, test metrics (split "
             f"`{data.get('test_split', 'test')}`) with the test decoding, both by this project's own search "
             "(the exported model's decoders differ slightly, see the README). sacreBLEU signatures: "
-            + "; ".join(f"{name} `{signature}`" for name, signature in score_signatures().items()),
+            + "; ".join(f"{name} `{signature}`" for name, signature in _signatures().items()),
         ]
     else:
         lines.append(
