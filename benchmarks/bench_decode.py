@@ -14,6 +14,17 @@ Repeats are interleaved (the order rotates) and medians reported, in sentences/s
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_decode.py [--cases d256,d512] [--repeats 3]
         [--device cuda] [--bf16]
+
+`--export-ckpt CKPT --data-dir DIR`: deployment speed of a trained translation checkpoint instead. The
+checkpoint is exported (`transformer.export`) to CTranslate2 float32 and int8 and to transformers
+(MarianMTModel), and each decodes the same Multi30k split (default test_2016_flickr) in the same
+length-sorted batches with the same threads, beam size and alpha (the checkpoint's test decoding), the
+methods interleaved round by round: sentences/s (median of rounds), speed relative to ours, BLEU of
+each (sacreBLEU, as evaluate.py scores), and the share of sentences identical to ours. Tokenization
+is outside the timed calls; each method gets token ids or subword strings in and gives them back.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_decode.py --export-ckpt CKPT \
+        --data-dir ../shared/data/multi30k [--split test_2016_flickr] [--repeats 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -158,7 +169,18 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--bf16", action="store_true", help="both models in bfloat16 (for GPUs)")
     parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
+    parser.add_argument("--export-ckpt", default=None, help="a translation checkpoint: time its exports")
+    parser.add_argument("--data-dir", default=None, help="with --export-ckpt: a Multi30k data/task1/raw dir")
+    parser.add_argument("--split", default="test_2016_flickr", help="with --export-ckpt: the split to decode")
+    parser.add_argument("--sentences-per-batch", type=int, default=64, help="with --export-ckpt")
     args = parser.parse_args()
+    if args.export_ckpt:
+        if not args.data_dir:
+            parser.error("--export-ckpt needs --data-dir (a Multi30k data/task1/raw directory)")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        deploy_benchmark(args)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, but torch.cuda.is_available() is False here")
     device = torch.device(args.device)
@@ -223,6 +245,153 @@ def main() -> None:
     result["load_end"] = os.getloadavg()[0]
     result["ratios"] = {key: round(value, 3) for key, value in ratios.items()}
     print(json.dumps(result))
+
+
+# --- a trained checkpoint and its exports (--export-ckpt) ---------------------------------------------------
+
+
+def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Callable[..., list[list[int]]]]:
+    """The decoders to time on `batches` (lists of (index, text) of similar length), each returning the
+    token ids (no BOS / EOS) of every sentence in split order; called with `first=k`, only the first k
+    batches are decoded (a warm-up)."""
+    import ctranslate2
+    import tokenizers
+    from transformers import AutoModelForSeq2SeqLM
+    from transformers.utils import logging as hf_logging
+
+    from transformer.export.ctranslate2 import export_ctranslate2
+    from transformer.export.hf import export_hf
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    config, decoding = source.config, source.decoding
+    beam, alpha = int(decoding["beam_size"]), float(decoding["length_penalty"])
+    a, b = float(decoding["max_len_a"]), float(decoding["max_len_b"])
+    tokenizer = tokenizers.Tokenizer.from_str(source.src_tokenizer_json)
+    n = sum(len(batch) for batch in batches)
+    prepared = []  # per batch: sentence indices, padded ids (B, S), subword strings, the batch's length limit
+    for batch in batches:
+        encodings = [tokenizer.encode(text) for _, text in batch]  # <s> ... </s>, as our datamodule
+        ids = [torch.tensor(e.ids) for e in encodings]
+        src = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=config.pad_id)
+        strings = [e.tokens[1:-1] for e in encodings]  # plain subwords: CTranslate2 adds <s> and </s>
+        # ours stops each sentence at floor(a * S + b) tokens (EOS included, S counting <s> and </s>);
+        # transformers and CTranslate2 take one limit per call: the batch's longest
+        limit = min(max(math.floor(a * len(i) + b) for i in ids), config.max_len)
+        prepared.append(([i for i, _ in batch], src, strings, limit))
+    eos, pad = config.eos_id, config.pad_id
+
+    def collect(rows_per_batch: list[tuple[list[int], list[list[int]]]]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(n)]
+        for indices, rows in rows_per_batch:
+            for i, row in zip(indices, rows):
+                out[i] = [t for t in (row[: row.index(eos)] if eos in row else row) if t != pad]
+        return out
+
+    def ours(first: int | None = None) -> list[list[int]]:
+        results = []
+        for indices, src, _, _ in prepared[:first]:
+            tokens, _ = beam_search(
+                source.model, src, beam_size=beam, length_penalty=alpha, max_len_a=a, max_len_b=b
+            )
+            results.append((indices, tokens[:, 0].tolist()))
+        return collect(results)
+
+    export_ctranslate2(source, tmp / "ct2")
+    export_ctranslate2(source, tmp / "ct2_int8", quantization="int8")
+    export_hf(source, tmp / "hf")
+    vocabulary = {token: i for i, token in enumerate(source.vocabulary("tgt"))}
+
+    def ct2(directory: Path, compute_type: str) -> Callable[..., list[list[int]]]:
+        translator = ctranslate2.Translator(
+            str(directory), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+        )
+
+        def run(first: int | None = None) -> list[list[int]]:
+            results = []
+            for indices, _, strings, limit in prepared[:first]:
+                out = translator.translate_batch(
+                    strings, beam_size=beam, length_penalty=alpha, max_decoding_length=limit - 1
+                )
+                results.append((indices, [[vocabulary[t] for t in r.hypotheses[0]] for r in out]))
+            return collect(results)
+
+        return run
+
+    marian = AutoModelForSeq2SeqLM.from_pretrained(tmp / "hf").eval()
+
+    def hf(first: int | None = None) -> list[list[int]]:
+        results = []
+        with torch.no_grad():
+            for indices, src, _, limit in prepared[:first]:
+                generated = marian.generate(
+                    input_ids=src, attention_mask=src.ne(pad), num_beams=beam, length_penalty=alpha,
+                    max_new_tokens=limit,
+                )  # fmt: skip
+                results.append((indices, generated[:, 1:].tolist()))  # without the decoder start token
+        return collect(results)
+
+    return {
+        f"ours beam{beam}": ours,
+        f"ctranslate2 float32 beam{beam}": ct2(tmp / "ct2", "float32"),
+        f"ctranslate2 int8 beam{beam}": ct2(tmp / "ct2_int8", "int8"),
+        f"transformers generate beam{beam}": hf,
+    }
+
+
+def deploy_benchmark(args: argparse.Namespace) -> None:
+    """--export-ckpt: ours vs CTranslate2 float32 / int8 vs transformers on a real split (see the top)."""
+    import tempfile
+
+    from data.sources import load_multi30k
+    from data.tokenization import BPETokenizer
+    from transformer.evaluation import corpus_scores
+    from transformer.export.source import load_source
+
+    source = load_source(args.export_ckpt)
+    data = source.run_config.get("data") or {}
+    split = load_multi30k(args.data_dir, [args.split], data.get("src_lang", "de"), data.get("tgt_lang", "en"))
+    texts, references = split[args.split]["src"][:], split[args.split]["tgt"][:]
+    if args.quick:
+        texts, references, args.repeats = texts[:16], references[:16], 1
+    threads = torch.get_num_threads()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))  # similar lengths batched together
+    step = args.sentences_per_batch
+    batches = [[(i, texts[i]) for i in order[k : k + step]] for k in range(0, len(order), step)]
+    tgt_tokenizer = BPETokenizer.from_json(source.tgt_tokenizer_json)
+    load = os.getloadavg()
+    print(
+        f"torch {torch.__version__}, cpu, float32, {threads} threads (CTranslate2: intra_threads={threads}), "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+        f"load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
+        f"{args.export_ckpt}: {len(texts)} sentences of {args.split} in batches of {step}, "
+        f"decoding {source.decoding}; sentences/s (median of {args.repeats})"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        methods = _deploy_methods(source, batches, Path(tmp), threads)
+        for method in methods.values():
+            method(first=1)  # warm-up: first-call allocations, lazy initialization
+        times, outputs = interleaved(methods, args.repeats)
+    reference = next(iter(methods))
+    rows = {}
+    print(f"{'method':32} {'sent/s':>8} {'x ours':>7} {'BLEU':>6} {'= ours':>7}")
+    for name, seconds in times.items():
+        sent_s = len(texts) / statistics.median(seconds)
+        hypotheses = [tgt_tokenizer.decode(ids) for ids in outputs[name]]
+        same = sum(a == b for a, b in zip(outputs[name], outputs[reference])) / len(texts)
+        rows[name] = {
+            "sent_s": round(sent_s, 2),
+            "speedup": round(paired_ratio(times, name, reference), 3),
+            "bleu": round(corpus_scores(hypotheses, references)["bleu"], 2),
+            "same_as_ours": round(same, 4),
+        }
+        row = rows[name]
+        print(f"{name:32} {sent_s:8.2f} {row['speedup']:7.2f} {row['bleu']:6.2f} {100 * same:6.1f}%")
+    print(json.dumps({
+        "benchmark": "bench_decode_export", "checkpoint": str(args.export_ckpt), "split": args.split,
+        "sentences": len(texts), "threads": threads, "torch": torch.__version__, "load_start": load[0],
+        "load_end": os.getloadavg()[0], "decoding": source.decoding, "methods": rows,
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":
