@@ -1,11 +1,12 @@
 """Checkpoint -> a CTranslate2 model directory, built with CTranslate2's own spec API (`ctranslate2.specs`).
 
 Our weights go into a `TransformerSpec` as they are: CTranslate2 takes the position table explicitly
-(so our sin/cos layout, or learned positions, need no permutation), fuses q/k/v the way our
-`in_proj_weight` already stores them, and has both post-LN and pre-LN (with a final norm per stack)
-layouts, ReLU, GELU and gated (SwiGLU) feed-forwards. The config adds `<s>` and `</s>` to the source
-and starts the decoder from `<s>`, so users pass plain subword tokens, as with CTranslate2's own
-converters; the tokenizer JSON(s) are written beside the model.
+(so our sin/cos layout, or learned positions, need no permutation), has rotary self-attention in our
+"rotate half" layout, fuses q/k/v the way our `in_proj_weight` already stores them, and has both post-LN
+and pre-LN (with a final norm per stack) layouts, ReLU, GELU and gated (SwiGLU) feed-forwards: every
+setting of `TransformerConfig` maps exactly (tests/unit/test_export.py checks each). The config adds
+`<s>` and `</s>` to the source and starts the decoder from `<s>`, so users pass plain subword tokens,
+as with CTranslate2's own converters; the tokenizer JSON(s) are written beside the model.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from transformer.model import Seq2SeqTransformer
 
 __all__ = [
     "QUANTIZATIONS",
-    "ctranslate2_refusal",
     "export_ctranslate2",
     "to_ctranslate2_spec",
     "tokenizer_files",
@@ -46,16 +46,6 @@ _ACTIVATIONS = {
     "swiglu": common_spec.Activation.SWISH,  # silu(x W1) * (x W3): CTranslate2's ffn_glu
 }
 _LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every norm of ours uses
-
-
-def ctranslate2_refusal(source: ExportSource) -> str | None:
-    """Why `source` cannot become a CTranslate2 model exactly (one line naming the setting), or None."""
-    if source.config.positional == "rope":
-        return (
-            "model.config.positional=rope: CTranslate2's encoder-decoder Transformer adds absolute "
-            "positions in its encoder, so rotary ones are not exported"
-        )
-    return None
 
 
 def _array(tensor: Tensor) -> np.ndarray:
@@ -112,19 +102,23 @@ def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpe
         "activation": _ACTIVATIONS[config.activation],
         "ffn_glu": config.activation == "swiglu",
     }
+    if config.positional == "rope":  # self-attention only (as ours), pairs (j, j + Dh/2): not interleaved
+        common.update(rotary_dim=0, rotary_interleave=False)
     encoder = transformer_spec.TransformerEncoderSpec(config.n_encoder_layers, config.n_heads, **common)
     decoder = transformer_spec.TransformerDecoderSpec(config.n_decoder_layers, config.n_heads, **common)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
     encoder.embeddings[0].weight = _array(model.src_embed.embedding.weight)
-    encoder.position_encodings.encodings = _positions(model.src_embed)
+    if config.positional != "rope":
+        encoder.position_encodings.encodings = _positions(model.src_embed)
     for layer_spec, layer in zip(encoder.layer, model.encoder.layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attn)
         _set_norm(layer_spec.self_attention.layer_norm, layer.norm1)
         _set_feed_forward(layer_spec.ffn, layer.feed_forward)
         _set_norm(layer_spec.ffn.layer_norm, layer.norm2)
     decoder.embeddings.weight = _array(model.tgt_embed.embedding.weight)
-    decoder.position_encodings.encodings = _positions(model.tgt_embed)
+    if config.positional != "rope":
+        decoder.position_encodings.encodings = _positions(model.tgt_embed)
     decoder.projection.weight = _array(model.output_projection.weight)
     for layer_spec, layer in zip(decoder.layer, model.decoder.layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attn)
@@ -163,9 +157,6 @@ def export_ctranslate2(
     source: ExportSource, output: str | Path, *, quantization: str | None = None, force: bool = False
 ) -> Path:
     """Write `source` as a CTranslate2 model directory at `output`, weights quantized as asked."""
-    refusal = ctranslate2_refusal(source)
-    if refusal is not None:
-        raise ExportError(f"cannot export {source.path} to CTranslate2: {refusal}")
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     spec = to_ctranslate2_spec(source)

@@ -13,6 +13,7 @@ dimensions directly. `tests/unit/test_export.py` checks logits and greedy search
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,15 @@ def fast_tokenizer(source: ExportSource) -> PreTrainedTokenizerFast:
     )
 
 
+def _portable_tokenizer_class(path: Path) -> None:
+    """Name the tokenizer class by the name both transformers 4 and 5 know: version 5 writes its new
+    `TokenizersBackend`, which version 4's AutoTokenizer cannot resolve; `PreTrainedTokenizerFast` is the
+    same class in version 5 (an alias) and the fast tokenizer in version 4."""
+    settings = json.loads(path.read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) -> Path:
     """Write `source` as a transformers directory at `output` (see the module docstring)."""
     refusal = hf_refusal(source)
@@ -203,5 +213,6 @@ def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) 
     with staged_output(output, force=force) as staging:
         marian.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        _portable_tokenizer_class(staging / "tokenizer_config.json")
         write_model_card(source, staging / "README.md", target="hf")
     return Path(output)
