@@ -92,11 +92,21 @@ def test_layers_return_per_head_weights_when_asked() -> None:
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_dropout_only_in_training(norm_first: bool) -> None:
-    layer = EncoderLayer(D, H, FF, dropout=0.5, attention_dropout=0.5, norm_first=norm_first)
-    x = torch.randn(2, 5, D)
-    assert not torch.equal(layer(x)[0], layer(x)[0])
-    layer.eval()
-    torch.testing.assert_close(layer(x)[0], layer(x)[0])
+    """In eval mode a layer with dropout computes what the same weights compute with dropout=0."""
+    x, memory = torch.randn(2, 5, D), torch.randn(2, 4, D)
+    memory_padding = torch.tensor([[False] * 4, [False] * 2 + [True] * 2])
+    for kind, run in (
+        (EncoderLayer, lambda m: m(x)[0]),
+        (DecoderLayer, lambda m: m(x, memory, memory_padding)[0]),
+    ):
+        layer = kind(D, H, FF, dropout=0.5, attention_dropout=0.5, norm_first=norm_first)
+        plain = kind(D, H, FF, dropout=0.0, attention_dropout=0.0, norm_first=norm_first)
+        plain.load_state_dict(layer.state_dict())  # the same weights: dropout has none
+        expected = run(plain)
+        assert not torch.equal(run(layer), run(layer))  # training: a new mask each call
+        assert not torch.allclose(run(layer), expected)
+        layer.eval()
+        torch.testing.assert_close(run(layer), expected)
 
 
 def test_dropout_mask_rate_scale_and_fused_residual() -> None:
