@@ -25,10 +25,21 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+# The tests that need a real dataset find it through these variables (unset: skipped, saying how to run them).
+DATASETS = {
+    "MULTI30K_DIR": (
+        "/path/to/multi30k",
+        "the official data/task1/raw layout: train.de.gz, train.en.gz, ...",
+    ),
+    "SST2_DIR": ("/path/to/SST-2", "the GLUE layout: train.tsv[.gz], dev.tsv"),
+}
+
+
 def _data_dir(env: str) -> Path:
     value = os.environ.get(env)
     if not value:
-        pytest.skip(f"{env} is not set (it points at the real dataset; .ci/run sets it)")
+        example, layout = DATASETS[env]
+        pytest.skip(f"needs the real data: run `{env}={example} pytest` ({layout}); .ci/run sets it")
     path = Path(value)
     if not path.is_dir():
         pytest.fail(f"{env}={value} is not a directory")
