@@ -8,9 +8,8 @@ length, so the budget bounds the padded `src` and the padded `tgt_in`/`tgt_out` 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import datasets
 import numpy as np
@@ -21,6 +20,41 @@ from torch.utils.data import DistributedSampler
 from data.tokenization import PAD_ID
 
 log = logging.getLogger(__name__)
+
+
+class BatchList(Sequence[list[int]]):
+    """Batches as slices of one index array: batch b is `order[bounds[b]:bounds[b + 1]]`, and the list
+    holds the batches `picks` (a shuffled, repeated or per-rank selection). Items are lists of ints; no
+    Python object per example is kept, so millions of examples cost a few arrays.
+    """
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray, picks: np.ndarray | None = None) -> None:
+        self.order, self.bounds = order, bounds
+        self.picks = np.arange(len(bounds) - 1) if picks is None else picks
+
+    def __len__(self) -> int:
+        return len(self.picks)
+
+    @overload
+    def __getitem__(self, index: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> BatchList: ...
+
+    def __getitem__(self, index: int | slice) -> list[int] | BatchList:
+        if isinstance(index, slice):
+            return BatchList(self.order, self.bounds, self.picks[index])
+        batch = self.picks[index]
+        return self.order[self.bounds[batch] : self.bounds[batch + 1]].tolist()
+
+    def select(self, positions: np.ndarray) -> BatchList:
+        """The batches at `positions` of this list, in that order (repeats allowed)."""
+        return BatchList(self.order, self.bounds, self.picks[positions])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-sequence semantics: equal by content
 
 
 class TokenBudgetBatchSampler(DistributedSampler):
@@ -85,7 +119,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
         self.epoch = 0
         self._resume_from = 0  # batches of `self.epoch` already consumed before a restart
         self._yielded = 0  # batches of `self.epoch` handed out by the current/last iterator
-        self._cache: tuple[int, list[list[int]]] | None = None
+        self._cache: tuple[int, BatchList] | None = None
 
     # -- the batches of one epoch ------------------------------------------------------------------
     def _lengths_of(self, epoch: int) -> np.ndarray:
@@ -100,7 +134,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
             )
         return lengths
 
-    def _all_batches(self, epoch: int) -> list[list[int]]:
+    def _all_batches(self, epoch: int) -> BatchList:
         """Every rank's batches of `epoch`, in order, before splitting across ranks."""
         lengths = self._lengths_of(epoch)
         if self.shuffle:
@@ -108,44 +142,54 @@ class TokenBudgetBatchSampler(DistributedSampler):
             order = rng.permutation(len(lengths))
             pool = self.pool_size or len(order)
             # Stable sort inside each pool: ties keep the random order, so batches differ per epoch.
-            pools = [order[i : i + pool] for i in range(0, len(order), pool)]
-            order = np.concatenate([p[np.argsort(lengths[p], kind="stable")] for p in pools])
+            if pool >= len(order):
+                order = order[np.argsort(lengths[order], kind="stable")]
+            else:
+                pools = [order[i : i + pool] for i in range(0, len(order), pool)]
+                order = np.concatenate([p[np.argsort(lengths[p], kind="stable")] for p in pools])
         else:
             order = np.argsort(lengths, kind="stable")
         batches = self._pack(order, lengths)
         if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
+            batches = batches.select(rng.permutation(len(batches)))
         return batches
 
-    def _pack(self, order: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
-        """Greedy: add examples while (count + 1) x longest still fits the budget."""
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        longest = 0
-        cap = self.max_sentences or math.inf
-        for index, length in zip(order.tolist(), lengths[order].tolist()):
-            if batch and ((len(batch) + 1) * max(longest, length) > self.max_tokens or len(batch) >= cap):
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(index)
-            longest = max(longest, length)
-        batches.append(batch)
-        return batches
+    def _pack(self, order: np.ndarray, lengths: np.ndarray) -> BatchList:
+        """Greedy, in `order`: add examples while (count + 1) x longest still fits the budget (and the cap).
 
-    def batches(self, epoch: int | None = None) -> list[list[int]]:
+        One NumPy step per batch instead of a Python step per example: a batch starting at example s
+        holds at most max_tokens // length(s) examples; within that window, count x running maximum is the
+        padded size of every candidate batch. It only grows, so the batch ends where it first exceeds
+        the budget.
+        """
+        ordered = lengths[order]
+        total = len(ordered)
+        cap = min(self.max_sentences or total, total)
+        starts = []
+        start = 0
+        while start < total:
+            window = min(self.max_tokens // max(int(ordered[start]), 1), cap, total - start)
+            longest = np.maximum.accumulate(ordered[start : start + window]).astype(np.int64)
+            size = int(np.count_nonzero(longest * np.arange(1, window + 1) <= self.max_tokens))
+            starts.append(start)
+            start += size
+        starts.append(total)
+        return BatchList(order, np.asarray(starts, dtype=np.int64))
+
+    def batches(self, epoch: int | None = None) -> BatchList:
         """This rank's batches for `epoch` (default: the current one), whole epoch, no resume offset."""
         epoch = self.epoch if epoch is None else epoch
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         batches = self._all_batches(epoch)
         if self.num_replicas > 1:
+            picks = np.arange(len(batches))
             if self.drop_last:
-                batches = batches[: len(batches) - len(batches) % self.num_replicas]
-            else:
-                missing = -len(batches) % self.num_replicas
-                batches = batches + (batches * (missing // len(batches) + 1))[:missing]
-            batches = batches[self.rank :: self.num_replicas]
-        if not batches:
+                picks = picks[: len(picks) - len(picks) % self.num_replicas]
+            else:  # repeat the first batches (cyclically) until every rank gets the same count
+                picks = np.concatenate([picks, np.resize(picks, -len(picks) % self.num_replicas)])
+            batches = batches.select(picks[self.rank :: self.num_replicas])
+        if not len(batches):
             raise ValueError(
                 f"drop_last with {self.num_replicas} replicas leaves no batch "
                 f"({len(self.lengths)} examples, max_tokens={self.max_tokens})"

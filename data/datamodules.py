@@ -1,7 +1,8 @@
 """LightningDataModules tying sources, BPE tokenizers and token-budget batching together.
 
-`prepare_data` trains (or reuses) the tokenizer(s) under `cache_dir`; `setup` loads raw splits, tokenizes
-them with `Dataset.map`, drops over-long training examples and serves loaders of the batch dicts
+`prepare_data` trains (or reuses) the tokenizer(s) under `cache_dir`; `setup` tokenizes the splits a
+stage needs (dropping over-long training examples) into Arrow files under `cache_dir` (`data.cache`),
+or memory-maps them from there when a process already did, and serves loaders of the batch dicts
 documented in `data.batching`. `state_dict` carries the tokenizer JSON and the train sampler position,
 so a checkpoint alone can rebuild the vocabulary and resume mid-epoch. With `bpe_dropout` the training
 sources are re-segmented (BPE-dropout) every epoch, and batched by those lengths.
@@ -9,20 +10,21 @@ sources are re-segmented (BPE-dropout) every epoch, and batched by those lengths
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import datasets
 import lightning as L
 import numpy as np
+import tokenizers
 import torch
 from torch.utils.data import DataLoader
 
-from data import sources, synthetic
+from data import cache, prepare, sources, synthetic
 from data.batching import (
     ClassificationCollator,
     IndexedBatches,
@@ -36,21 +38,24 @@ from data.tokenization import (
     PAD_ID,
     BPEDropout,
     BPETokenizer,
-    bpe_fingerprint,
-    load_or_train_bpe,
+    load_bpe,
+    save_bpe,
     train_bpe,
 )
 
 log = logging.getLogger(__name__)
 
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
+TOKENIZER_SAMPLE_SIZE = 1_000_000  # training examples a tokenizer learns from (more: a seeded sample)
 
 
 class _TokenBudgetDataModule(L.LightningDataModule):
-    """What both tasks share: tokenizer caching, length filtering, loaders, sampler state."""
+    """What both tasks share: tokenizer and tokenized-split caching, length filtering, loaders, sampler
+    state."""
 
     pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
     _text_columns: tuple[str, ...]  # raw columns that are tokenized, e.g. ("src", "tgt")
+    _id_columns: tuple[str, ...]  # the token-id columns `_encode` returns, e.g. ("src_ids", "tgt_ids")
 
     def __init__(
         self,
@@ -70,8 +75,11 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         seed: int,
         show_progress: bool,
         bpe_dropout: float = 0.0,
+        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
     ) -> None:
         super().__init__()
+        if tokenizer_sample_size is not None and tokenizer_sample_size < 1:
+            raise ValueError(f"tokenizer_sample_size must be >= 1 or null, got {tokenizer_sample_size}")
         if not 0.0 <= bpe_dropout < 1.0:
             raise ValueError(f"bpe_dropout must be in [0, 1), got {bpe_dropout}")
         if max_len < 3:
@@ -100,6 +108,7 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         self.seed = seed
         self.show_progress = show_progress
         self.bpe_dropout = bpe_dropout
+        self.tokenizer_sample_size = tokenizer_sample_size
         self.predict_texts: list[str] | None = None  # set by evaluate.py to decode arbitrary text
         self._raw: dict[str, datasets.Dataset] = {}
         self._tokenized: dict[str, datasets.Dataset] = {}
@@ -114,14 +123,30 @@ class _TokenBudgetDataModule(L.LightningDataModule):
     def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
         raise NotImplementedError
 
-    def _tokenizer_corpora(self) -> dict[str, list[str]]:
-        """{"src": texts} or {"src": ..., "tgt": ...} (joint: {"joint": texts}) from the train split."""
+    def _tokenizer_columns(self) -> dict[str, list[str]]:
+        """Raw columns each tokenizer learns from: {"joint": [...]} or {"src": [...], "tgt": [...]}."""
         raise NotImplementedError
+
+    def _files(self, split: str) -> list[Path] | None:
+        """The local files `split` is read from (their identity keys the cache), None for generated or
+        hub data (keyed by the loaded split's `datasets` fingerprint)."""
+        raise NotImplementedError
+
+    def _settings(self) -> dict[str, Any]:
+        """The settings besides the files that change a split's text or labels (languages, columns)."""
+        raise NotImplementedError
+
+    def _entry_meta(self) -> dict[str, Any]:
+        """What a cache entry keeps besides the ids, given back to `_restore_meta` on later loads."""
+        return {}
+
+    def _restore_meta(self, meta: Mapping[str, Any]) -> None:
+        """Take back what `_entry_meta` stored (e.g. class names) when a split comes from the cache."""
 
     def _encode(self, batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
         raise NotImplementedError
 
-    def _length(self, example_lengths: Mapping[str, list[int]]) -> list[int]:
+    def _length(self, example_lengths: Mapping[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError
 
     def _collator(self) -> Callable[[Sequence[Mapping[str, Any]]], dict[str, torch.Tensor]]:
@@ -152,20 +177,68 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             self._ensure_tokenizers()
 
     def _ensure_tokenizers(self) -> None:
+        """Tokenizers from `cache_dir` when trained on the same data with the same settings, else trained.
+
+        The cache key is the train split's identity (files: path, size, mtime), not its text: a later run
+        finds its tokenizer without reading the corpus. One process trains, the others wait for it.
+        """
         if self._tokenizers:
             return
         trained: dict[str, BPETokenizer] = {}
-        for side, texts in self._tokenizer_corpora().items():
-            settings = {"vocab_size": self.vocab_size_requested, "min_frequency": self.min_frequency}
+        for side, columns in self._tokenizer_columns().items():
             if self.cache_dir is None:
-                trained[side] = train_bpe(
-                    texts, show_progress=self.show_progress, length=len(texts), **settings
-                )
+                trained[side] = self._train_tokenizer(columns, None)
                 continue
-            tag = f"{self._cache_tag(side)}-{bpe_fingerprint(texts, **settings)[:16]}"
+            key = cache.cache_key(
+                {
+                    "kind": "tokenizer",
+                    "columns": columns,
+                    "data": self._identity(self.splits["train"]),
+                    "settings": self._settings(),
+                    "vocab_size": self.vocab_size_requested,
+                    "min_frequency": self.min_frequency,
+                    "sample_size": self.tokenizer_sample_size,
+                    "tokenizers": tokenizers.__version__,
+                }
+            )
+            tag = f"{self._cache_tag(side)}-{key[:16]}"
             path = self.cache_dir / "tokenizers" / tag / "tokenizer.json"
-            trained[side] = load_or_train_bpe(path, texts, show_progress=self.show_progress, **settings)
+            tokenizer = load_bpe(path, key)
+            if tokenizer is None:
+                with cache.locked(self.cache_dir / "tokenizers" / ".locks" / f"{tag}.lock"):
+                    tokenizer = load_bpe(path, key)  # trained by another process while this one waited
+                    if tokenizer is None:
+                        tokenizer = self._train_tokenizer(columns, path)
+                        save_bpe(tokenizer, path, key)
+            trained[side] = tokenizer
         self._set_tokenizers(trained)
+
+    def _train_tokenizer(self, columns: Sequence[str], path: Path | None) -> BPETokenizer:
+        train = self.raw_split(self.splits["train"])
+        texts, count = prepare.tokenizer_texts(train, columns, self.tokenizer_sample_size)
+        whole = count == len(train) * len(columns)
+        sampled = "" if whole else f" (a seeded sample of the {len(train)} examples)"
+        log.info(
+            "Training BPE tokenizer (vocab_size=%d) on %d texts%s%s",
+            self.vocab_size_requested,
+            count,
+            sampled,
+            f" -> {path}" if path else "",
+        )
+        return train_bpe(
+            texts,
+            self.vocab_size_requested,
+            min_frequency=self.min_frequency,
+            show_progress=self.show_progress,
+            length=count,
+        )
+
+    def _identity(self, split: str) -> dict[str, Any]:
+        """What identifies `split`'s raw data: its files (path, size, mtime) or its `datasets` fingerprint."""
+        files = self._files(split)
+        if files is None:  # generated or hub data: a hash of the content (hub files) and the steps after
+            return {"fingerprint": self.raw_split(split)._fingerprint}
+        return {"files": [cache.file_identity(path) for path in files]}
 
     def _cache_tag(self, side: str) -> str:
         return f"{type(self).__name__}-{side}-v{self.vocab_size_requested}"
@@ -180,9 +253,13 @@ class _TokenBudgetDataModule(L.LightningDataModule):
 
     # -- tokenized splits --------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        """Load the splits `stage` needs and tokenize them (every rank)."""
+        """Make ready the splits `stage` needs (None: train, val and test), from the cache when it has them.
+
+        Every rank calls this; with `cache_dir`, one process tokenizes a split and the others wait for it
+        and memory-map its files.
+        """
         self._ensure_tokenizers()
-        for role in _STAGE_SPLITS.get(stage or "fit", ("train", "val", "test")):
+        for role in _STAGE_SPLITS.get(stage, ("train", "val", "test")) if stage else ("train", "val", "test"):
             self.tokenized(self.splits[role])
 
     def tokenized(self, split: str) -> datasets.Dataset:
@@ -190,65 +267,78 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         if split in self._tokenized:
             return self._tokenized[split]
         self._ensure_tokenizers()
-        raw = self.raw_split(split)
-        self._check_split(split, raw)
-        digest = hashlib.sha256("".join(t.to_json() for t in self._tokenizers.values()).encode()).hexdigest()
-        with _progress_bars(self.show_progress):
-            encoded = raw.map(
-                lambda batch, ids: _with_lengths({**self._encode(batch), "id": ids}),
-                batched=True,
-                with_indices=True,
-                remove_columns=list(self._text_columns),
-                desc=f"Tokenizing {split}",
-                new_fingerprint=f"{raw._fingerprint}-{digest[:16]}",  # a name only: nothing goes to disk
+        if self.cache_dir is None:
+            directory = Path(tempfile.mkdtemp(dir=datasets.fingerprint.get_temporary_cache_files_directory()))
+            dataset, meta = self._tokenize(split, directory)
+        else:
+            tokenizer_digest = hashlib.sha256(
+                "".join(t.to_json() for t in self._tokenizers.values()).encode()
+            ).hexdigest()
+            key = cache.cache_key(
+                {
+                    "kind": "tokenized",
+                    "datamodule": type(self).__name__,
+                    "split": split,
+                    "train": split == self.splits["train"],  # filtered, not truncated
+                    "data": self._identity(split),
+                    "settings": self._settings(),
+                    "max_len": self.max_len,
+                    "tokenizers": tokenizer_digest,
+                }
             )
-        lengths = {col: encoded[col][:] for col in encoded.column_names if col.endswith("_len")}
-        too_long = [
-            i for i in range(len(encoded)) if any(lens[i] > self.max_len for lens in lengths.values())
-        ]
+            name = f"{self._cache_tag('joint')}-{split}"
+            dataset, meta = cache.load_or_build(
+                self.cache_dir / "tokenized", name, key, lambda directory: self._tokenize(split, directory)
+            )
+            self._restore_meta(meta)
+        too_long, raw_rows = meta["too_long"], meta["raw_rows"]
         if too_long and split == self.splits["train"]:
-            keep = sorted(set(range(len(encoded))) - set(too_long))
             log.warning(
                 "%s: dropped %d of %d examples longer than max_len=%d tokens",
                 split,
-                len(too_long),
-                len(encoded),
+                too_long,
+                raw_rows,
                 self.max_len,
             )
-            if not keep:
-                raise sources.DataError(
-                    f"split {split!r}: every example is longer than max_len={self.max_len}"
-                )
-            encoded = encoded.select(keep)
-        elif too_long:
-            # Evaluation keeps every example (scores must cover the whole split): cut and re-terminate.
+        elif too_long:  # evaluation scores every example: cut, keeping the final EOS
             log.warning(
-                "%s: truncated %d examples longer than max_len=%d tokens", split, len(too_long), self.max_len
+                "%s: truncated %d examples longer than max_len=%d tokens", split, too_long, self.max_len
             )
-            with _progress_bars(self.show_progress):
-                encoded = encoded.map(
-                    lambda batch: _with_lengths(
-                        {
-                            col: [_truncate(ids, self.max_len) for ids in batch[col]]
-                            for col in batch
-                            if col.endswith("_ids")
-                        }
-                    ),
-                    batched=True,
-                    desc=f"Truncating {split}",
-                )
-        self._tokenized[split] = encoded
-        return encoded
+        self._tokenized[split] = dataset
+        return dataset
+
+    def _tokenize(self, split: str, directory: Path) -> tuple[datasets.Dataset, dict[str, Any]]:
+        """Tokenize the raw `split` into an Arrow file in `directory`; the dataset and what to remember."""
+        raw = self.raw_split(split)
+        self._check_split(split, raw)
+        train = split == self.splits["train"]
+        vocab_size = max(tokenizer.vocab_size for tokenizer in self._tokenizers.values())
+        dataset, too_long = prepare.tokenize_split(
+            raw,
+            self._encode,
+            self._text_columns,
+            self._id_columns,
+            max_len=self.max_len,
+            drop_long=train,
+            dtype=prepare.ids_dtype(vocab_size),
+            path=directory / "data.arrow",
+            progress=f"Tokenizing {split}" if self.show_progress else None,
+        )
+        if train and len(dataset) == 0:
+            raise sources.DataError(f"split {split!r}: every example is longer than max_len={self.max_len}")
+        return dataset, {"too_long": too_long, "raw_rows": len(raw), **self._entry_meta()}
 
     def _check_split(self, split: str, raw: datasets.Dataset) -> None:
         """Raise if `split` cannot be used for training or scoring (classification: unlabeled)."""
 
     # -- loaders -------------------------------------------------------------------------------------
-    def _lengths(self, dataset: datasets.Dataset, src_len: list[int] | None = None) -> list[int]:
+    def _lengths(self, dataset: datasets.Dataset, src_len: list[int] | None = None) -> np.ndarray:
         """Batching lengths of `dataset`'s examples; `src_len` replaces the stored source lengths."""
-        lengths = {col: dataset[col][:] for col in dataset.column_names if col.endswith("_len")}
+        lengths = {
+            col: prepare.length_array(dataset, col) for col in dataset.column_names if col.endswith("_len")
+        }
         if src_len is not None:
-            lengths["src_len"] = src_len
+            lengths["src_len"] = np.asarray(src_len, dtype=np.int64)
         return self._length(lengths)
 
     def _loader(self, examples: Any, sampler: TokenBudgetBatchSampler) -> DataLoader:
@@ -302,7 +392,7 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         if not texts:
             raise sources.DataError("nothing to predict: predict_texts is empty")
         ids = self.src_tokenizer.encode_batch(list(texts))
-        examples = [{"src_ids": _truncate(seq, self.max_len), "id": i} for i, seq in enumerate(ids)]
+        examples = [{"src_ids": prepare.truncate(seq, self.max_len), "id": i} for i, seq in enumerate(ids)]
         sampler = TokenBudgetBatchSampler(
             [len(ex["src_ids"]) for ex in examples], self.eval_max_tokens, shuffle=False
         )
@@ -332,7 +422,7 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             self._resegmenter = (segmenter, [segmenter.words(text) for text in texts])
         segmenter, words = self._resegmenter
         segmented = {  # in dataset order, which _epoch_lengths relies on
-            i: _truncate(
+            i: prepare.truncate(
                 segmenter.encode_words(words[i], np.random.default_rng([self.seed, epoch, i])), self.max_len
             )
             for i in self.tokenized(self.splits["train"])["id"]
@@ -383,31 +473,6 @@ class _TokenBudgetDataModule(L.LightningDataModule):
                 self._pending_sampler_state = dict(state_dict["train_sampler"])
 
 
-@contextlib.contextmanager
-def _progress_bars(show: bool) -> Iterator[None]:
-    """Hide `datasets`' progress bars for one call when `show` is False (restoring the global switch)."""
-    if show or not datasets.is_progress_bar_enabled():
-        yield
-        return
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        datasets.enable_progress_bars()
-
-
-def _with_lengths(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """Add "<x>_len" next to every "<x>_ids" column (batching then never reads the ids themselves)."""
-    for col in [c for c in columns if c.endswith("_ids")]:
-        columns[col.removesuffix("_ids") + "_len"] = [len(ids) for ids in columns[col]]
-    return columns
-
-
-def _truncate(ids: Sequence[int], max_len: int) -> list[int]:
-    """Cut to `max_len` tokens keeping the final EOS."""
-    return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
-
-
 class TranslationDataModule(_TokenBudgetDataModule):
     """Parallel text -> batches of src, src_padding_mask, tgt_in, tgt_out, tgt_padding_mask, id.
 
@@ -417,6 +482,7 @@ class TranslationDataModule(_TokenBudgetDataModule):
     """
 
     _text_columns = ("src", "tgt")
+    _id_columns = ("src_ids", "tgt_ids")
 
     def __init__(
         self,
@@ -444,6 +510,7 @@ class TranslationDataModule(_TokenBudgetDataModule):
         seed: int = 0,
         show_progress: bool = True,
         bpe_dropout: float = 0.0,
+        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
     ) -> None:
         super().__init__(
             train_split=train_split,
@@ -461,6 +528,7 @@ class TranslationDataModule(_TokenBudgetDataModule):
             seed=seed,
             show_progress=show_progress,
             bpe_dropout=bpe_dropout,
+            tokenizer_sample_size=tokenizer_sample_size,
         )
         if source not in ("synthetic", "multi30k", "parallel", "hub"):
             raise ValueError(f"source must be synthetic, multi30k, parallel or hub, got {source!r}")
@@ -492,11 +560,21 @@ class TranslationDataModule(_TokenBudgetDataModule):
             self.hub_name, splits, self.src_lang, self.tgt_lang, self.hub_config, self.hub_split_names
         )
 
-    def _tokenizer_corpora(self) -> dict[str, list[str]]:
-        train = self.raw_split(self.splits["train"])
-        if self.joint_vocab:
-            return {"joint": train["src"][:] + train["tgt"][:]}
-        return {"src": train["src"][:], "tgt": train["tgt"][:]}
+    def _tokenizer_columns(self) -> dict[str, list[str]]:
+        # joint: every source, then every target, as the vocabulary has always been trained
+        return {"joint": ["src", "tgt"]} if self.joint_vocab else {"src": ["src"], "tgt": ["tgt"]}
+
+    def _files(self, split: str) -> list[Path] | None:
+        if self.source == "multi30k" and self.data_dir is not None:
+            layout = sources.MULTI30K_LAYOUT
+        elif self.source == "parallel":
+            layout = "{split}.{lang}"
+        else:
+            return None
+        return list(sources.parallel_files(self.data_dir, split, self.src_lang, self.tgt_lang, layout))
+
+    def _settings(self) -> dict[str, Any]:
+        return {"source": self.source, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
 
     def _cache_tag(self, side: str) -> str:
         langs = (
@@ -512,9 +590,9 @@ class TranslationDataModule(_TokenBudgetDataModule):
             "tgt_ids": self.tgt_tokenizer.encode_batch(batch["tgt"]),
         }
 
-    def _length(self, lengths: Mapping[str, list[int]]) -> list[int]:
+    def _length(self, lengths: Mapping[str, np.ndarray]) -> np.ndarray:
         # tgt_in / tgt_out are one shorter than tgt_ids; the budget bounds both padded tensors.
-        return [max(s, t - 1) for s, t in zip(lengths["src_len"], lengths["tgt_len"])]
+        return np.maximum(lengths["src_len"], lengths["tgt_len"] - 1)
 
     def _collator(self) -> TranslationCollator:
         return TranslationCollator(self.pad_id)
@@ -550,6 +628,7 @@ class ClassificationDataModule(_TokenBudgetDataModule):
     """
 
     _text_columns = ("text",)
+    _id_columns = ("src_ids",)
 
     def __init__(
         self,
@@ -577,6 +656,7 @@ class ClassificationDataModule(_TokenBudgetDataModule):
         seed: int = 0,
         show_progress: bool = True,
         bpe_dropout: float = 0.0,
+        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
     ) -> None:
         super().__init__(
             train_split=train_split,
@@ -594,6 +674,7 @@ class ClassificationDataModule(_TokenBudgetDataModule):
             seed=seed,
             show_progress=show_progress,
             bpe_dropout=bpe_dropout,
+            tokenizer_sample_size=tokenizer_sample_size,
         )
         if source not in ("sst2", "files", "hub"):
             raise ValueError(f"source must be sst2, files or hub, got {source!r}")
@@ -659,8 +740,34 @@ class ClassificationDataModule(_TokenBudgetDataModule):
         # Tokenized splits are trained on or scored; unlabeled text goes through predict_dataloader.
         sources.check_labeled(raw, split)
 
-    def _tokenizer_corpora(self) -> dict[str, list[str]]:
-        return {"joint": self.raw_split(self.splits["train"])["text"][:]}
+    def _tokenizer_columns(self) -> dict[str, list[str]]:
+        return {"joint": ["text"]}
+
+    def _files(self, split: str) -> list[Path] | None:
+        if self.source == "sst2" and self.data_dir is not None:
+            return [sources.sst2_file(self.data_dir, split)]
+        if self.source != "files":
+            return None
+        train = self.splits["train"]
+        inferred = self.label_names is None and split != train  # its label ids come from the train file
+        return [self._file(split)] + ([self._file(train)] if inferred else [])
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "text_column": self.text_column,
+            "label_column": self.label_column,
+            "label_names": self.label_names,
+        }
+
+    def _entry_meta(self) -> dict[str, Any]:
+        return {"class_names": self.class_names}
+
+    def _restore_meta(self, meta: Mapping[str, Any]) -> None:
+        names = list(meta["class_names"])
+        if self._class_names is not None and names != self._class_names:
+            raise sources.DataError(f"the cached splits have classes {names}, expected {self._class_names}")
+        self._class_names = names
 
     def _cache_tag(self, side: str) -> str:
         return f"{self.source}-{self.text_column}-v{self.vocab_size_requested}"
@@ -668,7 +775,7 @@ class ClassificationDataModule(_TokenBudgetDataModule):
     def _encode(self, batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
         return {"src_ids": self.src_tokenizer.encode_batch(batch["text"])}
 
-    def _length(self, lengths: Mapping[str, list[int]]) -> list[int]:
+    def _length(self, lengths: Mapping[str, np.ndarray]) -> np.ndarray:
         return lengths["src_len"]
 
     def _collator(self) -> ClassificationCollator:

@@ -1,8 +1,9 @@
 """Raw splits as `datasets.DatasetDict`: synthetic task, Multi30k, parallel files, classification files, hub.
 
 Translation splits have columns "src", "tgt"; classification splits "text", "label" (a `ClassLabel`,
--1 = unlabeled). Local files are read into memory (no on-disk cache that could go stale) and bad input
-raises `DataError` with one line naming the file, line or value at fault.
+-1 = unlabeled). Local files are streamed into temporary Arrow files (memory-mapped, never whole-corpus
+Python lists, removed at exit) and bad input raises `DataError` with one line naming the file, line or
+value at fault.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import csv
 import gzip
 import json
 import logging
+import uuid
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import zip_longest
 from pathlib import Path
 
 import datasets
+import pyarrow.compute as pc
+from datasets.arrow_writer import ArrowWriter
 
 from data import synthetic
 
@@ -27,6 +32,8 @@ MULTI30K_HUB_SPLITS = {"val": "validation", "test_2016_flickr": "test"}
 SST2_LABELS = ("negative", "positive")
 SST2_HUB = "stanfordnlp/sst2"  # columns "sentence", "label" (-1 on the test split); splits like GLUE's
 SST2_HUB_SPLITS = {"dev": "validation"}
+_CHUNK_ROWS = 50_000  # rows read and written at a time when streaming a file into Arrow
+_TEXT_PAIRS = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
 
 
 class DataError(ValueError):
@@ -34,26 +41,44 @@ class DataError(ValueError):
 
 
 # -- reading files -------------------------------------------------------------------------------
-def read_lines(path: str | Path, strip: bool = True) -> list[str]:
+def iter_lines(path: str | Path, strip: bool = True) -> Iterator[str]:
     """Lines of a UTF-8 file (plain or .gz), stripped of surrounding whitespace (or only of the newline)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"missing file {path}")
     opener = gzip.open if path.suffix == ".gz" else open
-    lines = []
     try:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
                     text = raw.decode("utf-8")
-                    lines.append(text.strip() if strip else text.rstrip("\r\n"))
                 except UnicodeDecodeError as err:
                     raise DataError(
                         f"{path}:{number}: invalid UTF-8 ({err.reason} at byte {err.start} of the line)"
                     ) from None
+                yield text.strip() if strip else text.rstrip("\r\n")
     except (OSError, EOFError, zlib.error) as err:  # e.g. a truncated or non-gzip .gz file
         raise DataError(f"cannot read {path}: {err}") from None
-    return lines
+
+
+def read_lines(path: str | Path, strip: bool = True) -> list[str]:
+    """All of `iter_lines` as a list (small files; corpora are streamed)."""
+    return list(iter_lines(path, strip))
+
+
+def arrow_dataset(chunks: Iterable[Mapping[str, list]], features: datasets.Features) -> datasets.Dataset:
+    """Write `chunks` (columns of a few thousand rows each) into an Arrow file and memory-map it.
+
+    The file lives in `datasets`' temporary directory, removed when the process ends: a corpus is
+    streamed from its text files to disk without ever being a Python list.
+    """
+    directory = Path(datasets.fingerprint.get_temporary_cache_files_directory())
+    path = directory / f"raw-{uuid.uuid4().hex}.arrow"
+    with ArrowWriter(features=features, path=str(path), writer_batch_size=_CHUNK_ROWS) as writer:
+        for chunk in chunks:
+            writer.write_batch(dict(chunk))
+        writer.finalize()
+    return datasets.Dataset.from_file(str(path))
 
 
 def _find(directory: Path, name: str) -> Path | None:
@@ -86,8 +111,58 @@ def parallel_dataset(sources: Sequence[str], targets: Sequence[str], origin: str
 
 
 def load_parallel(src_path: str | Path, tgt_path: str | Path) -> datasets.Dataset:
-    """One split from two line-aligned UTF-8 files (plain or .gz)."""
-    return parallel_dataset(read_lines(src_path), read_lines(tgt_path), f"{src_path} / {tgt_path}")
+    """One split from two line-aligned UTF-8 files (plain or .gz), streamed into Arrow.
+
+    Pairs with an empty side are dropped and counted, as in `parallel_dataset`.
+    """
+    origin = f"{src_path} / {tgt_path}"
+    counts = {"lines": 0, "kept": 0}
+
+    def chunks() -> Iterator[dict[str, list[str]]]:
+        chunk: dict[str, list[str]] = {"src": [], "tgt": []}
+        src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+        for src, tgt in zip_longest(src_lines, tgt_lines):
+            if src is None or tgt is None:  # one file ended first: count the rest of the other
+                n_src = counts["lines"] + (src is not None) + sum(1 for _ in src_lines)
+                n_tgt = counts["lines"] + (tgt is not None) + sum(1 for _ in tgt_lines)
+                raise DataError(f"{origin}: source has {n_src} lines but target has {n_tgt}")
+            counts["lines"] += 1
+            if src and tgt:
+                chunk["src"].append(src)
+                chunk["tgt"].append(tgt)
+            if len(chunk["src"]) == _CHUNK_ROWS:
+                counts["kept"] += _CHUNK_ROWS
+                yield chunk
+                chunk = {"src": [], "tgt": []}
+        counts["kept"] += len(chunk["src"])
+        if chunk["src"]:
+            yield chunk
+
+    dataset = arrow_dataset(chunks(), _TEXT_PAIRS)
+    lines, kept = counts["lines"], counts["kept"]
+    if kept < lines:
+        log.warning("%s: dropped %d pairs with an empty line", origin, lines - kept)
+    if not kept:
+        raise DataError(f"{origin}: split is empty ({lines} lines, none with text on both sides)")
+    return dataset
+
+
+def parallel_files(
+    data_dir: str | Path, split: str, src_lang: str, tgt_lang: str, layout: str = MULTI30K_LAYOUT
+) -> tuple[Path, Path]:
+    """The source and target files of `split` in a directory of `{split}.{lang}` files (plain or .gz)."""
+    directory = _check_dir(data_dir, layout)
+    paths = []
+    for lang in (src_lang, tgt_lang):
+        path = _find(directory, layout.format(split=split, lang=lang))
+        if path is None:
+            present = ", ".join(f"{s} ({'/'.join(langs)})" for s, langs in list_splits(directory).items())
+            raise DataError(
+                f"missing {directory / layout.format(split=split, lang=lang)}: expected files named "
+                f"{layout} (plain or .gz); splits present: {present or 'none'}"
+            )
+        paths.append(path)
+    return paths[0], paths[1]
 
 
 def list_splits(data_dir: str | Path) -> dict[str, list[str]]:
@@ -104,21 +179,8 @@ def load_parallel_dir(
     data_dir: str | Path, splits: Sequence[str], src_lang: str, tgt_lang: str, layout: str = MULTI30K_LAYOUT
 ) -> datasets.DatasetDict:
     """Splits of a directory of `{split}.{lang}` files (plain or .gz), e.g. Multi30k's data/task1/raw."""
-    directory = _check_dir(data_dir, layout)
-    result = {}
-    for split in splits:
-        paths = []
-        for lang in (src_lang, tgt_lang):
-            path = _find(directory, layout.format(split=split, lang=lang))
-            if path is None:
-                present = ", ".join(f"{s} ({'/'.join(langs)})" for s, langs in list_splits(directory).items())
-                raise DataError(
-                    f"missing {directory / layout.format(split=split, lang=lang)}: expected files named "
-                    f"{layout} (plain or .gz); splits present: {present or 'none'}"
-                )
-            paths.append(path)
-        result[split] = load_parallel(*paths)
-    return datasets.DatasetDict(result)
+    files = {split: parallel_files(data_dir, split, src_lang, tgt_lang, layout) for split in splits}
+    return datasets.DatasetDict({split: load_parallel(*pair) for split, pair in files.items()})
 
 
 def load_multi30k(
@@ -216,15 +278,16 @@ def load_synthetic(
 
 
 # -- classification ------------------------------------------------------------------------------
-def _read_rows(path: Path, text_column: str, label_column: str) -> list[tuple[int, str, str | None]]:
+def _iter_rows(path: Path, text_column: str, label_column: str) -> Iterator[tuple[int, str, str | None]]:
     """(line number, text, raw label or None) of a TSV/CSV/JSONL file with a header / keys."""
     kind = path.name.removesuffix(".gz").rpartition(".")[2].lower()
-    lines = read_lines(path, strip=False)  # a TSV line may start with an empty field
-    rows: list[tuple[int, str, str | None]] = []
+    if kind not in ("tsv", "csv", "jsonl"):
+        raise DataError(f"{path}: unknown format {kind!r}; expected .tsv, .csv or .jsonl (optionally .gz)")
+    lines = iter_lines(path, strip=False)  # a TSV line may start with an empty field
     if kind == "jsonl":
         for number, line in enumerate(lines, start=1):
             if not line.strip():
-                rows.append((number, "", None))  # blank line: dropped and counted by the caller
+                yield number, "", None  # blank line: dropped and counted by the caller
                 continue
             try:
                 record = json.loads(line)
@@ -233,10 +296,8 @@ def _read_rows(path: Path, text_column: str, label_column: str) -> list[tuple[in
             if text_column not in record:
                 raise DataError(f"{path}:{number}: no key {text_column!r} (keys: {sorted(record)})")
             label = record.get(label_column)
-            rows.append((number, str(record[text_column]).strip(), None if label is None else str(label)))
-        return rows
-    if kind not in ("tsv", "csv"):
-        raise DataError(f"{path}: unknown format {kind!r}; expected .tsv, .csv or .jsonl (optionally .gz)")
+            yield number, str(record[text_column]).strip(), None if label is None else str(label)
+        return
     # GLUE's TSVs are not quoted (sentences contain '"'), so TSV is read without quote handling.
     reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if kind == "tsv" else csv.reader(lines)
     header = next(reader, None)
@@ -249,12 +310,11 @@ def _read_rows(path: Path, text_column: str, label_column: str) -> list[tuple[in
     for fields in reader:
         number = reader.line_num
         if not any(field.strip() for field in fields):
-            rows.append((number, "", None))  # blank line: dropped and counted by the caller
+            yield number, "", None  # blank line: dropped and counted by the caller
             continue
         if len(fields) != len(header):
             raise DataError(f"{path}:{number}: {len(fields)} fields, but the header has {len(header)}")
-        rows.append((number, fields[text_at].strip(), None if label_at is None else fields[label_at].strip()))
-    return rows
+        yield number, fields[text_at].strip(), None if label_at is None else fields[label_at].strip()
 
 
 def _label_index(raw: str, names: Sequence[str]) -> int | None:
@@ -265,7 +325,7 @@ def _label_index(raw: str, names: Sequence[str]) -> int | None:
     return None
 
 
-def _infer_label_names(raw_labels: Sequence[str | None]) -> list[str]:
+def _infer_label_names(raw_labels: Iterable[str | None]) -> list[str]:
     values = sorted({raw for raw in raw_labels if raw is not None and raw != "-1"})
     if all(value.lstrip("-").isdigit() for value in values):
         values.sort(key=int)
@@ -282,48 +342,84 @@ def load_classification_files(
     """{split: file} (TSV/CSV with a header, or JSONL; plain or .gz) -> DatasetDict("text", "label").
 
     Raw labels are class names or integer indices into `label_names`. Without `label_names` the
-    sorted label values of split `infer_from` (default: the first split) become the class names.
-    A file without the label column is unlabeled (all -1), as GLUE ships its test splits.
+    sorted label values of split `infer_from` (default: the first split) become the class names
+    (read in a first pass over that file). A file without the label column is unlabeled (all -1), as
+    GLUE ships its test splits.
     """
-    parsed = {}
-    for split, file in files.items():
-        path = Path(file)
-        rows = _read_rows(path, text_column, label_column)
-        kept = [row for row in rows if row[1]]
-        if len(kept) < len(rows):
-            log.warning("%s: dropped %d empty lines / rows with empty text", path, len(rows) - len(kept))
-        if not kept:
-            raise DataError(f"{path}: split {split!r} is empty (no row with text)")
-        parsed[split] = (path, kept)
+    paths = {split: Path(file) for split, file in files.items()}
     if label_names is None:
         first = infer_from or next(iter(files))
-        if first not in parsed:
+        if first not in paths:
             raise DataError(f"cannot infer the label set from split {first!r}: it is not loaded")
-        label_names = _infer_label_names([row[2] for row in parsed[first][1]])
+        seen: set[str | None] = set()  # the distinct raw labels of rows with text
+        for _, text, raw in _iter_rows(paths[first], text_column, label_column):
+            if text:
+                seen.add(raw)
+        if not seen:
+            raise DataError(f"{paths[first]}: split {first!r} is empty (no row with text)")
+        label_names = _infer_label_names(seen)
         if not label_names:
-            raise DataError(f"{parsed[first][0]}: no labels to infer the label set from")
+            raise DataError(f"{paths[first]}: no labels to infer the label set from")
     names = [str(name) for name in label_names]
     features = datasets.Features(
         {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=names)}
     )
-    result = {}
-    for split, (path, rows) in parsed.items():
-        labels = []
-        for number, _, raw in rows:
+    return datasets.DatasetDict(
+        {
+            split: _classification_split(path, split, text_column, label_column, names, features)
+            for split, path in paths.items()
+        }
+    )
+
+
+def _classification_split(
+    path: Path,
+    split: str,
+    text_column: str,
+    label_column: str,
+    names: Sequence[str],
+    features: datasets.Features,
+) -> datasets.Dataset:
+    """One classification file streamed into Arrow; rows with empty text are dropped and counted."""
+    counts = {"rows": 0, "kept": 0, "labeled": 0}
+    unlabeled_at: list[int] = []  # line of the first unlabeled row
+
+    def chunks() -> Iterator[dict[str, list]]:
+        chunk: dict[str, list] = {"text": [], "label": []}
+        for number, text, raw in _iter_rows(path, text_column, label_column):
+            counts["rows"] += 1
+            if not text:
+                continue
             label = -1 if raw is None else _label_index(raw, names)
             if label is None:
                 raise DataError(
-                    f"{path}:{number}: label {raw!r} is not in the label set {names} (or their indices)"
+                    f"{path}:{number}: label {raw!r} is not in the label set {list(names)} (or their indices)"
                 )
-            labels.append(label)
-        if -1 in labels and any(label != -1 for label in labels):
-            number = rows[labels.index(-1)][0]
-            raise DataError(
-                f"{path}:{number}: label -1 (unlabeled) in a labeled split; expected one of {names}"
-            )
-        texts = [row[1] for row in rows]
-        result[split] = datasets.Dataset.from_dict({"text": texts, "label": labels}, features=features)
-    return datasets.DatasetDict(result)
+            if label == -1 and not unlabeled_at:
+                unlabeled_at.append(number)
+            counts["labeled"] += label != -1
+            chunk["text"].append(text)
+            chunk["label"].append(label)
+            if len(chunk["text"]) == _CHUNK_ROWS:
+                counts["kept"] += _CHUNK_ROWS
+                yield chunk
+                chunk = {"text": [], "label": []}
+        counts["kept"] += len(chunk["text"])
+        if chunk["text"]:
+            yield chunk
+
+    dataset = arrow_dataset(chunks(), features)
+    rows, kept = counts["rows"], counts["kept"]
+    if kept < rows:
+        log.warning("%s: dropped %d empty lines / rows with empty text", path, rows - kept)
+    if not kept:
+        raise DataError(f"{path}: split {split!r} is empty (no row with text)")
+    if unlabeled_at and counts["labeled"]:
+        expected = list(names)
+        raise DataError(
+            f"{path}:{unlabeled_at[0]}: label -1 (unlabeled) in a labeled split; expected one of {expected}"
+        )
+    return dataset
 
 
 def load_sst2(data_dir: str | Path | None, splits: Sequence[str]) -> datasets.DatasetDict:
@@ -332,18 +428,21 @@ def load_sst2(data_dir: str | Path | None, splits: Sequence[str]) -> datasets.Da
         return load_classification_hub(
             SST2_HUB, splits, text_column="sentence", label_column="label", split_names=SST2_HUB_SPLITS
         )
-    directory = _check_dir(data_dir, "{split}.tsv[.gz]")
-    files = {}
-    for split in splits:
-        path = _find(directory, f"{split}.tsv")
-        if path is None:
-            present = sorted(p.name for p in directory.iterdir() if ".tsv" in p.name)
-            raise DataError(
-                f"missing {directory / f'{split}.tsv'}: expected the GLUE SST-2 layout "
-                f"{{split}}.tsv[.gz] with a 'sentence<TAB>label' header; files present: {present or 'none'}"
-            )
-        files[split] = path
+    files = {split: sst2_file(data_dir, split) for split in splits}
     return load_classification_files(files, "sentence", "label", label_names=SST2_LABELS)
+
+
+def sst2_file(data_dir: str | Path, split: str) -> Path:
+    """The file of `split` in a GLUE SST-2 directory (`{split}.tsv[.gz]`)."""
+    directory = _check_dir(data_dir, "{split}.tsv[.gz]")
+    path = _find(directory, f"{split}.tsv")
+    if path is None:
+        present = sorted(p.name for p in directory.iterdir() if ".tsv" in p.name)
+        raise DataError(
+            f"missing {directory / f'{split}.tsv'}: expected the GLUE SST-2 layout "
+            f"{{split}}.tsv[.gz] with a 'sentence<TAB>label' header; files present: {present or 'none'}"
+        )
+    return path
 
 
 def load_classification_hub(
@@ -364,24 +463,28 @@ def load_classification_hub(
         names = getattr(label_feature, "names", None)
         if names is None:
             raise DataError(f"hub dataset {name!r}: column {label_column!r} is not a ClassLabel")
-        texts = [text.strip() for text in table[text_column][:]]
-        labels = table[label_column][:]
-        kept = [(t, label) for t, label in zip(texts, labels) if t]
-        if not kept:
-            raise DataError(f"hub dataset {name!r} split {hub_split!r} is empty")
         features = datasets.Features(
             {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=list(names))}
         )
-        result[split] = datasets.Dataset.from_dict(
-            {"text": [t for t, _ in kept], "label": [label for _, label in kept]}, features=features
+        # map/filter stay on the hub's Arrow files (as for translation): no whole-split Python lists
+        texts = table.map(
+            lambda batch: {"text": [t.strip() for t in batch[text_column]], "label": batch[label_column]},
+            batched=True,
+            remove_columns=table.column_names,
+            features=features,
+            desc=f"Reading {name}[{hub_split}]",
         )
+        kept = texts.filter(lambda batch: [bool(t) for t in batch["text"]], batched=True)
+        if len(kept) == 0:
+            raise DataError(f"hub dataset {name!r} split {hub_split!r} is empty")
+        result[split] = kept
     return datasets.DatasetDict(result)
 
 
 def check_labeled(dataset: datasets.Dataset, split: str) -> None:
     """Refuse to score a split whose labels are all -1 (GLUE's unlabeled test sets)."""
-    labels = dataset["label"][:]
-    if labels and all(label == -1 for label in labels):
+    labels = dataset.with_format("arrow", columns=["label"])[:]["label"]
+    if len(labels) and pc.max(labels).as_py() == -1:
         raise DataError(
             f"split {split!r} is unlabeled (all labels are -1, as GLUE ships its test sets): "
             "it cannot be scored; predict on it instead, or score a labeled split"

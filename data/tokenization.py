@@ -222,17 +222,33 @@ def load_or_train_bpe(
     """
     path = Path(path)
     fingerprint = bpe_fingerprint(texts, vocab_size=vocab_size, min_frequency=min_frequency)
-    stamp = path.with_name(path.name + ".fingerprint")
-    if path.is_file() and stamp.is_file() and stamp.read_text().strip() == fingerprint:
-        log.info("Reusing tokenizer %s (training data and settings unchanged)", path)
-        return BPETokenizer.load(path)
+    tokenizer = load_bpe(path, fingerprint)
+    if tokenizer is not None:
+        return tokenizer
     log.info("Training BPE tokenizer (vocab_size=%d) on %d texts -> %s", vocab_size, len(texts), path)
     tokenizer = train_bpe(
         texts, vocab_size, min_frequency=min_frequency, show_progress=show_progress, length=len(texts)
     )
-    tokenizer.save(path)
-    _atomic_write(stamp, fingerprint + "\n")  # written last: a stamp always describes a complete file
+    save_bpe(tokenizer, path, fingerprint)
     return tokenizer
+
+
+def load_bpe(path: str | Path, fingerprint: str) -> BPETokenizer | None:
+    """The tokenizer saved at `path` by `save_bpe` with this `fingerprint`, else None."""
+    path = Path(path)
+    stamp = path.with_name(path.name + ".fingerprint")
+    if path.is_file() and stamp.is_file() and stamp.read_text().strip() == fingerprint:
+        log.info("Reusing tokenizer %s (training data and settings unchanged)", path)
+        return BPETokenizer.load(path)
+    return None
+
+
+def save_bpe(tokenizer: BPETokenizer, path: str | Path, fingerprint: str) -> None:
+    """Write `tokenizer` to `path` and `fingerprint` (what it was trained on) to `path` + ".fingerprint"."""
+    path = Path(path)
+    tokenizer.save(path)
+    # written last: a stamp always describes a complete tokenizer file
+    _atomic_write(path.with_name(path.name + ".fingerprint"), fingerprint + "\n")
 
 
 def _atomic_write(path: Path, text: str) -> None:

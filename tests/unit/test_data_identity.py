@@ -1,0 +1,150 @@
+"""What the model is fed did not change with the prepared-data cache: the same tokenizers, ids and batches as
+before it (digests pinned on commit 859cf18 by tests/data_digest.py), with or without the cache, cold or
+warm; the vectorized batch packing equals the per-example greedy loop; tokenizer training samples."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from data import prepare
+from data.batching import TokenBudgetBatchSampler
+from data.datamodules import TranslationDataModule
+from tests.data_digest import digest, fixture_datamodules
+
+# python -c "from tests.data_digest import main; main()" on 859cf18 (see tests/data_digest.py)
+GOLDEN = {
+    "parallel": {
+        "test": "c5b4655e4e2f177b",
+        "tokenizer": "178986070660dfd8",
+        "train": "d5f9061db7cfb58f",
+        "train_epoch0": "17097d7c363aed7b",
+        "train_epoch1": "4343771f6b21186f",
+        "val": "6d0274f62f837e92",
+        "val_batches": "c06827945ef80ff2",
+    },
+    "pool": {
+        "test": "c5b4655e4e2f177b",
+        "tokenizer": "178986070660dfd8",
+        "train": "d5f9061db7cfb58f",
+        "train_epoch0": "a0341939ddb32fef",
+        "train_epoch1": "cee3aac7651fd52e",
+        "val": "6d0274f62f837e92",
+        "val_batches": "c06827945ef80ff2",
+    },
+    "synthetic": {
+        "test": "73574e900ba629b7",
+        "tokenizer": "ca6dcbe191d87c4c",
+        "train": "8639d4f215b8f996",
+        "train_epoch0": "45c807c27ed3bd7c",
+        "train_epoch1": "0536b7218e9db0c8",
+        "val": "c7173dce708c9b62",
+        "val_batches": "de74b6cc91a871bc",
+    },
+    "tsv": {
+        "test": "53df2e48918e8fdd",
+        "tokenizer": "decd841c43cf7ac9",
+        "train": "c4527d47aaa4101b",
+        "train_epoch0": "f8bb3801df350adf",
+        "train_epoch1": "3b0b6195da4a3f55",
+        "val": "53df2e48918e8fdd",
+        "val_batches": "29faf068b3e9e161",
+    },
+}
+
+
+@pytest.mark.parametrize("cache", ["none", "cold", "warm"])
+def test_same_ids_and_batches_as_before_the_cache(tmp_path: Path, cache: str) -> None:
+    cache_dir = None if cache == "none" else tmp_path / "cache"
+    if cache == "warm":
+        for dm in fixture_datamodules(tmp_path / "data", cache_dir).values():
+            dm.prepare_data()
+            dm.setup(None)
+    modules = fixture_datamodules(tmp_path / "data", cache_dir)  # same files, same mtimes: hits when warm
+    assert {name: digest(dm) for name, dm in modules.items()} == GOLDEN
+
+
+def _greedy_reference(order: list[int], lengths: list[int], max_tokens: int, cap: float) -> list[list[int]]:
+    """The per-example packing loop as it was before it was vectorized."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for index in order:
+        length = lengths[index]
+        if batch and ((len(batch) + 1) * max(longest, length) > max_tokens or len(batch) >= cap):
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(index)
+        longest = max(longest, length)
+    batches.append(batch)
+    return batches
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=300),
+    max_tokens=st.integers(60, 400),
+    pool_size=st.one_of(st.none(), st.integers(1, 50)),
+    max_sentences=st.one_of(st.none(), st.integers(1, 12)),
+    seed=st.integers(0, 3),
+)
+def test_vectorized_packing_equals_the_greedy_loop(
+    lengths: list[int], max_tokens: int, pool_size: int | None, max_sentences: int | None, seed: int
+) -> None:
+    sampler = TokenBudgetBatchSampler(
+        lengths, max_tokens, seed=seed, pool_size=pool_size, max_sentences=max_sentences
+    )
+    for shuffle in (True, False):
+        sampler.shuffle = shuffle
+        sampler._cache = None
+        rng = np.random.default_rng([seed, 0])
+        if shuffle:
+            order = rng.permutation(len(lengths))
+            pool = pool_size or len(order)
+            array = np.asarray(lengths)
+            pools = [order[i : i + pool] for i in range(0, len(order), pool)]
+            order = np.concatenate([p[np.argsort(array[p], kind="stable")] for p in pools])
+        else:
+            order = np.argsort(lengths, kind="stable")
+        expected = _greedy_reference(order.tolist(), lengths, max_tokens, max_sentences or float("inf"))
+        if shuffle:
+            expected = [expected[i] for i in rng.permutation(len(expected))]
+        assert list(sampler.batches(0)) == expected
+
+
+def test_batch_list_of_millions_is_a_few_arrays() -> None:
+    lengths = np.random.default_rng(0).integers(3, 120, size=2_000_000)
+    sampler = TokenBudgetBatchSampler(lengths, 4096, seed=1, num_replicas=2, rank=1)
+    batches = sampler.batches()
+    assert batches.order.nbytes == 8 * len(lengths)  # one index array, not a list per batch
+    assert sum(len(batches[i]) for i in range(0, len(batches), 97)) > 0
+    assert max(len(b) * lengths[b].max() for b in (batches[i] for i in range(0, len(batches), 997))) <= 4096
+
+
+def test_tokenizer_sample_is_seeded_and_in_split_order(tmp_path: Path) -> None:
+    dm = TranslationDataModule(synthetic_sizes={"train": 500, "val": 20, "test": 20}, show_progress=False)
+    raw = dm.raw_split("train")
+    everything, count = prepare.tokenizer_texts(raw, ["src", "tgt"], None)
+    texts = [text for batch in everything for text in batch]
+    assert count == 1000 and texts == raw["src"][:] + raw["tgt"][:]  # as the vocabulary was always trained
+    first, count = prepare.tokenizer_texts(raw, ["src", "tgt"], 100)
+    again, _ = prepare.tokenizer_texts(raw, ["src", "tgt"], 100)
+    sample = [text for batch in first for text in batch]
+    assert count == 200 and sample == [text for batch in again for text in batch]
+    rows = np.sort(np.random.default_rng(prepare.SAMPLE_SEED).choice(500, size=100, replace=False))
+    assert sample == [raw["src"][int(i)] for i in rows] + [raw["tgt"][int(i)] for i in rows]
+    sampled = TranslationDataModule(
+        synthetic_sizes={"train": 500, "val": 20, "test": 20},
+        show_progress=False,
+        vocab_size=120,
+        tokenizer_sample_size=100,
+    )
+    sampled.prepare_data()
+    sampled.setup("fit")
+    full = TranslationDataModule(synthetic_sizes={"train": 500, "val": 20, "test": 20}, show_progress=False)
+    full.setup("fit")
+    assert sampled.src_tokenizer.to_json() != full.src_tokenizer.to_json()
+    with pytest.raises(ValueError, match="tokenizer_sample_size must be >= 1 or null, got 0"):
+        TranslationDataModule(tokenizer_sample_size=0)
