@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from data.sources import DataError
+from transformer.arguments import ArgumentError, check_arguments
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from transformer.evaluation import (
     checkpoint_decoding,
@@ -198,6 +199,10 @@ def build_datamodule(
         if key not in accepted:
             raise EvalError(f"data.{key} is not a {cls.__name__} option; options: {sorted(accepted)}")
         settings[key] = value
+    try:
+        check_arguments(cls, {k: v for k, v in overrides.items() if v is not None}, "data")
+    except ArgumentError as err:
+        raise EvalError(str(err)) from None
     # The tokenizer(s) come from the checkpoint: no cache to read, nothing to train.
     settings.update(cache_dir=None, show_progress=show_progress)
     try:

@@ -47,6 +47,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.sources import DataError
+from transformer.arguments import ArgumentError, check_arguments
 from transformer.checkpoint import CheckpointError
 from transformer.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
 
@@ -78,7 +79,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     if _local_rank() == 0:  # DDP workers started later find the tokenizer(s) in the cache
         datamodule.prepare_data()
-    datamodule.setup("fit" if cfg.get("train") else "test")
+    # With paths.cache_dir the tokenized splits are written once (one process builds, others wait) and
+    # memory-mapped by every later run and DDP rank; prepare-only (train=false test=false) fills it all.
+    datamodule.setup("fit" if cfg.get("train") else "test" if cfg.get("test") else None)
     _fill_from_data(cfg, datamodule)
     if not cfg.train and not cfg.test:  # prepare-only: data and tokenizer cached for later runs
         log.info("Data prepared (train=false, test=false): nothing else to do")
@@ -173,6 +176,9 @@ _NUMBERS = {
     "trainer.max_steps": (int, -1, True),
     "trainer.accumulate_grad_batches": (int, 1, True),
     "trainer.gradient_clip_val": (float, 0.0, True),
+    "trainer.check_val_every_n_epoch": (int, 1, True),
+    "trainer.val_check_interval": (float, 0.0, False),
+    "trainer.num_sanity_val_steps": (int, -1, True),
 }
 
 
@@ -255,9 +261,27 @@ def _check_optimizer(task: Any) -> None:
     if factory is None:
         return
     try:
-        factory(task.model)
+        optimizer = factory(task.model)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"cannot build `model.optimizer`: {type(err).__name__}: {err}") from err
+    scheduler = getattr(task, "scheduler_factory", None)
+    if scheduler is None:
+        return
+    keywords = getattr(scheduler, "keywords", {})
+    kwargs = {}
+    if "total_steps" in inspect.signature(scheduler).parameters and keywords.get("total_steps") is None:
+        kwargs["total_steps"] = (keywords.get("warmup_steps") or 0) + 1  # the task fills in the real one
+    try:
+        scheduler(optimizer, **kwargs)
+    except (TypeError, ValueError) as err:
+        message = _naming_key(str(err), "model.scheduler", keywords)
+        raise ConfigError(f"cannot build `model.scheduler`: {type(err).__name__}: {message}") from err
+
+
+def _naming_key(message: str, key: str, node: Mapping[str, Any]) -> str:
+    """ "vocab_size must ..." from the component built from `node` as "`data.vocab_size` must ..."."""
+    first, _, rest = message.partition(" ")
+    return f"`{key}.{first}` {rest}" if rest and first.split(".", 1)[0] in node else message
 
 
 def _load_init_from(task: Any, datamodule: Any) -> None:
@@ -275,8 +299,15 @@ def _lightning_refusals() -> Iterator[None]:
     an epoch) end the run with one line, like those checked up front."""
     try:
         yield
-    except MisconfigurationException as err:
-        raise ConfigError(f"the trainer refused the config: {_first_line(err)}") from err
+    except (MisconfigurationException, ValueError) as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        raised_by_lightning = bool(frames) and frames[-1].filename.startswith(_LIGHTNING_DIR)
+        if isinstance(err, MisconfigurationException) or raised_by_lightning:
+            raise ConfigError(f"the trainer refused the config: {' '.join(str(err).split())}") from err
+        raise
+
+
+_LIGHTNING_DIR = str(Path(L.__file__).parent)
 
 
 def _set_process_switches(cfg: DictConfig) -> None:
@@ -320,11 +351,37 @@ def _instantiate(node: DictConfig, key: str, **kwargs: Any) -> Any:
     """`hydra.utils.instantiate` with plain containers, turning failures into one line naming `key`."""
     if not isinstance(node, DictConfig) or "_target_" not in node:
         raise ConfigError(f"`{key}` needs a `_target_` (the class to build), got {node!r}")
+    _check_types(OmegaConf.to_container(node, resolve=True), key)
     try:
         return hydra.utils.instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as err:
         cause = err.__cause__ or err
-        raise ConfigError(f"cannot build `{key}` ({node._target_}): {type(cause).__name__}: {cause}") from err
+        message = _naming_key(str(cause), key, node)
+        raise ConfigError(
+            f"cannot build `{key}` ({node._target_}): {type(cause).__name__}: {message}"
+        ) from err
+
+
+def _check_types(value: Any, key: str) -> None:
+    """Every `_target_` in the tree gets values of the types its signature declares."""
+    if isinstance(value, Mapping):
+        if isinstance(value.get("_target_"), str):
+            try:
+                target = hydra.utils.get_object(value["_target_"])
+            except Exception:  # not importable: instantiating it reports that
+                target = None
+            if target is not None:
+                if value.get("_partial_"):  # null arguments of a partial: the caller may fill them in
+                    value = {name: item for name, item in value.items() if item is not None}
+                try:
+                    check_arguments(target, value, key)
+                except ArgumentError as err:
+                    raise ConfigError(str(err)) from err
+        for name, item in value.items():
+            _check_types(item, f"{key}.{name}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_types(item, f"{key}[{index}]")
 
 
 def _instantiate_group(node: DictConfig | None, key: str) -> list[Any]:

@@ -36,6 +36,7 @@ from data.tokenization import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
+    SPECIAL_TOKENS,
     BPEDropout,
     BPETokenizer,
     load_bpe,
@@ -82,6 +83,17 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             raise ValueError(f"tokenizer_sample_size must be >= 1 or null, got {tokenizer_sample_size}")
         if not 0.0 <= bpe_dropout < 1.0:
             raise ValueError(f"bpe_dropout must be in [0, 1), got {bpe_dropout}")
+        if vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens {list(SPECIAL_TOKENS)}, "
+                f"got {vocab_size}"
+            )
+        for name, value, low in (("min_frequency", min_frequency, 0), ("seed", seed, 0)):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        for name, value in (("pool_size", pool_size), ("max_sentences", max_sentences)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or null, got {value}")
         if max_len < 3:
             raise ValueError(f"max_len must leave room for BOS, EOS and a token, got {max_len}")
         if max_tokens < max_len:
@@ -538,6 +550,9 @@ class TranslationDataModule(_TokenBudgetDataModule):
             raise ValueError("source='hub' needs hub_name (a dataset on the HuggingFace hub)")
         if src_lang == tgt_lang:
             raise ValueError(f"src_lang and tgt_lang must differ, both are {src_lang!r}")
+        for split, size in (synthetic_sizes or {}).items():
+            if size < 1:
+                raise ValueError(f"synthetic_sizes.{split} must be >= 1, got {size}")
         self.source, self.data_dir = source, data_dir
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.hub_name, self.hub_config = hub_name, hub_config

@@ -9,8 +9,9 @@ the work shrinks as decoding goes and no sentence's result depends on the others
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -61,6 +62,30 @@ def _next_log_probs(
         log_probs.masked_fill_(at_max_length.unsqueeze(1), -math.inf)
         log_probs[:, config.eos_id] = torch.where(at_max_length, eos, log_probs[:, config.eos_id])
     return log_probs
+
+
+SEARCHES = ("auto", "greedy", "beam")  # auto: greedy search for beam_size 1, beam search otherwise
+
+
+def check_decoding(settings: Mapping[str, Any], prefix: str = "") -> None:
+    """Raise ValueError naming `<prefix><key>` for a decoding setting that cannot work: the one check of
+    the settings a task validates with, `evaluate.py` decodes with and `configs/decode/` sets."""
+    beam_size = settings.get("beam_size", 1)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"{prefix}beam_size must be an integer >= 1, got {beam_size!r}")
+    search = settings.get("search", "auto")
+    if search not in SEARCHES:
+        raise ValueError(f"{prefix}search must be one of {list(SEARCHES)}, got {search!r}")
+    if search == "greedy" and beam_size != 1:
+        raise ValueError(f"{prefix}search=greedy keeps one hypothesis, but {prefix}beam_size={beam_size}")
+    for key in ("length_penalty", "max_len_a", "max_len_b"):
+        if key not in settings:
+            continue
+        value = settings[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{prefix}{key} must be a finite number, got {value!r}")
+        if key != "length_penalty" and value < 0:
+            raise ValueError(f"{prefix}{key} must be >= 0, got {value!r}")
 
 
 def _check_lengths(max_len_a: float, max_len_b: float) -> None:

@@ -25,7 +25,7 @@ from torchmetrics.classification import (
     MulticlassRecall,
 )
 
-from transformer.decoding import beam_search, greedy_search
+from transformer.decoding import beam_search, check_decoding, greedy_search
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
@@ -47,7 +47,6 @@ __all__ = [
 
 Batch = Mapping[str, Tensor]
 DECODING_KEYS = ("search", "beam_size", "length_penalty", "max_len_a", "max_len_b")
-SEARCHES = ("auto", "greedy", "beam")  # auto: greedy search for beam_size 1, as the tasks do
 
 
 def checkpoint_decoding(hparams: Mapping[str, Any]) -> dict[str, Any]:
@@ -63,19 +62,7 @@ def decoding_settings(saved: Mapping[str, Any], overrides: Mapping[str, Any]) ->
             raise ValueError(f"unknown decoding option decode.{key}; expected some of {list(DECODING_KEYS)}")
         if value is not None:
             settings[key] = value
-    beam_size = settings.get("beam_size")
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"decode.beam_size must be an integer >= 1, got {beam_size!r}")
-    if settings["search"] not in SEARCHES:
-        raise ValueError(f"decode.search must be one of {list(SEARCHES)}, got {settings['search']!r}")
-    if settings["search"] == "greedy" and beam_size != 1:
-        raise ValueError(f"decode.search=greedy keeps one hypothesis, but decode.beam_size={beam_size}")
-    for key in ("length_penalty", "max_len_a", "max_len_b"):
-        value = settings.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"decode.{key} must be a number, got {value!r}")
-        if key != "length_penalty" and value < 0:
-            raise ValueError(f"decode.{key} must be >= 0, got {value!r}")
+    check_decoding(settings, prefix="decode.")
     return settings
 
 

@@ -24,7 +24,7 @@ from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
+from transformer.decoding import beam_search, check_decoding, greedy_search
 from transformer.evaluation import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy, symmetric_kl
 from transformer.model import Seq2SeqTransformer, TransformerClassifier, TransformerMaskedLM
@@ -55,6 +55,7 @@ def _decoding_settings(name: str, defaults: Mapping[str, Any], given: Mapping[st
     unknown = sorted(set(settings) - set(DEFAULT_DECODING))
     if unknown:
         raise ValueError(f"unknown {name} option(s) {unknown}; expected some of {sorted(DEFAULT_DECODING)}")
+    check_decoding(settings, prefix=f"{name}.")
     return settings
 
 
@@ -341,7 +342,8 @@ class TranslationTask(_TaskBase):
             self.log(f"{stage}/{name}", value, prog_bar=name == "loss", sync_dist=True)
 
     def _score(self, stage: Literal["val", "test"]) -> dict[str, float]:
-        """`corpus_scores` (sacreBLEU cased and lowercased, chrF, exact match) of this epoch's hypotheses.
+        """`corpus_scores` (sacreBLEU cased and lowercased, chrF, exact match) of this epoch's hypotheses,
+        and `n_sentences`, how many sentences they were computed on.
 
         Every process decoded its share of the split; all of them gather every hypothesis and
         compute the same corpus scores (corpus BLEU is not a mean of per-process BLEUs).
@@ -350,7 +352,8 @@ class TranslationTask(_TaskBase):
         self._hypotheses = {}
         references = self._datamodule().references(self._split_name(stage))
         ids = sorted(hypotheses)
-        return corpus_scores([hypotheses[i] for i in ids], [references[i] for i in ids])
+        scores = corpus_scores([hypotheses[i] for i in ids], [references[i] for i in ids])
+        return {**scores, "n_sentences": float(len(ids))}
 
     def _gather(self, local: dict[int, str]) -> dict[int, str]:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):

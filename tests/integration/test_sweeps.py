@@ -158,6 +158,49 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+def test_a_search_where_every_trial_fails_ends_in_one_line(tmp_path: Path) -> None:
+    """d_model 30 is divisible by no head count of the search: both trials fail, each recorded as FAIL with
+    its one-line error, and the sweep ends with status 1 and one `error:` line naming the logs (Optuna's
+    `study.best_trial` would raise `ValueError: Record does not exist.`)."""
+    args = ["-m", "hparams_search=quickstart_optuna", "hydra.sweeper.n_trials=2"]
+    args += [
+        *_tiny("model.config.d_model=30", "model.config.n_heads=4"),
+        f"paths.log_dir={tmp_path / 'logs'}",
+    ]
+    done = _cli(args, cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    assert "Traceback" not in output and "Record does not exist" not in output
+    sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart_optuna"
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: every job of the sweep failed (2 of 2)"), errors
+    assert "d_model (30) must be divisible by n_heads" in errors[0] and str(sweep_dir) in errors[0]
+    assert [t.state for t in _trials(sweep_dir, "quickstart_optuna")] == [optuna.trial.TrialState.FAIL] * 2
+    assert output.count("Failed experiment: cannot build `model`") == 2
+    assert len(list(sweep_dir.glob("*/train.log"))) == 2
+
+
+@pytest.mark.slow
+def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_path: Path) -> None:
+    """Hydra's grid needs no objective: jobs that end before their first validation succeed. A job that
+    fails (d_model 30) does not stop the others; the sweep then ends with status 1 and one line."""
+    short = [*_tiny("model.config.n_heads=4"), "trainer.max_steps=2", "test=false"]
+    short.append(f"paths.log_dir={tmp_path / 'logs'}")
+    done = _cli(["-m", "seed=1,2", *short], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.stdout + done.stderr).count("No validation ran before training ended at step 2") == 2
+
+    done = _cli(["-m", "model.config.d_model=30,32", *[o for o in short if "d_model" not in o]], cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: 1 of the sweep's 2 jobs failed; job 0 ("), errors
+    assert "d_model (30) must be divisible by n_heads" in errors[0]
+    grid = max((tmp_path / "logs" / "train" / "multiruns").iterdir())  # the second sweep
+    assert not (grid / "0" / "metrics.json").exists() and (grid / "1" / "metrics.json").is_file()
+
+
+@pytest.mark.slow
 def test_grid_of_two_by_two_and_its_report(tmp_path: Path) -> None:
     args = ["-m", *_tiny("model.config.d_model=16,32", "seed=1,2"), f"paths.log_dir={tmp_path / 'logs'}"]
     done = _cli(args, cwd=tmp_path)
