@@ -569,6 +569,12 @@ class MaskedLMTask(_TaskBase):
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
         self.model = TransformerMaskedLM(TransformerConfig.from_dict(config))
         self.pad_id = self.model.config.pad_id
+        specials = (self.pad_id, self.model.config.bos_id, self.model.config.eos_id)
+        if not 0 <= mask_id < self.model.config.src_vocab_size or mask_id in specials:
+            raise ValueError(
+                f"mask_id must be a token id below the vocabulary size {self.model.config.src_vocab_size} "
+                f"other than padding, BOS and EOS {specials}, got {mask_id!r}"
+            )
         self.metrics = nn.ModuleDict(
             {f"{stage}_{name}": MeanMetric() for stage in ("val", "test") for name in ("loss", "acc")}
         )
