@@ -79,9 +79,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     if _local_rank() == 0:  # DDP workers started later find the tokenizer(s) in the cache
         datamodule.prepare_data()
-    # With paths.cache_dir the tokenized splits are written once (one process builds, others wait) and
-    # memory-mapped by every later run and DDP rank; prepare-only (train=false test=false) fills it all.
-    datamodule.setup("fit" if cfg.get("train") else "test" if cfg.get("test") else None)
+    # Every split this run needs, now: with paths.cache_dir they are tokenized once into the cache, here,
+    # before Lightning starts the other DDP ranks, which then only memory-map them (as later runs do).
+    # Prepare-only (train=false test=false) fills the cache with all of them.
+    stages = [stage for stage in ("fit", "test") if cfg.get("train" if stage == "fit" else "test")]
+    for stage in stages or [None]:
+        datamodule.setup(stage)
     _fill_from_data(cfg, datamodule)
     if not cfg.train and not cfg.test:  # prepare-only: data and tokenizer cached for later runs
         log.info("Data prepared (train=false, test=false): nothing else to do")

@@ -89,7 +89,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
         max_sentences: int | None = None,
         epoch_lengths: Callable[[int], Sequence[int]] | None = None,
     ) -> None:
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.lengths = _compact(np.asarray(lengths, dtype=np.int64))
         self.epoch_lengths = epoch_lengths
         if self.lengths.ndim != 1 or len(self.lengths) == 0:
             raise ValueError(f"lengths must be a non-empty 1-d sequence, got shape {self.lengths.shape}")
@@ -126,7 +126,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
         """`lengths`, or what `epoch_lengths` gives for `epoch` (examples re-segmented every epoch)."""
         if self.epoch_lengths is None:
             return self.lengths
-        lengths = np.asarray(self.epoch_lengths(epoch), dtype=np.int64)
+        lengths = _compact(np.asarray(self.epoch_lengths(epoch), dtype=np.int64))
         if lengths.shape != self.lengths.shape or lengths.max() > self.max_tokens:
             raise ValueError(
                 f"epoch_lengths({epoch}) must give {len(self.lengths)} lengths of at most "
@@ -223,6 +223,13 @@ class TokenBudgetBatchSampler(DistributedSampler):
         """The next iterator skips the batches of `state["epoch"]` that were already yielded."""
         self.epoch = int(state["epoch"])
         self._resume_from = self._yielded = int(state["batches_yielded"])
+
+
+def _compact(lengths: np.ndarray) -> np.ndarray:
+    """Lengths as uint16 when they fit (a quarter of the memory; NumPy's stable sort is then a radix sort)."""
+    if len(lengths) and lengths.min() >= 0 and lengths.max() < 2**16:
+        return lengths.astype(np.uint16)
+    return lengths
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:

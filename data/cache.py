@@ -77,10 +77,12 @@ def load_or_build(
     path = directory / f"{name}-{key[:16]}"
     found = _load(path, key, warn=False)
     if found is not None:
+        log.info("Using cache entry %s (%d examples)", path, len(found[0]))
         return found
     with locked(directory / ".locks" / f"{path.name}.lock"):
         found = _load(path, key, warn=True)  # another process may have built it while we waited
         if found is not None:
+            log.info("Using cache entry %s (%d examples), built by another process", path, len(found[0]))
             return found
         _remove(path)  # a truncated or foreign entry (already reported)
         tmp = directory / f".{path.name}.{os.getpid()}.tmp"
@@ -92,7 +94,8 @@ def load_or_build(
             files = sorted({Path(f["filename"]).resolve() for f in dataset.cache_files})
             if not files or any(f.parent != tmp.resolve() for f in files):
                 raise RuntimeError(f"build() of cache entry {name} must write its Arrow files into {tmp}")
-            log.info("Prepared %s: %d examples in %.1f s", name, len(dataset), time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            log.info("Prepared cache entry %s: %d examples in %.1f s", path, len(dataset), seconds)
             entry = {
                 "key": key,
                 "name": name,
@@ -100,7 +103,7 @@ def load_or_build(
                 "columns": list(dataset.column_names),
                 "files": {f.name: f.stat().st_size for f in files},
                 "meta": dict(meta),
-                "seconds": round(time.perf_counter() - start, 3),
+                "seconds": round(seconds, 3),
             }
             del dataset  # its memory map points into tmp, which is about to move
             (tmp / ENTRY_FILE).write_text(json.dumps(entry, indent=1) + "\n")  # last: marks it complete
@@ -133,7 +136,6 @@ def _load(path: Path, key: str, warn: bool) -> tuple[datasets.Dataset, dict[str,
             problem = f"unreadable Arrow data ({type(err).__name__}: {err})"
         else:
             if len(dataset) == entry["rows"] and list(dataset.column_names) == entry["columns"]:
-                log.info("Using cache entry %s (%d examples)", path, len(dataset))
                 return dataset, entry["meta"]
             problem = f"{len(dataset)} rows / columns {dataset.column_names}, entry.json says otherwise"
     if warn:

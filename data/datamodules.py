@@ -184,9 +184,15 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         return self._tokenizers[side]
 
     def prepare_data(self) -> None:
-        """Train the tokenizer(s) on the train split, or reuse matching ones from `cache_dir` (rank 0)."""
-        if self.cache_dir is not None and not self._tokenizers:
-            self._ensure_tokenizers()
+        """Rank 0, before `setup`: train the tokenizer(s) or reuse matching ones from `cache_dir`, and
+        tokenize the splits of the trainer's stage (if one is attached) into it: other ranks only read."""
+        if self.cache_dir is None:
+            return
+        self._ensure_tokenizers()
+        trainer = self._trainer_or_none()
+        stage = trainer.state.fn.value if trainer is not None and trainer.state.fn is not None else None
+        for role in _STAGE_SPLITS.get(stage, ()) if stage else ():
+            self.tokenized(self.splits[role])
 
     def _ensure_tokenizers(self) -> None:
         """Tokenizers from `cache_dir` when trained on the same data with the same settings, else trained.

@@ -141,6 +141,6 @@ def truncate(ids: Sequence[int], max_len: int) -> list[int]:
 
 
 def length_array(dataset: datasets.Dataset, column: str) -> np.ndarray:
-    """A length column as one int64 array (read from the memory-mapped file, not as Python ints)."""
+    """A length column as one int32 array (read from the memory-mapped file, not as Python ints)."""
     values = dataset.with_format("arrow", columns=[column])[:][column]
-    return np.asarray(values.to_numpy() if hasattr(values, "to_numpy") else values, dtype=np.int64)
+    return np.asarray(values.to_numpy() if hasattr(values, "to_numpy") else values, dtype=np.int32)

@@ -183,3 +183,45 @@ def test_loser_of_a_race_uses_the_winners_entry(tmp_path: Path) -> None:
     assert meta == {"n": "winner"} and dataset["x"][:] == list(range(1000))
     assert [p.name for p in directory.iterdir() if not p.name.startswith(".")] == [winner.name]
     assert not list(directory.glob(".*.tmp"))  # the loser's files are gone
+
+
+def test_hub_splits_are_cached_by_their_fingerprint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hub data (here a local copy, as `load_dataset` memory-maps its download) is keyed by the loaded
+    split's `datasets` fingerprint: the same download hits, another one misses."""
+    synthetic = TranslationDataModule(
+        synthetic_sizes={"train": 300, "val": 30, "test": 30}, show_progress=False
+    )
+    hub = datasets.DatasetDict(
+        {
+            split: datasets.Dataset.from_dict(
+                {"translation": [{"en": s, "de": t} for s, t in zip(*synthetic.raw_split(split)[:].values())]}
+            )
+            for split in ("train", "val", "test")
+        }
+    )
+    hub.save_to_disk(tmp_path / "hub")
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda name, config=None: datasets.load_from_disk(tmp_path / "hub")
+    )
+    settings = {
+        **SETTINGS,
+        "source": "hub",
+        "hub_name": "wmt/x",
+        "test_split": "test",
+        "cache_dir": tmp_path / "c",
+    }
+    first = TranslationDataModule(**settings)
+    first.setup(None)
+    with monkeypatch.context() as patch:
+        _forbid_preparation(patch)
+        again = TranslationDataModule(**settings)
+        again.setup(None)
+        assert again.tokenized("train")[:] == first.tokenized("train")[:]
+    hub["train"] = hub["train"].select(range(200))  # a new download
+    hub.save_to_disk(tmp_path / "hub2")
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda name, config=None: datasets.load_from_disk(tmp_path / "hub2")
+    )
+    other = TranslationDataModule(**settings)
+    other.setup("fit")
+    assert len(other.tokenized("train")) == 200

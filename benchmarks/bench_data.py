@@ -1,0 +1,309 @@
+"""Data preparation at scale: corpora of 100k, 1M and 4.5M pairs through train.py, ours against a baseline.
+
+Corpora are built deterministically from Multi30k's training sentences (each line joins 1-3 random training
+pairs; numpy seed 0) in the Multi30k layout, with Multi30k's own val and test files, in a temporary
+directory (or `--corpora-dir`, reused when already complete; never commit them). Every measurement is a real
+`python train.py experiment=multi30k_de_en data.data_dir=CORPUS ...` process with its own empty cache dir:
+
+- prepare: `train=false test=false` (ours: tokenizer + every split into the cache): wall time, pairs/s;
+- first run: a training run on an empty cache, start of the process -> first training step;
+- prepared run: the same run again (ours: memory-maps the cache; the baseline re-reads and re-tokenizes,
+  only its tokenizer is cached): start -> first training step, peak RSS (ru_maxrss) and RssAnon at exit;
+- cache: the size of the cache dir on disk;
+- ddp: a `trainer=ddp_cpu` run (2 processes) on an empty cache: each rank's peak RSS and how many texts it
+  encoded (which ranks tokenized) and whether it trained a tokenizer.
+
+    python benchmarks/bench_data.py --baseline 859cf18 --multi30k-dir ../shared/data/multi30k \
+        [--sizes 100000,1000000,4500000] [--baseline-sizes 100000,1000000] [--ddp-size 1000000] \
+        [--corpora-dir DIR] [--steps 5] [--quick]
+
+Prints a table, then one JSON line. The baseline is a `git worktree` of `--baseline` in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CHILD = "BENCH_DATA_CHILD"  # set in the environment of measured processes: this file then runs train.py
+RECIPE = "join 1-3 random Multi30k training pairs per line, numpy default_rng(0)"
+
+
+# -- inside a measured process ------------------------------------------------------------------------
+def _process_start() -> float:
+    """When this process started (epoch seconds), from /proc; now where /proc is missing."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def _run_child() -> None:
+    """Run train.py of the repository in $BENCH_DATA_REPO, counting tokenizer work; write a JSON report."""
+    import atexit
+    import resource
+    import types
+
+    start = _process_start()
+    out_dir, repo = Path(os.environ["BENCH_DATA_OUT"]), os.environ["BENCH_DATA_REPO"]
+    sys.path.insert(0, repo)
+    import lightning.pytorch as pl
+
+    import data.datamodules
+    import data.tokenization
+
+    first_step: list[float] = []
+
+    class FirstStepTimer(pl.Callback):
+        """Notes when the first training batch starts (added to the run with a Hydra override)."""
+
+        def on_train_batch_start(self, *args: Any) -> None:
+            first_step[:] = first_step or [time.time()]
+
+    counts = {"encoded": 0, "tokenizers_trained": 0}
+    encode_batch = data.tokenization.BPETokenizer.encode_batch
+
+    def counting_encode(self: Any, texts: Any) -> list[list[int]]:
+        counts["encoded"] += len(texts)
+        return encode_batch(self, texts)
+
+    data.tokenization.BPETokenizer.encode_batch = counting_encode
+    for module in (data.tokenization, data.datamodules):
+        if hasattr(module, "train_bpe"):
+            train_bpe = module.train_bpe
+
+            def counting_train(*args: Any, _train: Any = train_bpe, **kwargs: Any) -> Any:
+                counts["tokenizers_trained"] += 1
+                return _train(*args, **kwargs)
+
+            module.train_bpe = counting_train
+
+    def report() -> None:
+        status = Path("/proc/self/status").read_text() if Path("/proc/self/status").exists() else ""
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        anon_kb = int(fields.get("RssAnon", "0 kB").split()[0])
+        result = {
+            "rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "pid": os.getpid(),
+            "first_step_s": first_step[0] - start if first_step else None,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_anon_mb": anon_kb / 1024,
+            **counts,
+        }
+        (out_dir / f"rank{result['rank']}-{os.getpid()}.json").write_text(json.dumps(result))
+
+    atexit.register(report)
+    # train.py runs as __main__ (Hydra finds its configs next to it; `__main__.FirstStepTimer` resolves),
+    # while sys.argv[0] stays this file: Lightning starts the DDP ranks with it (runpy would change it)
+    path = Path(repo) / "train.py"
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=str(path), __spec__=None, FirstStepTimer=FirstStepTimer)
+    sys.modules["__main__"] = main
+    sys.argv = [str(Path(__file__).resolve()), *sys.argv[1:]]
+    exec(compile(path.read_text(), str(path), "exec"), main.__dict__)
+
+
+# -- the benchmark --------------------------------------------------------------------------------------
+def build_corpus(multi30k: Path, pairs: int, directory: Path) -> Path:
+    """`pairs` lines of 1-3 joined Multi30k training pairs (de, en) + Multi30k's val and test files."""
+    stamp = directory / ".complete"
+    recipe = {"pairs": pairs, "recipe": RECIPE, "source": str(multi30k.resolve())}
+    if stamp.is_file() and json.loads(stamp.read_text()) == recipe:
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    sentences = {}
+    for lang in ("de", "en"):
+        with gzip.open(multi30k / f"train.{lang}.gz", "rt", encoding="utf-8") as handle:
+            sentences[lang] = [line.strip() for line in handle]
+    rng = np.random.default_rng(0)
+    counts = rng.integers(1, 4, size=pairs)
+    picks = rng.integers(0, len(sentences["de"]), size=int(counts.sum()))
+    ends = np.cumsum(counts)
+    for lang, lines in sentences.items():
+        with gzip.open(directory / f"train.{lang}.gz", "wt", encoding="utf-8", compresslevel=1) as handle:
+            for start, end in zip((ends - counts).tolist(), ends.tolist()):
+                handle.write(" ".join(lines[i] for i in picks[start:end].tolist()) + "\n")
+    for split in ("val", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            shutil.copyfile(multi30k / f"{split}.{lang}.gz", directory / f"{split}.{lang}.gz")
+    stamp.write_text(json.dumps(recipe))
+    return directory
+
+
+def measure(repo: Path, corpus: Path, cache_dir: Path, work: Path, *overrides: str) -> dict[str, Any]:
+    """One train.py process (and its DDP children): wall time, and each process's report."""
+    out = Path(tempfile.mkdtemp(dir=work, prefix="reports-"))
+    run_dir = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
+    env = {
+        **os.environ,
+        CHILD: "1",
+        "BENCH_DATA_OUT": str(out),
+        "BENCH_DATA_REPO": str(repo),
+        "PROJECT_ROOT": str(repo),
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "WANDB_MODE": "disabled",
+    }
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "experiment=multi30k_de_en",
+        f"data.data_dir={corpus}",
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run_dir}",
+        "logger=csv",
+        "optimized_metric=null",
+        "+callbacks.bench_first_step._target_=__main__.FirstStepTimer",
+        *overrides,
+    ]
+    start = time.time()
+    done = subprocess.run(command, env=env, cwd=repo, capture_output=True, text=True)
+    wall = time.time() - start
+    if done.returncode != 0:
+        raise SystemExit(f"error: {' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {"wall_s": wall, "ranks": ranks}
+
+
+def disk_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def bench_size(name: str, repo: Path, corpus: Path, pairs: int, work: Path, steps: int) -> dict[str, Any]:
+    cache_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"cache-{name}-"))
+    train = [f"trainer.max_steps={steps}", "test=false"]
+    row: dict[str, Any] = {"version": name, "pairs": pairs}
+    if name == "ours":
+        prepared = measure(repo, corpus, cache_dir, work, "train=false", "test=false")
+        row.update(prepare_s=prepared["wall_s"], prepare_pairs_per_s=pairs / prepared["wall_s"])
+    else:  # no preparation step: its first training run reads, trains the tokenizer and tokenizes
+        first = measure(repo, corpus, cache_dir, work, *train)
+        first_step = first["ranks"][0]["first_step_s"]
+        row.update(prepare_s=first_step, prepare_pairs_per_s=pairs / first_step, first_run=first["ranks"][0])
+    warm = measure(repo, corpus, cache_dir, work, *train)["ranks"][0]
+    row.update(
+        first_step_s=warm["first_step_s"],
+        peak_rss_mb=warm["peak_rss_mb"],
+        rss_anon_mb=warm["rss_anon_mb"],
+        encoded=warm["encoded"],
+        cache_mb=disk_mb(cache_dir),
+    )
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    print(f"  {name} {pairs}: {json.dumps(row)}", flush=True)
+    return row
+
+
+def bench_ddp(name: str, repo: Path, corpus: Path, pairs: int, work: Path, steps: int) -> dict[str, Any]:
+    cache_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"cache-ddp-{name}-"))
+    run = measure(
+        repo, corpus, cache_dir, work, "trainer=ddp_cpu", f"trainer.max_steps={steps}", "test=false"
+    )
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    row = {"version": name, "pairs": pairs, "wall_s": run["wall_s"], "ranks": run["ranks"]}
+    print(f"  ddp {name} {pairs}: {json.dumps(row)}", flush=True)
+    return row
+
+
+def _cpu() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{platform.processor() or 'cpu'}, {os.cpu_count()} cores"
+
+
+def _size(pairs: int) -> str:
+    return f"{pairs / 1e6:g}M" if pairs >= 10**6 else f"{pairs // 1000}k"
+
+
+def print_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]]) -> None:
+    print()
+    print("| pairs | version | first preparation | pairs/s | start -> first step, prepared | peak RSS | "
+          "RssAnon at exit | cache on disk |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {_size(r['pairs'])} | {r['version']} | {r['prepare_s']:.1f} s | "
+            f"{r['prepare_pairs_per_s']:,.0f} | {r['first_step_s']:.1f} s | {r['peak_rss_mb']:,.0f} MB | "
+            f"{r['rss_anon_mb']:,.0f} MB | {r['cache_mb']:,.0f} MB |"
+        )
+    for d in ddp:
+        ranks = "; ".join(
+            f"rank {r['rank']}: peak RSS {r['peak_rss_mb']:,.0f} MB, encoded {r['encoded']:,} texts, "
+            f"trained {r['tokenizers_trained']} tokenizer(s)"
+            for r in d["ranks"]
+        )
+        print(
+            f"\nddp_cpu, {_size(d['pairs'])}, {d['version']} (empty cache, wall {d['wall_s']:.0f} s): {ranks}"
+        )
+
+
+def main() -> None:
+    if os.environ.get(CHILD):
+        _run_child()
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--multi30k-dir", type=Path, default=os.environ.get("MULTI30K_DIR"))
+    parser.add_argument("--baseline", default=None, help="git revision measured as the baseline")
+    parser.add_argument("--sizes", default="100000,1000000,4500000")
+    parser.add_argument(
+        "--baseline-sizes", default="100000,1000000", help="the baseline at 4.5M needs ~12 GB"
+    )
+    parser.add_argument("--ddp-size", type=int, default=1_000_000, help="0: no DDP run")
+    parser.add_argument("--corpora-dir", type=Path, default=None, help="keep (and reuse) the corpora here")
+    parser.add_argument("--steps", type=int, default=5, help="training steps of each training run")
+    parser.add_argument("--quick", action="store_true", help="10k and 30k pairs only (a check of the script)")
+    args = parser.parse_args()
+    if args.multi30k_dir is None:
+        raise SystemExit("error: --multi30k-dir (or $MULTI30K_DIR) must point at Multi30k's data/task1/raw")
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    baseline_sizes = [int(s) for s in args.baseline_sizes.split(",") if s]
+    ddp_size = args.ddp_size
+    if args.quick:
+        sizes, baseline_sizes, ddp_size = [10_000, 30_000], [10_000], 10_000
+    with tempfile.TemporaryDirectory(prefix="bench_data-") as tmp:
+        work = Path(tmp)
+        corpora = args.corpora_dir or work / "corpora"
+        versions = {"ours": REPO}
+        if args.baseline:
+            base = work / "baseline"
+            add = ["git", "worktree", "add", "--detach", str(base), args.baseline]
+            subprocess.run(add, cwd=REPO, check=True, capture_output=True)
+            versions["baseline"] = base
+        rows, ddp = [], []
+        try:
+            for pairs in sorted(set(sizes) | set(baseline_sizes) | ({ddp_size} - {0})):
+                start = time.time()
+                corpus = build_corpus(args.multi30k_dir, pairs, corpora / f"pairs-{pairs}")
+                print(f"corpus of {pairs} pairs: {corpus} ({time.time() - start:.0f} s)", flush=True)
+                for name, repo in versions.items():
+                    if pairs in (sizes if name == "ours" else baseline_sizes):
+                        rows.append(bench_size(name, repo, corpus, pairs, work, args.steps))
+                    if pairs == ddp_size:
+                        ddp.append(bench_ddp(name, repo, corpus, pairs, work, args.steps))
+        finally:
+            if args.baseline:
+                subprocess.run(["git", "worktree", "remove", "--force", str(work / "baseline")], cwd=REPO)
+    print_table(rows, ddp)
+    print(json.dumps({"bench": "data", "cpu": _cpu(), "baseline": args.baseline, "rows": rows, "ddp": ddp}))
+
+
+if __name__ == "__main__":
+    main()
