@@ -59,6 +59,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Score `cfg.ckpt_path` on a split (or translate `cfg.translate.input`); returns the metrics."""
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
         raise EvalError("ckpt_path is required: python evaluate.py ckpt_path=PATH/TO/checkpoint.ckpt")
+    _report_options(cfg.report)  # every option checked before the checkpoint is even read
+    _check_translate(cfg.get("translate"))
     checkpoint, paths = _load(cfg)
     restored = restore_model(checkpoint, paths[-1])
     _check_options(cfg, restored, paths[-1])
@@ -228,11 +230,20 @@ def build_datamodule(
 def _report_options(node: DictConfig) -> ReportOptions:
     values = OmegaConf.to_container(node, resolve=True)
     assert isinstance(values, dict)
-    values.pop("learning_curves", None)  # read here, not by the report writer
+    if not isinstance(values.pop("learning_curves", True), bool):  # read here, not by the report writer
+        raise EvalError("report.learning_curves must be true or false")
     try:
         return ReportOptions(**values)
     except TypeError as err:
         raise EvalError(f"report: {err} (see configs/eval.yaml for the report options)") from None
+    except ValueError as err:
+        raise EvalError(f"report.{err}") from None
+
+
+def _check_translate(node: DictConfig | None) -> None:
+    chunk_lines = (node or {}).get("chunk_lines", 256)
+    if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int) or chunk_lines < 1:
+        raise EvalError(f"translate.chunk_lines must be an integer >= 1, got {chunk_lines!r}")
 
 
 def _device(name: str) -> torch.device:

@@ -45,6 +45,32 @@ class ReportOptions:
     max_attention_tokens: int = 30  # prefer sentences at most this long for readable heatmaps
     length_buckets: Sequence[int] = (5, 10, 15, 20, 30)  # source words: 1-5, 6-10, ..., 31+
 
+    def __post_init__(self) -> None:
+        def integer(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"enabled must be true or false, got {self.enabled!r}")
+        for name in ("samples", "attention_examples", "max_attention_tokens"):
+            value, low = getattr(self, name), 1 if name == "max_attention_tokens" else 0
+            if not integer(value) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        layers = self.attention_layers
+        if (
+            isinstance(layers, (str, bytes))
+            or not isinstance(layers, Sequence)
+            or not all(map(integer, layers))
+        ):
+            raise ValueError(f"attention_layers must be a list of layer indices, got {layers!r}")
+        buckets = self.length_buckets
+        if (
+            isinstance(buckets, (str, bytes))
+            or not isinstance(buckets, Sequence)
+            or not all(integer(b) and b >= 1 for b in buckets)
+            or list(buckets) != sorted(set(buckets))
+        ):
+            raise ValueError(f"length_buckets must be increasing word counts >= 1, got {buckets!r}")
+
 
 # --- Markdown -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,314 @@
+"""Every `python train.py ...` and `python evaluate.py ...` command that README.md and docs/ show runs.
+
+Each command runs as written, with tiny overrides appended: two training steps, one validation and one
+test batch, small copies of the real datasets in place of `data.data_dir` (and of the hub download for
+commands without one), one Optuna trial, sweeps cut to two values a key, run directories under a
+temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`) become a checkpoint or run
+made here. Commands that cannot run on this machine (a GPU, SLURM, a hub-only corpus) are composed
+with `--cfg job` instead, each job of a sweep on its own. All of them run in one interpreter
+(`readme_driver.py`), so the libraries are imported once.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.integration.test_train import cli_env
+
+pytestmark = pytest.mark.slow
+
+DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"))
+HUB_ONLY = {"iwslt14_de_en", "wmt14_en_de_base"}  # corpora with no local layout: composed only
+CANNOT_RUN_HERE = {"trainer=gpu", "trainer=ddp", "device=cuda", "hydra/launcher=slurm"}
+COMMAND = re.compile(
+    r"""(?:echo\s+(?P<stdin>"[^"]*"|'[^']*')\s*\|\s*)?python\s+(?P<script>train|evaluate)\.py\b(?P<rest>.*)"""
+)
+
+
+@dataclass
+class Documented:
+    where: str  # README.md:123
+    text: str
+    script: str
+    args: list[str]
+    stdin: str = ""
+    dataset: str | None = None  # multi30k | sst2: needs that dataset's tiny copy
+    steps: list[dict] = field(default_factory=list)  # what the driver runs for it
+
+
+def _spans(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of each fenced line (with `\\` continuations joined) and each inline span."""
+    found: list[tuple[int, str]] = []
+    lines = text.splitlines()
+    prose = []
+    fenced, index = False, 0
+    while index < len(lines):
+        line = lines[index]
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            prose.append("")
+        elif fenced:
+            start = index
+            while line.endswith("\\") and index + 1 < len(lines):
+                index += 1
+                line = line[:-1] + " " + lines[index].strip()
+                prose.append("")
+            found.append((start + 1, line))
+            prose.append("")
+        else:
+            prose.append(line)
+        index += 1
+    joined = "\n".join(prose)
+    for match in re.finditer(r"(`+)(.+?)\1", joined, re.DOTALL):  # ``a `b` c`` holds backticks
+        found.append((joined.count("\n", 0, match.start()) + 1, " ".join(match.group(2).split())))
+    return sorted(found)
+
+
+def documented_commands() -> list[Documented]:
+    commands, seen = [], set()
+    for document in DOCUMENTS:
+        for line, code in _spans(document.read_text()):
+            match = COMMAND.search(code)
+            if not match:
+                continue
+            rest = re.sub(r"\[[^\]]*\]", " ", match.group("rest"))  # synopsis: `[key=value ...]`
+            args = shlex.split(rest, comments=True)
+            text = " ".join(["python", f"{match.group('script')}.py", *args])
+            if text in seen:
+                continue
+            seen.add(text)
+            stdin = (match.group("stdin") or "")[1:-1]
+            where = f"{document.relative_to(REPO_ROOT)}:{line}"
+            commands.append(
+                Documented(where, text, f"{match.group('script')}.py", args, stdin + "\n" * bool(stdin))
+            )
+    return commands
+
+
+COMMANDS = documented_commands()
+
+
+# --- what each command becomes ---------------------------------------------------------------------
+
+
+def _split_values(value: str) -> list[str]:
+    """`1,2,3` -> ['1', '2', '3'] (commas inside parentheses stay: `choice(2,4)`)."""
+    parts, depth, current = [], 0, ""
+    for char in value:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [*parts, current]
+
+
+def _dataset(args: list[str]) -> str | None:
+    names = " ".join(
+        a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in ("experiment", "hparams_search")
+    )
+    return next((d for d in ("multi30k", "sst2") if d in names), None)
+
+
+def _plan(
+    command: Documented, tmp: Path, data: dict[str, Path], fixtures: dict[str, Path], index: int
+) -> None:
+    multirun = "-m" in command.args or "--multirun" in command.args
+    args = [a for a in command.args if a not in ("-m", "--multirun")]
+    args = ["experiment=quickstart" if a == "experiment=NAME" else a for a in args]
+    args = ["seed=1" if a in ("seed=S", "seed=...") else a for a in args]
+    evaluating = command.script == "evaluate.py"
+    command.dataset = _dataset(args) or ("multi30k" if evaluating else None)
+    placeholders = re.compile(r"PATH|<[^>]*>|\.\.\.|^logs/")
+    for i, arg in enumerate(args):
+        key, _, value = arg.partition("=")
+        if key == "ckpt_path" and placeholders.search(value):
+            run = fixtures["multi30k" if evaluating else "quickstart"]
+            averaging = any(a.startswith("average_last=") for a in args)
+            args[i] = f"ckpt_path={run if averaging else run / 'checkpoints' / 'last.ckpt'}"
+        elif key == "data.data_dir":
+            args[i] = f"data.data_dir={data.get(command.dataset or '', value)}"
+    compose_only = any(a in CANNOT_RUN_HERE for a in args) or any(
+        a.startswith("experiment=") and (a.split("=", 1)[1] in HUB_ONLY or "glob(" in a) for a in args
+    )
+    if compose_only or "--cfg" in args:
+        _compose_steps(command, args, multirun)
+        return
+    if command.dataset and not any(a.startswith("data.data_dir=") for a in args):
+        args.append(f"data.data_dir={data[command.dataset]}")  # in place of the hub download
+    if multirun:  # two values a key
+        args = [
+            f"{a.split('=', 1)[0]}={','.join(_split_values(a.split('=', 1)[1])[:2])}" if "=" in a else a
+            for a in args
+        ]
+        args.insert(0, "-m")
+    if evaluating:
+        tiny = [f"hydra.run.dir={tmp / 'eval' / str(index)}", f"hydra.sweep.dir={tmp / 'eval' / str(index)}"]
+    else:
+        tiny = [
+            "trainer.max_steps=2",
+            "++trainer.limit_val_batches=1",
+            "++trainer.limit_test_batches=1",
+            "++callbacks.rich_progress_bar=null",
+            "logger=csv",
+            f"paths.log_dir={tmp / 'logs' / str(index)}",
+            f"paths.cache_dir={tmp / 'cache'}",
+        ]
+        if any(a.startswith("hparams_search=") for a in args):
+            tiny.append("hydra.sweeper.n_trials=1")
+    ddp = any(a.startswith("trainer=ddp") for a in args)
+    command.steps = [
+        {
+            "script": str(REPO_ROOT / command.script),
+            "args": args + tiny,
+            "stdin": command.stdin,
+            "subprocess": ddp,
+        }
+    ]
+
+
+def _compose_steps(command: Documented, args: list[str], multirun: bool) -> None:
+    """`--cfg job` for each job of the sweep (every experiment of a glob, the first value otherwise)."""
+    jobs: list[list[str]] = [[]]
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if value.startswith("glob("):
+            values = EXPERIMENTS if key == "experiment" else [value]
+        elif multirun and value:
+            values = _split_values(value)[:1]
+        else:
+            values = [value] if "=" in arg else []
+        if not values:  # a flag
+            jobs = [[*job, arg] for job in jobs]
+            continue
+        jobs = [[*job, f"{key}={v}"] for job in jobs for v in values]
+    command.steps = [
+        {
+            "script": str(REPO_ROOT / command.script),
+            "args": [*[a for a in job if a != "--cfg" and a != "job"], "--cfg", "job"],
+        }
+        for job in jobs
+    ]
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def _tiny_multi30k(source: Path, target: Path) -> Path:
+    target.mkdir(parents=True)
+    for path in source.glob("*.gz"):
+        split = path.name.split(".")[0]
+        keep = 300 if split == "train" else 10
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = [line for _, line in zip(range(keep), f)]
+        with gzip.open(target / path.name, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+    return target
+
+
+def _tiny_sst2(source: Path, target: Path) -> Path:
+    target.mkdir(parents=True)
+    for path in source.iterdir():
+        opener = gzip.open if path.suffix == ".gz" else open
+        keep = 301 if path.name.startswith("train") else 11  # with the header
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = [line for _, line in zip(range(keep), f)]
+        with opener(target / path.name, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+    return target
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("readme")
+    data = {}
+    if os.environ.get("MULTI30K_DIR"):
+        data["multi30k"] = _tiny_multi30k(Path(os.environ["MULTI30K_DIR"]), tmp / "multi30k")
+    if os.environ.get("SST2_DIR"):
+        data["sst2"] = _tiny_sst2(Path(os.environ["SST2_DIR"]), tmp / "sst2")
+    fixtures = {"quickstart": tmp / "fixtures" / "quickstart", "multi30k": tmp / "fixtures" / "multi30k"}
+    # the runs the placeholders point at: the quickstart, and a Multi30k run with five checkpoints
+    base = ["++callbacks.rich_progress_bar=null", "logger=csv", f"paths.cache_dir={tmp / 'cache'}"]
+    steps = [
+        {
+            "script": str(REPO_ROOT / "train.py"),
+            "args": [*base, "trainer.max_steps=2", f"hydra.run.dir={fixtures['quickstart']}"],
+        }
+    ]
+    if "multi30k" in data:
+        steps.append(
+            {
+                "script": str(REPO_ROOT / "train.py"),
+                "args": [
+                    *base,
+                    "experiment=multi30k_de_en",
+                    f"data.data_dir={data['multi30k']}",
+                    "trainer.max_steps=10",
+                    "++trainer.limit_train_batches=2",
+                    "++trainer.limit_val_batches=1",
+                    "++trainer.limit_test_batches=1",
+                    "callbacks.model_checkpoint.save_top_k=-1",
+                    f"hydra.run.dir={fixtures['multi30k']}",
+                ],
+            }
+        )
+    fixture_steps = len(steps)
+    owners: list[tuple[str, int]] = []
+    for index, command in enumerate(COMMANDS):
+        _plan(command, tmp, data, fixtures, index)
+        if command.dataset and command.dataset not in data:
+            continue
+        for step in command.steps:
+            owners.append((command.where, len(steps)))
+            steps.append(step)
+    plan, out = tmp / "plan.json", tmp / "results.json"
+    plan.write_text(json.dumps(steps))
+    env = cli_env(WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.readme_driver", str(plan), str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    ran = json.loads(out.read_text()) if out.is_file() else []
+    assert len(ran) == len(steps), (
+        f"the driver stopped after {len(ran)} of {len(steps)}: {done.stderr[-3000:]}"
+    )
+    for i in range(fixture_steps):
+        assert ran[i]["status"] == 0, f"fixture run {steps[i]['args']} failed:\n{ran[i]['output'][-3000:]}"
+    by_command: dict[str, dict] = {}
+    for where, i in owners:
+        entry = by_command.setdefault(where, {"runs": []})
+        entry["runs"].append({**ran[i], "args": steps[i]["args"]})
+    return by_command
+
+
+def test_the_documents_show_commands() -> None:
+    assert len(COMMANDS) >= 10, [c.text for c in COMMANDS]
+    assert any(c.text == "python train.py" for c in COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
+def test_documented_command_runs(command: Documented, results: dict[str, dict]) -> None:
+    if command.where not in results:
+        env = {"multi30k": "MULTI30K_DIR", "sst2": "SST2_DIR"}[command.dataset or "multi30k"]
+        pytest.skip(f"{command.text} needs {env} (see tests/conftest.py)")
+    for run in results[command.where]["runs"]:
+        output = run["output"]
+        assert run["status"] == 0, f"{command.text}\nran as: {' '.join(run['args'])}\n{output[-4000:]}"
+        assert "Traceback" not in output, f"{command.text}\n{output[-4000:]}"
