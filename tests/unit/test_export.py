@@ -57,6 +57,17 @@ def _train(
     model = Seq2SeqTransformer(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as fast for a d_model 32 model, and no thread fights on a busy machine
+    try:
+        _steps(model, optimizer, tokenizer, pairs, steps)
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def _steps(model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, tokenizer: BPETokenizer,
+           pairs: list[tuple[str, str]], steps: int) -> None:  # fmt: skip
     for step in range(steps):
         chunk = pairs[(step * 16) % len(pairs) :][:16]
         src = _batch(tokenizer, [s for s, _ in chunk])
@@ -68,7 +79,6 @@ def _train(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return model.eval()
 
 
 def save_checkpoint(
@@ -465,13 +475,42 @@ def test_load_source_refuses_a_tokenizer_of_another_size(trained: dict, tmp_path
 
 
 def test_export_functions_write_nothing_on_refusal(trained: dict, tmp_path: Path) -> None:
-    source = load_source(trained["ckpt"])
-    source.model.config.norm_first = True  # not the model's real layout: only the refusal is under test
-    try:
-        with pytest.raises(ExportError):
-            export_hf(source, tmp_path / "hf")
-    finally:
-        source.model.config.norm_first = False
+    config = dataclasses.replace(trained["model"].config, positional="learned")
+    ckpt = save_checkpoint(
+        tmp_path / "m.ckpt", Seq2SeqTransformer(config), {"joint": trained["tokenizer"].to_json()}
+    )
+    source = load_source(ckpt)
+    with pytest.raises(ExportError, match="positional=learned"):
+        export_hf(source, tmp_path / "hf")
+    exported = export_ctranslate2(source, tmp_path / "ct2", quantization="int8")
+    assert (
+        tmp_path / "ct2" / "model.bin"
+    ).is_file() and "int8 weights change the numbers" in exported.checked
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "m.ckpt"]
+
+
+def test_an_export_that_computes_something_else_is_not_written(
+    trained: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Every export is loaded back from its files and compared with the checkpoint on a probe batch:
+    a wrong weight (here, the permutation left out of one LayerNorm) fails the export."""
+    from transformer.export import hf
+
+    original = hf._marian_state_dict
+
+    def wrong(model: Seq2SeqTransformer) -> dict[str, Tensor]:
+        weights = original(model)
+        name = "model.encoder.layers.0.final_layer_norm.weight"
+        weights[name] = model.encoder.layers[0].norm2.weight.detach().clone()  # not permuted
+        return weights
+
+    monkeypatch.setattr(hf, "_marian_state_dict", wrong)
+    _refused(capsys, [str(trained["ckpt"]), "--to", "hf", "--output", str(tmp_path / "hf")], "differ from")
     assert not any(tmp_path.iterdir())
-    export_ctranslate2(source, tmp_path / "ct2", quantization="int8")
-    assert (tmp_path / "ct2" / "model.bin").is_file()
+
+
+def test_cli_reports_the_measured_difference(trained: dict, tmp_path: Path, capsys) -> None:
+    assert main([str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(tmp_path / "ct2")]) == 0
+    line = capsys.readouterr().out.strip()
+    difference = float(line.rsplit("max |diff| ", 1)[1].rstrip(")"))
+    assert difference <= 1e-4, line

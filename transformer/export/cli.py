@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"error: cannot write {args.output}: {err}", file=sys.stderr)
         return 1
-    print(f"exported {args.checkpoint} to {TARGETS[args.to]}: {output}")
+    print(f"exported {args.checkpoint} to {TARGETS[args.to]}: {output.summary()}")
     return 0
 
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ctranslate2
 import numpy as np
+import torch
 from ctranslate2.specs import common_spec, transformer_spec
 from torch import Tensor, nn
 
 from transformer.export.card import write_model_card
+from transformer.export.check import TOLERANCE, Exported, probe_batch, reference_log_probs
 from transformer.export.source import ExportError, ExportSource, staged_output
 from transformer.layers import FeedForward
 from transformer.model import Seq2SeqTransformer
@@ -155,8 +158,9 @@ def tokenizer_files(source: ExportSource) -> dict[str, str]:
 
 def export_ctranslate2(
     source: ExportSource, output: str | Path, *, quantization: str | None = None, force: bool = False
-) -> Path:
-    """Write `source` as a CTranslate2 model directory at `output`, weights quantized as asked."""
+) -> Exported:
+    """Write `source` as a CTranslate2 model directory at `output`, weights quantized as asked, checked
+    against the checkpoint once written (`transformer.export.check`; required to match in float32)."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     spec = to_ctranslate2_spec(source)
@@ -167,4 +171,37 @@ def export_ctranslate2(
         (staging / files["src"]).write_text(source.src_tokenizer_json, encoding="utf-8")
         (staging / files["tgt"]).write_text(source.tgt_tokenizer_json, encoding="utf-8")
         write_model_card(source, staging / "README.md", target="ctranslate2", tokenizer_files=files)
-    return Path(output)
+        exact = quantization in (None, "float32")
+        difference = _check(source, staging, enforce=exact)
+    checked = "target log-probabilities of the files loaded back, on a probe batch"
+    if not exact:
+        checked += f" (not required to match: {quantization} weights change the numbers)"
+    return Exported(Path(output), difference, checked)
+
+
+def _check(source: ExportSource, directory: Path, *, enforce: bool) -> float:
+    """Max |log p| difference between the saved model (loaded back by `ctranslate2.Translator`) and the
+    checkpoint, over the target tokens of `probe_batch`; with `enforce`, above TOLERANCE fails."""
+    config = source.config
+    src, tgt = probe_batch(config)
+    ours = reference_log_probs(source.model, src, tgt)  # (B, T - 1, V)
+    ours = ours.gather(-1, tgt[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T - 1): of each next token, then EOS
+    src_vocabulary, tgt_vocabulary = source.vocabulary("src"), source.vocabulary("tgt")
+
+    def plain(row: Tensor, vocabulary: list[str]) -> list[str]:  # without <s>, </s> and padding
+        return [vocabulary[i] for i in row.tolist() if i not in (config.pad_id, config.bos_id, config.eos_id)]
+
+    translator = ctranslate2.Translator(str(directory), device="cpu")
+    scores = translator.score_batch(
+        [plain(row, src_vocabulary) for row in src], [plain(row, tgt_vocabulary) for row in tgt]
+    )
+    difference = max(
+        (ours[i, : len(score.log_probs)] - torch.tensor(score.log_probs)).abs().max().item()
+        for i, score in enumerate(scores)
+    )
+    if enforce and not difference <= TOLERANCE:
+        raise ExportError(
+            f"the exported model's log-probabilities differ from {source.path}'s by {difference:.2e} "
+            f"(more than {TOLERANCE}) on a probe batch: nothing written"
+        )
+    return difference

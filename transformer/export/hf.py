@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
 from transformer.export.card import write_model_card
+from transformer.export.check import TOLERANCE, Exported, probe_batch, reference_log_probs
 from transformer.export.source import ExportError, ExportSource, staged_output
 from transformer.layers import FeedForward
 from transformer.model import Seq2SeqTransformer
@@ -202,8 +203,9 @@ def _portable_tokenizer_class(path: Path) -> None:
     path.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) -> Path:
-    """Write `source` as a transformers directory at `output` (see the module docstring)."""
+def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) -> Exported:
+    """Write `source` as a transformers directory at `output` (see the module docstring), checked
+    against the checkpoint once written (`transformer.export.check`)."""
     refusal = hf_refusal(source)
     if refusal is not None:
         raise ExportError(f"cannot export {source.path} to transformers: {refusal}")
@@ -215,4 +217,24 @@ def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) 
         tokenizer.save_pretrained(staging)
         _portable_tokenizer_class(staging / "tokenizer_config.json")
         write_model_card(source, staging / "README.md", target="hf")
-    return Path(output)
+        difference = _check(source, staging)
+    return Exported(Path(output), difference, "log-probabilities of the files loaded back, on a probe batch")
+
+
+def _check(source: ExportSource, directory: Path) -> float:
+    """Max |log p| difference between the saved directory (loaded back) and the checkpoint, at every
+    real target position and vocabulary entry of `probe_batch`; above TOLERANCE the export fails."""
+    src, tgt = probe_batch(source.config)
+    ours = reference_log_probs(source.model, src, tgt)  # (B, T - 1, V)
+    marian = MarianMTModel.from_pretrained(directory).eval()
+    pad = source.config.pad_id
+    with torch.no_grad():
+        logits = marian(input_ids=src, attention_mask=src.ne(pad), decoder_input_ids=tgt[:, :-1]).logits
+    real = tgt[:, 1:].ne(pad)  # (B, T - 1): positions that predict a real token
+    difference = (logits.float().log_softmax(-1) - ours)[real].abs().max().item()
+    if not difference <= TOLERANCE:
+        raise ExportError(
+            f"the exported model's log-probabilities differ from {source.path}'s by {difference:.2e} "
+            f"(more than {TOLERANCE}) on a probe batch: nothing written"
+        )
+    return difference
