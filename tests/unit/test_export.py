@@ -436,6 +436,15 @@ def test_refuses_a_non_empty_output_unless_forced(trained: dict, tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging leftovers
 
 
+def test_refuses_an_output_that_holds_the_checkpoint(trained: dict, capsys) -> None:
+    """--force replaces the output directory: never the one the checkpoint is read from."""
+    directory = trained["ckpt"].parent
+    before = sorted(p.name for p in directory.iterdir())
+    argv = [str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(directory), "--force"]
+    _refused(capsys, argv, "holds the checkpoint")
+    assert sorted(p.name for p in directory.iterdir()) == before
+
+
 class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker

@@ -24,14 +24,17 @@ _TRAINER_KEYS = ("max_epochs", "max_steps", "precision", "accumulate_grad_batche
 
 _USAGE = {
     "hf": """```python
-from transformers import pipeline
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-translate = pipeline("translation", model="{dir}")
-print(translate("{example}")[0]["translation_text"])
+tokenizer = AutoTokenizer.from_pretrained("{dir}")
+model = AutoModelForSeq2SeqLM.from_pretrained("{dir}")
+batch = tokenizer(["{example}"], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
-`AutoModelForSeq2SeqLM.from_pretrained("{dir}")` and `AutoTokenizer.from_pretrained("{dir}")` load it
-offline. `generate()` uses `generation_config.json` ({decoding}).""",
+With transformers 4.x also `pipeline("translation", model="{dir}")` (transformers 5 removed that
+pipeline). `generate()` uses `generation_config.json`: {decoding}; its length limit is the model's
+max_len, since transformers has no per-sentence a * source length + b.""",
     "ctranslate2": """```python
 import ctranslate2
 from tokenizers import Tokenizer
@@ -56,12 +59,16 @@ def _get(mapping: Any, *keys: str) -> Any:
     return mapping
 
 
-def _decoding_text(decoding: Mapping[str, Any]) -> str:
+def _search_text(decoding: Mapping[str, Any]) -> str:
     beam = int(decoding.get("beam_size", 1))
-    search = "greedy" if beam == 1 or decoding.get("search") == "greedy" else f"beam {beam}"
-    penalty = f", length penalty alpha {decoding.get('length_penalty')}" if search != "greedy" else ""
+    if beam == 1 or decoding.get("search") == "greedy":
+        return "greedy"
+    return f"beam {beam}, length penalty alpha {decoding.get('length_penalty')}"
+
+
+def _decoding_text(decoding: Mapping[str, Any]) -> str:
     limit = f"{decoding.get('max_len_a')} * source length + {decoding.get('max_len_b')}"
-    return f"{search}{penalty}, max length {limit}"
+    return f"{_search_text(decoding)}, max length {limit}"
 
 
 def _signatures() -> dict[str, str]:
@@ -141,7 +148,7 @@ def model_card(
         _USAGE[target].format(
             dir="path/to/this/directory",
             example="Ein Hund läuft." if src_lang == "de" else "A dog runs.",
-            decoding=_decoding_text(source.decoding),
+            decoding=_search_text(source.decoding),
             beam_size=beam_size,
             length_penalty=source.decoding.get("length_penalty", 1.0) if beam_size > 1 else 0.0,
             src_tokenizer=tokenizer_files.get("src", "tokenizer.json"),

@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.quantization is not None and args.to != "ctranslate2":
             raise ExportError("--quantization applies to --to ctranslate2 only")
-        check_output(args.output, force=args.force)  # before the slow part; checked again on writing
+        # before the slow part; checked again on writing
+        check_output(args.output, force=args.force, keep=args.checkpoint)
         missing = _missing_dependency("transformers" if args.to == "hf" else "ctranslate2")
         if missing:
             raise ExportError(missing)

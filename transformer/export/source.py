@@ -180,9 +180,12 @@ def staged_output(output: str | Path, *, force: bool = False) -> Iterator[Path]:
         staging.rename(output)
 
 
-def check_output(output: Path, *, force: bool) -> None:
-    """Refuse an output path that is a file, or a non-empty directory without `force`."""
+def check_output(output: Path, *, force: bool, keep: Path | None = None) -> None:
+    """Refuse an output path that is a file, or a non-empty directory without `force`, or one that holds
+    `keep` (the checkpoint being exported: --force would delete it)."""
     if output.exists() and not output.is_dir():
         raise ExportError(f"output {output} exists and is not a directory")
+    if keep is not None and output.resolve() in keep.resolve().parents:
+        raise ExportError(f"output directory {output} holds the checkpoint {keep}: choose another directory")
     if output.is_dir() and any(output.iterdir()) and not force:
         raise ExportError(f"output directory {output} exists and is not empty (pass --force to replace it)")
