@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from data.sources import DataError
+from transformer import cli
 from transformer.arguments import ArgumentError, check_arguments
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from transformer.evaluation import (
@@ -396,7 +397,7 @@ def _traceback_to_log_file(message: str) -> None:
 def main() -> None:
     """`python evaluate.py ...`: paths resolve against the repository root unless PROJECT_ROOT is set."""
     os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
-    _hydra_main()
+    cli.run(_hydra_main, PROJECT_ROOT / "configs", lambda err: None)
 
 
 if __name__ == "__main__":

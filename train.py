@@ -34,12 +34,7 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import (
-    ConfigCompositionException,
-    InstantiationException,
-    MissingConfigException,
-    OverrideParseException,
-)
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.utilities import rank_zero_only
@@ -47,6 +42,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.sources import DataError
+from transformer import cli
 from transformer.arguments import ArgumentError, check_arguments
 from transformer.checkpoint import CheckpointError
 from transformer.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
@@ -182,6 +178,7 @@ _NUMBERS = {
     "trainer.check_val_every_n_epoch": (int, 1, True),
     "trainer.val_check_interval": (float, 0.0, False),
     "trainer.num_sanity_val_steps": (int, -1, True),
+    "num_threads": (int, 1, True),
 }
 
 
@@ -604,55 +601,8 @@ def _finish_wandb_run(failed: bool) -> None:
 def main() -> None:
     """`python train.py ...`: configs resolve paths against the repository root unless PROJECT_ROOT is set."""
     os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
-    # Hydra then raises composition errors (unknown key or experiment) instead of printing them over
-    # several lines; they become one `error:` line here. Other crashes keep their full traceback.
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        _hydra_main()
-    except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
-        raise SystemExit(f"error: {_one_line(str(err))}") from None
-    except Exception as err:
-        if _SWEEP_JOBS:  # each job's error and traceback are in its log: the sweep ends in one line
-            raise SystemExit(f"error: {_sweep_failure(err)}") from None
-        if _raised_by_hydra(err):  # e.g. `logger=null`
-            groups = [
-                a for a in sys.argv[1:] if a.endswith("=null") and (CONFIGS / a[:-5].lstrip("+")).is_dir()
-            ]
-            hint = f" ({groups[0]}: a config group is removed with ~{groups[0][:-5]})" if groups else ""
-            raise SystemExit(f"error: {_one_line(str(err))}{hint}") from None
-        raise
-
-
-def _raised_by_hydra(err: BaseException) -> bool:
-    """Whether `err` comes from Hydra composing the config (no frame of a job in its traceback)."""
-    frames = traceback.extract_tb(err.__traceback__)
-    hydra_dir = str(Path(hydra.__file__).parent)
-    return (
-        bool(frames)
-        and frames[-1].filename.startswith(hydra_dir)
-        and not any(f.name == "_hydra_main" for f in frames)
-    )
-
-
-def _one_line(message: str) -> str:
-    """Hydra's multi-line message as one line: option lists joined, the config search path left out."""
-    parts: list[str] = []
-    options: list[str] = []
-    for line in message.splitlines():
-        text = line.strip()
-        if text.startswith("Config search path"):
-            break
-        if line.startswith("\t") and parts:  # one available option per line
-            options.append(text)
-            continue
-        if options:
-            parts[-1] += " " + ", ".join(options)
-            options = []
-        if text and not text.startswith(("full_key:", "object_type=")):
-            parts.append(text)
-    if options:
-        parts[-1] += " " + ", ".join(options)
-    return " ".join(parts)
+    # each job of a sweep logged its error and traceback: the sweep ends in one line
+    cli.run(_hydra_main, CONFIGS, lambda err: _sweep_failure(err) if _SWEEP_JOBS else None)
 
 
 if __name__ == "__main__":
