@@ -21,6 +21,8 @@ from typing import Any
 
 import datasets
 
+from data.sources import DataError
+
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; the atomic rename alone keeps entries whole
@@ -48,8 +50,12 @@ def file_identity(path: str | Path) -> list[Any]:
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive advisory lock on `path` (created if missing) for the duration of the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+b")  # noqa: SIM115 (closed below, after the lock is released)
+    except OSError as err:  # an unwritable cache_dir, or a file in its place
+        raise DataError(f"cannot write to the data cache: {path}: {err.strerror or err}") from err
+    with handle:
         if fcntl is not None:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -79,47 +85,57 @@ def load_or_build(
     if found is not None:
         log.info("Using cache entry %s (%d examples)", path, len(found[0]))
         return found
-    with locked(directory / ".locks" / f"{path.name}.lock"):
-        found = _load(path, key, warn=True)  # another process may have built it while we waited
-        if found is not None:
-            log.info("Using cache entry %s (%d examples), built by another process", path, len(found[0]))
-            return found
-        _remove(path)  # a truncated or foreign entry (already reported)
-        tmp = directory / f".{path.name}.{os.getpid()}.tmp"
-        _remove(tmp)
-        tmp.mkdir(parents=True)
-        try:
-            start = time.perf_counter()
-            dataset, meta = build(tmp)
-            files = sorted({Path(f["filename"]).resolve() for f in dataset.cache_files})
-            if not files or any(f.parent != tmp.resolve() for f in files):
-                raise RuntimeError(f"build() of cache entry {name} must write its Arrow files into {tmp}")
-            seconds = time.perf_counter() - start
-            log.info("Prepared cache entry %s: %d examples in %.1f s", path, len(dataset), seconds)
-            entry = {
-                "key": key,
-                "name": name,
-                "rows": len(dataset),
-                "columns": list(dataset.column_names),
-                "files": {f.name: f.stat().st_size for f in files},
-                "meta": dict(meta),
-                "seconds": round(seconds, 3),
-            }
-            del dataset  # its memory map points into tmp, which is about to move
-            (tmp / ENTRY_FILE).write_text(json.dumps(entry, indent=1) + "\n")  # last: marks it complete
-            _fsync(tmp, *tmp.iterdir())  # on disk before the rename publishes it
-            try:
-                os.rename(tmp, path)
-            except OSError:  # a process without the lock (a filesystem without flock) won: use its entry
-                _remove(tmp)
-            _fsync(directory)
-        except BaseException:
-            _remove(tmp)
-            raise
+    try:
+        with locked(directory / ".locks" / f"{path.name}.lock"):
+            found = _load(path, key, warn=True)  # another process may have built it while we waited
+            if found is not None:
+                log.info("Using cache entry %s (%d examples), built by another process", path, len(found[0]))
+                return found
+            _remove(path)  # a truncated or foreign entry (already reported)
+            for stale in directory.glob(f".{path.name}.*.tmp"):  # left by a builder that was killed
+                _remove(stale)
+            _build(directory, path, key, build)
+    except OSError as err:  # an unwritable cache_dir, a full disk
+        raise DataError(f"cannot write the data cache entry {path}: {err.strerror or err}") from err
     found = _load(path, key, warn=True)
     if found is None:
         raise RuntimeError(f"cache entry {path} was written but cannot be read back")
     return found
+
+
+def _build(
+    directory: Path, path: Path, key: str, build: Callable[[Path], tuple[datasets.Dataset, Mapping[str, Any]]]
+) -> None:
+    """Build the entry in a temporary directory next to `path`, then rename it into place."""
+    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    tmp.mkdir(parents=True)
+    try:
+        start = time.perf_counter()
+        dataset, meta = build(tmp)
+        files = sorted({Path(f["filename"]).resolve() for f in dataset.cache_files})
+        if not files or any(f.parent != tmp.resolve() for f in files):
+            raise RuntimeError(f"build() of cache entry {path.name} must write its Arrow files into {tmp}")
+        seconds = time.perf_counter() - start
+        log.info("Prepared cache entry %s: %d examples in %.1f s", path, len(dataset), seconds)
+        entry = {
+            "key": key,
+            "rows": len(dataset),
+            "columns": list(dataset.column_names),
+            "files": {f.name: f.stat().st_size for f in files},
+            "meta": dict(meta),
+            "seconds": round(seconds, 3),
+        }
+        del dataset  # its memory map points into tmp, which is about to move
+        (tmp / ENTRY_FILE).write_text(json.dumps(entry, indent=1) + "\n")  # last: marks it complete
+        _fsync(tmp, *tmp.iterdir())  # on disk before the rename publishes it
+        try:
+            os.rename(tmp, path)
+        except OSError:  # a process without the lock (a filesystem without flock) won: use its entry
+            _remove(tmp)
+        _fsync(directory)
+    except BaseException:
+        _remove(tmp)
+        raise
 
 
 def _load(path: Path, key: str, warn: bool) -> tuple[datasets.Dataset, dict[str, Any]] | None:

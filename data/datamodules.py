@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -227,7 +228,10 @@ class _TokenBudgetDataModule(L.LightningDataModule):
                     tokenizer = load_bpe(path, key)  # trained by another process while this one waited
                     if tokenizer is None:
                         tokenizer = self._train_tokenizer(columns, path)
-                        save_bpe(tokenizer, path, key)
+                        try:
+                            save_bpe(tokenizer, path, key)
+                        except OSError as err:  # e.g. a full disk
+                            raise sources.DataError(f"cannot write {path}: {err.strerror or err}") from err
             trained[side] = tokenizer
         self._set_tokenizers(trained)
 
@@ -339,12 +343,17 @@ class _TokenBudgetDataModule(L.LightningDataModule):
             max_len=self.max_len,
             drop_long=train,
             dtype=prepare.ids_dtype(vocab_size),
-            path=directory / "data.arrow",
+            directory=directory,
+            workers=self._tokenizing_workers(),
             progress=f"Tokenizing {split}" if self.show_progress else None,
         )
         if train and len(dataset) == 0:
             raise sources.DataError(f"split {split!r}: every example is longer than max_len={self.max_len}")
         return dataset, {"too_long": too_long, "raw_rows": len(raw), **self._entry_meta()}
+
+    def _tokenizing_workers(self) -> int:
+        """Processes that tokenize a large split: one per core this process may use (README: Performance)."""
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def _check_split(self, split: str, raw: datasets.Dataset) -> None:
         """Raise if `split` cannot be used for training or scoring (classification: unlabeled)."""

@@ -56,11 +56,8 @@ def test_later_run_only_memory_maps(
         again.setup("test")
         train = again.tokenized("train")
         assert train[:] == first.tokenized("train")[:]
-        assert [f["filename"] for f in train.cache_files] == [
-            str(tmp_path / "cache" / "tokenized" / name / "data.arrow")
-            for name in _entries(tmp_path / "cache")
-            if "-train-" in name
-        ]
+        (entry,) = (tmp_path / "cache" / "tokenized").glob("*-train-*")
+        assert [f["filename"] for f in train.cache_files] == [str(p) for p in sorted(entry.glob("*.arrow"))]
         batches = [b["id"].tolist() for b in again.train_dataloader()]
     assert batches == [b["id"].tolist() for b in first.train_dataloader()]
     assert "Using cache entry" in caplog.text and "train: dropped 2 of 598 examples" in caplog.text
@@ -112,7 +109,7 @@ def test_damaged_entry_is_reported_once_and_rebuilt(
     first.setup("fit")
     expected = first.tokenized("train")[:]
     entry = next(p for p in (tmp_path / "cache" / "tokenized").iterdir() if "-train-" in p.name)
-    arrow, manifest = entry / "data.arrow", entry / cache.ENTRY_FILE
+    arrow, manifest = sorted(entry.glob("*.arrow"))[-1], entry / cache.ENTRY_FILE
     if damage == "truncated":  # a copy cut short
         arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
     elif damage == "foreign":  # another corpus's entry under this name
@@ -225,3 +222,20 @@ def test_hub_splits_are_cached_by_their_fingerprint(tmp_path: Path, monkeypatch:
     other = TranslationDataModule(**settings)
     other.setup("fit")
     assert len(other.tokenized("train")) == 200
+
+
+def test_unwritable_cache_dir_is_one_data_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should be")
+    with pytest.raises(sources.DataError, match=r"cannot write to the data cache: .*not-a-dir/tokenizers"):
+        _translation(write_fixture(tmp_path / "text"), blocker).setup("fit")
+
+
+def test_files_of_a_killed_builder_are_removed(tmp_path: Path) -> None:
+    stale = tmp_path / "cache" / ".numbers-kkkkkkkkkkkkkkkk.99999.tmp"
+    stale.mkdir(parents=True)
+    (stale / "data.arrow").write_bytes(b"half a corpus")
+    dataset, _ = cache.load_or_build(
+        tmp_path / "cache", "numbers", "k" * 64, lambda d: _build_slowly(d, tmp_path / "b")
+    )
+    assert len(dataset) == 1000 and not stale.exists()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from data import prepare
 from data.batching import TokenBudgetBatchSampler
-from data.datamodules import TranslationDataModule
+from data.datamodules import TranslationDataModule, _TokenBudgetDataModule
 from tests.data_digest import digest, fixture_datamodules
 
 # python -c "from tests.data_digest import main; main()" on 859cf18 (see tests/data_digest.py)
@@ -64,6 +64,16 @@ def test_same_ids_and_batches_as_before_the_cache(tmp_path: Path, cache: str) ->
             dm.setup(None)
     modules = fixture_datamodules(tmp_path / "data", cache_dir)  # same files, same mtimes: hits when warm
     assert {name: digest(dm) for name, dm in modules.items()} == GOLDEN
+
+
+def test_same_when_tokenized_in_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small chunks, three forked workers: the shards are concatenated in row order."""
+    monkeypatch.setattr(prepare, "CHUNK_ROWS", 64)
+    monkeypatch.setattr(_TokenBudgetDataModule, "_tokenizing_workers", lambda self: 3)
+    modules = fixture_datamodules(tmp_path / "data", tmp_path / "cache")
+    assert {name: digest(dm) for name, dm in modules.items()} == GOLDEN
+    entry = next((tmp_path / "cache" / "tokenized").glob("multi30k-*-train-*"))
+    assert len(list(entry.glob("*.arrow"))) == 3
 
 
 def _greedy_reference(order: list[int], lengths: list[int], max_tokens: int, cap: float) -> list[list[int]]:
