@@ -1,7 +1,7 @@
 """Every `python train.py ...` and `python evaluate.py ...` command that README.md and docs/ show runs.
 
-Each command runs as written, with tiny overrides appended: two training steps, one validation and one
-test batch, small copies of the real datasets in place of `data.data_dir` (and of the hub download for
+Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
+validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of the hub download for
 commands without one), one Optuna trial, sweeps cut to two values a key, run directories under a
 temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`) become a checkpoint or run
 made here. Commands that cannot run on this machine (a GPU, SLURM, a hub-only corpus) are composed
@@ -158,8 +158,9 @@ def _plan(
     if evaluating:
         tiny = [f"hydra.run.dir={tmp / 'eval' / str(index)}", f"hydra.sweep.dir={tmp / 'eval' / str(index)}"]
     else:
-        tiny = [
-            "trainer.max_steps=2",
+        tiny = [  # one epoch of two steps, validated: sweeps get their objective
+            "trainer.max_epochs=1",
+            "++trainer.limit_train_batches=2",
             "++trainer.limit_val_batches=1",
             "++trainer.limit_test_batches=1",
             "++callbacks.rich_progress_bar=null",
