@@ -302,19 +302,37 @@ def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Calla
     export_hf(source, tmp / "hf")
     vocabulary = {token: i for i, token in enumerate(source.vocabulary("tgt"))}
 
-    def ct2(directory: Path, compute_type: str) -> Callable[..., list[list[int]]]:
+    def ct2(directory: Path, compute_type: str, parallel: int = 1) -> Callable[..., list[list[int]]]:
+        """CTranslate2 with `threads` threads in all: one batch at a time on all of them, or `parallel`
+        batches at once (its inter_threads) on threads / parallel each."""
         translator = ctranslate2.Translator(
-            str(directory), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+            str(directory),
+            device="cpu",
+            compute_type=compute_type,
+            inter_threads=parallel,
+            intra_threads=max(threads // parallel, 1),
         )
 
         def run(first: int | None = None) -> list[list[int]]:
-            results = []
-            for indices, _, strings, limit in prepared[:first]:
-                out = translator.translate_batch(
-                    strings, beam_size=beam, length_penalty=alpha, max_decoding_length=limit - 1
+            pending = [
+                (
+                    indices,
+                    translator.translate_batch(
+                        strings,
+                        beam_size=beam,
+                        length_penalty=alpha,
+                        max_decoding_length=limit - 1,
+                        asynchronous=True,
+                    ),
                 )
-                results.append((indices, [[vocabulary[t] for t in r.hypotheses[0]] for r in out]))
-            return collect(results)
+                for indices, _, strings, limit in prepared[:first]
+            ]  # queued: with inter_threads > 1, that many batches run at once
+            return collect(
+                [
+                    (indices, [[vocabulary[t] for t in r.result().hypotheses[0]] for r in out])
+                    for indices, out in pending
+                ]
+            )
 
         return run
 
@@ -335,6 +353,7 @@ def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Calla
         f"ours beam{beam}": ours,
         f"ctranslate2 float32 beam{beam}": ct2(tmp / "ct2", "float32"),
         f"ctranslate2 int8 beam{beam}": ct2(tmp / "ct2_int8", "int8"),
+        f"ctranslate2 int8 beam{beam}, {threads}x1 thr": ct2(tmp / "ct2_int8", "int8", parallel=threads),
         f"transformers generate beam{beam}": hf,
     }
 
