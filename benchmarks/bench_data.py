@@ -11,7 +11,7 @@ directory (or `--corpora-dir`, reused when already complete; never commit them).
   only its tokenizer is cached): start -> first training step, peak RSS (ru_maxrss) and RssAnon at exit;
 - cache: the size of the cache dir on disk;
 - ddp: a `trainer=ddp_cpu` run (2 processes) on an empty cache: each rank's peak RSS and how many texts it
-  encoded (which ranks tokenized) and whether it trained a tokenizer.
+  tokenized (which ranks tokenized) and whether it trained a tokenizer.
 
     python benchmarks/bench_data.py --baseline 859cf18 --multi30k-dir ../shared/data/multi30k \
         [--sizes 100000,1000000,4500000] [--baseline-sizes 100000,1000000] [--ddp-size 1000000] \
@@ -64,9 +64,6 @@ def _run_child() -> None:
     sys.path.insert(0, repo)
     import lightning.pytorch as pl
 
-    import data.datamodules
-    import data.tokenization
-
     first_step: list[float] = []
 
     class FirstStepTimer(pl.Callback):
@@ -75,23 +72,8 @@ def _run_child() -> None:
         def on_train_batch_start(self, *args: Any) -> None:
             first_step[:] = first_step or [time.time()]
 
-    counts = {"encoded": 0, "tokenizers_trained": 0}
-    encode_batch = data.tokenization.BPETokenizer.encode_batch
-
-    def counting_encode(self: Any, texts: Any) -> list[list[int]]:
-        counts["encoded"] += len(texts)
-        return encode_batch(self, texts)
-
-    data.tokenization.BPETokenizer.encode_batch = counting_encode
-    for module in (data.tokenization, data.datamodules):
-        if hasattr(module, "train_bpe"):
-            train_bpe = module.train_bpe
-
-            def counting_train(*args: Any, _train: Any = train_bpe, **kwargs: Any) -> Any:
-                counts["tokenizers_trained"] += 1
-                return _train(*args, **kwargs)
-
-            module.train_bpe = counting_train
+    counts = {"tokenized": 0, "tokenizers_trained": 0}  # examples tokenized, tokenizers trained
+    _count_calls(counts)
 
     def report() -> None:
         status = Path("/proc/self/status").read_text() if Path("/proc/self/status").exists() else ""
@@ -99,6 +81,7 @@ def _run_child() -> None:
         anon_kb = int(fields.get("RssAnon", "0 kB").split()[0])
         result = {
             "rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "data_package": str(Path(sys.modules["data"].__file__).parent),
             "pid": os.getpid(),
             "first_step_s": first_step[0] - start if first_step else None,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -116,6 +99,43 @@ def _run_child() -> None:
     sys.modules["__main__"] = main
     sys.argv = [str(Path(__file__).resolve()), *sys.argv[1:]]
     exec(compile(path.read_text(), str(path), "exec"), main.__dict__)
+
+
+def _count_calls(counts: dict[str, int]) -> None:
+    """Count the examples this process tokenizes and the tokenizers it trains (ours and older revisions)."""
+    import datasets
+
+    import data.datamodules
+    import data.tokenization
+
+    # (not `import data.prepare`: for an older revision, the editable install would find ours)
+    prepare = getattr(data.datamodules, "prepare", None)
+    if prepare is not None:
+        tokenize_split = prepare.tokenize_split
+
+        def counting_tokenize(raw: Any, *args: Any, **kwargs: Any) -> Any:
+            counts["tokenized"] += len(raw)
+            return tokenize_split(raw, *args, **kwargs)
+
+        prepare.tokenize_split = counting_tokenize
+    else:
+        dataset_map = datasets.Dataset.map
+
+        def counting_map(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(kwargs.get("desc", "")).startswith("Tokenizing"):
+                counts["tokenized"] += len(self)
+            return dataset_map(self, *args, **kwargs)
+
+        datasets.Dataset.map = counting_map  # before the prepared-data cache: Dataset.map tokenized
+    for module in (data.tokenization, data.datamodules):
+        if hasattr(module, "train_bpe"):
+            train_bpe = module.train_bpe
+
+            def counting_train(*args: Any, _train: Any = train_bpe, **kwargs: Any) -> Any:
+                counts["tokenizers_trained"] += 1
+                return _train(*args, **kwargs)
+
+            module.train_bpe = counting_train
 
 
 # -- the benchmark --------------------------------------------------------------------------------------
@@ -200,7 +220,7 @@ def bench_size(name: str, repo: Path, corpus: Path, pairs: int, work: Path, step
         first_step_s=warm["first_step_s"],
         peak_rss_mb=warm["peak_rss_mb"],
         rss_anon_mb=warm["rss_anon_mb"],
-        encoded=warm["encoded"],
+        tokenized=warm["tokenized"],
         cache_mb=disk_mb(cache_dir),
     )
     shutil.rmtree(cache_dir, ignore_errors=True)
@@ -246,7 +266,7 @@ def print_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]]) -> None:
         )
     for d in ddp:
         ranks = "; ".join(
-            f"rank {r['rank']}: peak RSS {r['peak_rss_mb']:,.0f} MB, encoded {r['encoded']:,} texts, "
+            f"rank {r['rank']}: peak RSS {r['peak_rss_mb']:,.0f} MB, tokenized {r['tokenized']:,} examples, "
             f"trained {r['tokenizers_trained']} tokenizer(s)"
             for r in d["ranks"]
         )

@@ -40,6 +40,7 @@ from data.tokenization import (
     SPECIAL_TOKENS,
     BPEDropout,
     BPETokenizer,
+    CorpusEncoder,
     load_bpe,
     save_bpe,
     train_bpe,
@@ -156,7 +157,10 @@ class _TokenBudgetDataModule(L.LightningDataModule):
     def _restore_meta(self, meta: Mapping[str, Any]) -> None:
         """Take back what `_entry_meta` stored (e.g. class names) when a split comes from the cache."""
 
-    def _encode(self, batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    def _encode(
+        self, batch: Mapping[str, list[Any]], encoders: Mapping[str, CorpusEncoder]
+    ) -> dict[str, list[Any]]:
+        """{"src_ids": ...} (and "tgt_ids") of a batch of raw rows, with the "src" / "tgt" encoders."""
         raise NotImplementedError
 
     def _length(self, example_lengths: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -330,14 +334,19 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         return dataset
 
     def _tokenize(self, split: str, directory: Path) -> tuple[datasets.Dataset, dict[str, Any]]:
-        """Tokenize the raw `split` into an Arrow file in `directory`; the dataset and what to remember."""
+        """Tokenize the raw `split` into Arrow files in `directory`; the dataset and what to remember."""
         raw = self.raw_split(split)
         self._check_split(split, raw)
         train = split == self.splits["train"]
         vocab_size = max(tokenizer.vocab_size for tokenizer in self._tokenizers.values())
+        joint = CorpusEncoder(self._tokenizers["src"])  # one per tokenizer: the same ids, reused chunks
+        encoders = {
+            side: joint if tokenizer is joint.tokenizer else CorpusEncoder(tokenizer)
+            for side, tokenizer in self._tokenizers.items()
+        }
         dataset, too_long = prepare.tokenize_split(
             raw,
-            self._encode,
+            lambda batch: self._encode(batch, encoders),
             self._text_columns,
             self._id_columns,
             max_len=self.max_len,
@@ -614,10 +623,12 @@ class TranslationDataModule(_TokenBudgetDataModule):
         )
         return f"{self.source}-{langs}-v{self.vocab_size_requested}"
 
-    def _encode(self, batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    def _encode(
+        self, batch: Mapping[str, list[Any]], encoders: Mapping[str, CorpusEncoder]
+    ) -> dict[str, list[Any]]:
         return {
-            "src_ids": self.src_tokenizer.encode_batch(batch["src"]),
-            "tgt_ids": self.tgt_tokenizer.encode_batch(batch["tgt"]),
+            "src_ids": encoders["src"].encode_batch(batch["src"]),
+            "tgt_ids": encoders["tgt"].encode_batch(batch["tgt"]),
         }
 
     def _length(self, lengths: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -802,8 +813,10 @@ class ClassificationDataModule(_TokenBudgetDataModule):
     def _cache_tag(self, side: str) -> str:
         return f"{self.source}-{self.text_column}-v{self.vocab_size_requested}"
 
-    def _encode(self, batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
-        return {"src_ids": self.src_tokenizer.encode_batch(batch["text"])}
+    def _encode(
+        self, batch: Mapping[str, list[Any]], encoders: Mapping[str, CorpusEncoder]
+    ) -> dict[str, list[Any]]:
+        return {"src_ids": encoders["src"].encode_batch(batch["text"])}
 
     def _length(self, lengths: Mapping[str, np.ndarray]) -> np.ndarray:
         return lengths["src_len"]

@@ -13,7 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import tokenizers
@@ -177,6 +177,20 @@ def train_bpe(
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    tokenizer = _pipeline()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=show_progress,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
+    tokenizer.post_processor = _post_processor()
+    return BPETokenizer(tokenizer)
+
+
+def _pipeline() -> tokenizers.Tokenizer:
+    """An untrained tokenizer with the project's normalizer, pre-tokenizer and decoder."""
     tokenizer = tokenizers.Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
     # Metaspace keeps spaces as "▁" so decode(encode(x)) == x; punctuation is split off so that
@@ -185,17 +199,126 @@ def train_bpe(
         [pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="always"), pre_tokenizers.Punctuation()]
     )
     tokenizer.decoder = decoders.Metaspace(replacement=_SPACE, prepend_scheme="always")
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=show_progress,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
-    tokenizer.post_processor = processors.TemplateProcessing(
+    return tokenizer
+
+
+def _post_processor() -> processors.PostProcessor:
+    return processors.TemplateProcessing(
         single=f"{BOS} $A {EOS}", special_tokens=[(BOS, BOS_ID), (EOS, EOS_ID)]
     )
-    return BPETokenizer(tokenizer)
+
+
+_UNSEEN = object()  # CorpusEncoder: a chunk not encoded yet
+
+
+class CorpusEncoder:
+    """`tokenizer.encode_batch` for a corpus, about ten times faster: the ids of each space-separated chunk
+    of text are computed once, by the tokenizer itself, and reused.
+
+    Exact for the pipeline `train_bpe` builds: NFKC, then pieces split at spaces (each starting with "▁")
+    and at punctuation, then BPE on each piece. A text that is chunks joined by single spaces, each
+    chunk left unchanged by NFKC and free of "▁" and of special tokens, has the pieces of its chunks
+    encoded alone, so its ids are BOS + the chunks' ids + EOS. (NFKC cannot act across the spaces: a
+    space is a starter that composes with nothing.) Every other text, and every text of a tokenizer
+    with another pipeline, is encoded whole. At most `max_chunks` chunks are remembered.
+    """
+
+    def __init__(self, tokenizer: BPETokenizer, max_chunks: int = 1_000_000) -> None:
+        self.tokenizer = tokenizer
+        self.max_chunks = max_chunks
+        backend = tokenizer.tokenizer
+        self._exact = _structure(backend) == _structure(_reference())
+        self._specials = [token.content for token in backend.get_added_tokens_decoder().values()]
+        self._special_starts = {special[0] for special in self._specials}  # a quick first check
+        self._chunks: dict[str, list[int] | None] = {}  # None: a chunk that NFKC changes
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text as [BOS, ..., EOS], equal to `tokenizer.encode_batch(texts)`."""
+        texts = list(texts)
+        if not self._exact:
+            return self.tokenizer.encode_batch(texts)
+        result: list[list[int] | None] = [None] * len(texts)  # None: encoded whole, at the end
+        pending: list[tuple[int, list[str]]] = []  # texts with chunks seen for the first time
+        unseen: set[str] = set()
+        for i, text in enumerate(texts):
+            chunks = self._split(text)
+            if chunks is not None:
+                ids = self._assemble(chunks, self._chunks, unseen)
+                if ids is _UNSEEN:
+                    pending.append((i, chunks))
+                else:
+                    result[i] = ids  # type: ignore[assignment]
+        if pending:
+            learned = self._learn(sorted(unseen))
+            chunks_ids = self._chunks
+
+            def lookup(chunk: str, default: object) -> object:
+                return learned.get(chunk, chunks_ids.get(chunk, default))
+
+            for i, chunks in pending:
+                ids = self._assemble(chunks, lookup, unseen)
+                result[i] = None if ids is _UNSEEN else ids  # type: ignore[assignment]
+        whole = [i for i, ids in enumerate(result) if ids is None]
+        for i, ids in zip(whole, self.tokenizer.encode_batch([texts[i] for i in whole])):
+            result[i] = ids
+        return result  # type: ignore[return-value]  # every None was replaced
+
+    def _split(self, text: str) -> list[str] | None:
+        """The chunks of `text`, or None when it must be encoded whole."""
+        chunks = text.split(" ")
+        if "" in chunks or _SPACE in text:
+            return None
+        if any(start in text for start in self._special_starts) and any(s in text for s in self._specials):
+            return None
+        return chunks
+
+    def _assemble(self, chunks: list[str], known: Any, unseen: set[str]) -> list[int] | object | None:
+        """BOS + the chunks' ids + EOS; None if NFKC changes a chunk, `_UNSEEN` if some chunks are new
+        (added to `unseen`). `known`: a dict of chunk ids, or a function like its `get`."""
+        get = known.get if isinstance(known, dict) else known
+        ids = [BOS_ID]
+        complete = True
+        for chunk in chunks:
+            piece = get(chunk, _UNSEEN)
+            if piece is None:
+                return None
+            if piece is _UNSEEN:
+                complete = False
+                unseen.add(chunk)
+            elif complete:
+                ids += piece
+        if not complete:
+            return _UNSEEN
+        ids.append(EOS_ID)
+        return ids
+
+    def _learn(self, chunks: list[str]) -> dict[str, list[int] | None]:
+        """Encode `chunks` alone; remembered while there is room, returned in any case."""
+        backend = self.tokenizer.tokenizer
+        plain = [chunk for chunk in chunks if backend.normalizer.normalize_str(chunk) == chunk]
+        learned: dict[str, list[int] | None] = dict.fromkeys(chunks)
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        for chunk, encoding in zip(plain, encode(plain, add_special_tokens=False)):
+            learned[chunk] = encoding.ids
+        if len(self._chunks) + len(learned) <= self.max_chunks:
+            self._chunks.update(learned)
+        return learned
+
+
+def _structure(tokenizer: tokenizers.Tokenizer) -> list[object]:
+    """Everything of a tokenizer's JSON but its vocabulary and merges: what `CorpusEncoder` relies on."""
+    settings = json.loads(tokenizer.to_str())
+    model = {key: value for key, value in settings["model"].items() if key not in ("vocab", "merges")}
+    keys = ("normalizer", "pre_tokenizer", "post_processor", "truncation", "padding", "added_tokens")
+    return [model, *(settings[key] for key in keys)]
+
+
+def _reference() -> tokenizers.Tokenizer:
+    """The pipeline `train_bpe` makes, with only the special tokens (for `_structure`)."""
+    tokenizer = _pipeline()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.post_processor = _post_processor()
+    return tokenizer
 
 
 def bpe_fingerprint(texts: Iterable[str], **settings: object) -> str:

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from data import prepare
 from data.batching import TokenBudgetBatchSampler
 from data.datamodules import TranslationDataModule, _TokenBudgetDataModule
+from data.synthetic import make_synthetic_splits
+from data.tokenization import CorpusEncoder, normalizers, train_bpe
 from tests.data_digest import digest, fixture_datamodules
 
 # python -c "from tests.data_digest import main; main()" on 859cf18 (see tests/data_digest.py)
@@ -158,3 +160,37 @@ def test_tokenizer_sample_is_seeded_and_in_split_order(tmp_path: Path) -> None:
     assert sampled.src_tokenizer.to_json() != full.src_tokenizer.to_json()
     with pytest.raises(ValueError, match="tokenizer_sample_size must be >= 1 or null, got 0"):
         TranslationDataModule(tokenizer_sample_size=0)
+
+
+# spaces of all kinds, characters NFKC rewrites (some into a space, "´" into space + accent), combining
+# marks, the metaspace "▁" itself, special tokens, punctuation, emoji, Hangul jamo, zero-width space
+_PIECES = [
+    "a", "b", "Hund", "dog", "zwei", " ", "  ", "\u00a0", "´", "\u0301", "é", "e\u0301", "▁", "<s>",
+    "</s>", "<", "<pad>", ".", ",", "!", "¿", "'", "-", "\t", "\n", "\u2003", "ﬁ", "①", "Ⅻ", "ǅ",
+    "\u1100\u1161", "😀", "1", "\u200b", "x",
+]  # fmt: skip
+_TEXTS = st.lists(st.sampled_from(_PIECES), max_size=14).map("".join)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    english, german = make_synthetic_splits(0, {"train": 300})["train"]
+    return train_bpe([*english, *german, *(p * 3 for p in _PIECES)], 200)
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(_TEXTS, min_size=1, max_size=40), max_chunks=st.sampled_from([0, 5, 1_000_000]))
+def test_corpus_encoder_equals_the_tokenizer(tokenizer: object, texts: list[str], max_chunks: int) -> None:
+    encoder = CorpusEncoder(tokenizer, max_chunks=max_chunks)
+    assert encoder.encode_batch(texts) == tokenizer.encode_batch(texts)
+    assert encoder.encode_batch(texts[::-1]) == tokenizer.encode_batch(texts[::-1])  # with chunks known
+    assert len(encoder._chunks) <= max_chunks
+
+
+def test_corpus_encoder_leaves_other_pipelines_to_the_tokenizer(tokenizer: object) -> None:
+    other = type(tokenizer).from_json(tokenizer.to_json())
+    other.tokenizer.normalizer = normalizers.Lowercase()
+    encoder = CorpusEncoder(other)
+    texts = ["Zwei Hunde .", "two DOGS"]
+    assert encoder.encode_batch(texts) == other.encode_batch(texts) != tokenizer.encode_batch(texts)
+    assert not encoder._chunks
