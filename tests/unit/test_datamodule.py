@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from data import datamodules, tokenization
+from data import datamodules, synthetic, tokenization
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from data.sources import DataError
 
@@ -215,8 +215,15 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(run_dir: Path, cache_dir: Path, ckpt_path: Path | None = None, **data: object) -> list[list[int]]:
-    """Two epochs; checkpoints every 5 steps and, as the project's callbacks do, when validation ends."""
+def _fit(
+    run_dir: Path,
+    cache_dir: Path,
+    ckpt_path: Path | None = None,
+    model: _Recorder | None = None,
+    **data: object,
+) -> list[list[int]]:
+    """Two epochs; checkpoints every 5 steps and, as the project's callbacks do, when validation ends.
+    `model` (default: a fresh `_Recorder`) lets the caller read what else it recorded."""
     callbacks = [
         ModelCheckpoint(run_dir, "{step}", every_n_train_steps=5, save_top_k=-1),
         ModelCheckpoint(run_dir, "epoch{epoch}", save_top_k=-1, auto_insert_metric_name=False),
@@ -225,7 +232,7 @@ def _fit(run_dir: Path, cache_dir: Path, ckpt_path: Path | None = None, **data: 
         max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=callbacks, limit_val_batches=1, num_sanity_val_steps=0,
     )  # fmt: skip
-    model = _Recorder(150)
+    model = _Recorder(150) if model is None else model
     trainer.fit(model, datamodule=_synthetic(cache_dir=cache_dir, **data), ckpt_path=ckpt_path)
     return model.seen
 
@@ -275,9 +282,20 @@ def _sources_seen(cache_dir: Path, **kwargs: object) -> tuple[_SourceRecorder, T
     return model, dm
 
 
+def _text_files(directory: Path) -> Path:
+    """The seed-0 synthetic splits as `{split}.{lang}` files (source="parallel"): text that `seed` leaves
+    alone, so that two runs of other seeds differ in the dropout draws and the batch order only."""
+    directory.mkdir()
+    for split, (english, german) in synthetic.make_synthetic_splits(0, SMALL).items():
+        (directory / f"{split}.en").write_text("".join(f"{line}\n" for line in english))
+        (directory / f"{split}.de").write_text("".join(f"{line}\n" for line in german))
+    return directory
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_bpe_dropout_resegments_training_sources_only(tmp_path: Path) -> None:
-    model, dm = _sources_seen(tmp_path, bpe_dropout=0.3)
+    files = {"source": "parallel", "data_dir": _text_files(tmp_path / "text")}
+    model, dm = _sources_seen(tmp_path, bpe_dropout=0.3, **files)
     seen, tok = model.sources, dm.src_tokenizer
     plain = {(stage, epoch, i): tok.encode(dm.sources(dm.splits[stage])[i]) for stage, epoch, i in seen}
     train = [key for key in seen if key[0] == "train"]
@@ -292,23 +310,38 @@ def test_bpe_dropout_resegments_training_sources_only(tmp_path: Path) -> None:
     # Packed by the re-segmented lengths: the token budget holds, with little padding.
     assert max(model.batch_sizes) <= dm.max_tokens
     assert sum(model.batch_sizes) < 1.1 * sum(len(seen[key]) for key in train)
-    # Drawn per (seed, epoch, example): other batches give the same segmentations; another seed does not.
-    smaller_batches = _sources_seen(tmp_path, bpe_dropout=0.3, max_tokens=200)[0].sources
+    # Drawn per (seed, epoch, example): the same seed with other batches gives the same segmentations...
+    smaller_batches = _sources_seen(tmp_path, bpe_dropout=0.3, max_tokens=200, **files)[0].sources
     assert all(smaller_batches[key] == seen[key] for key in train)
-    other_seed = _sources_seen(tmp_path, bpe_dropout=0.3, seed=1)[0].sources
-    assert any(other_seed[key] != seen[key] for key in train)
-    without = _sources_seen(tmp_path)[0].sources
+    # ...another seed, on the same text with the same tokenizer, other ones (for most examples).
+    other_model, other_dm = _sources_seen(tmp_path, bpe_dropout=0.3, seed=1, **files)
+    assert other_dm.sources("train") == dm.sources("train")
+    assert other_dm.src_tokenizer.to_json() == tok.to_json()
+    assert other_model.seen != model.seen  # the seed also reorders the batches; compared by example id:
+    assert sum(other_model.sources[key] != seen[key] for key in train) > 100
+    without = _sources_seen(tmp_path, **files)[0].sources
     assert all(without[key] == plain[key] for key in train)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_resume_with_bpe_dropout_continues_exactly(tmp_path: Path) -> None:
-    """Epoch 1 is packed by its own re-segmented lengths; a restart in it rebuilds the same batches."""
+    """Epoch 1 is packed by its own re-segmented lengths; a restart in it rebuilds the same batches and
+    feeds every example in the same segmentation as the uninterrupted run."""
     cache = tmp_path / "cache"
-    full = _fit(tmp_path / "full", cache, bpe_dropout=0.2)
+    straight = _SourceRecorder(150)
+    full = _fit(tmp_path / "full", cache, bpe_dropout=0.2, model=straight)
     per_epoch = next(
         n for n in range(1, len(full)) if sorted(i for b in full[:n] for i in b) == list(range(400))
     )
     step = per_epoch + 5 - per_epoch % 5  # the first checkpoint inside epoch 1
-    resumed = _fit(tmp_path / "resumed", cache, tmp_path / "full" / f"step={step}.ckpt", bpe_dropout=0.2)
+    restarted = _SourceRecorder(150)
+    ckpt = tmp_path / "full" / f"step={step}.ckpt"
+    resumed = _fit(tmp_path / "resumed", cache, ckpt, bpe_dropout=0.2, model=restarted)
     assert resumed == full[step:]
+    # The token ids of every example trained on after the restart: epoch 1's segmentation of it.
+    rest = {("train", 1, i) for batch in full[step:] for i in batch}
+    trained = {key: ids for key, ids in restarted.sources.items() if key[0] == "train"}
+    assert set(trained) == rest
+    assert all(trained[key] == straight.sources[key] for key in rest)
+    # ...which is not epoch 0's (a resumed run that re-drew from epoch 0 would fail the line above)
+    assert any(trained[key] != straight.sources["train", 0, key[2]] for key in rest)
