@@ -8,6 +8,7 @@ The small callbacks at the top are test-only hooks that the CLI runs load by `_t
 from __future__ import annotations
 
 import csv
+import ctypes
 import os
 import pickle
 import random
@@ -342,24 +343,46 @@ def test_atomic_torch_save_round_trip(tmp_path: Path) -> None:
 # --- numerical faults ----------------------------------------------------------------------------------
 
 
+def _decay(step: int) -> float:
+    """The toy's learning-rate schedule: a factor that changes at every optimizer step."""
+    return 1.0 / (1.0 + step)
+
+
 class _Toy(L.LightningModule):
-    """One linear layer; the loss is NaN at the optimizer steps in `nan_steps` (1-based)."""
+    """One linear layer under AdamW and a per-step schedule; the loss is NaN at the optimizer steps in
+    `nan_steps` (1-based). After every batch it records the weights, every optimizer state tensor
+    (exp_avg, exp_avg_sq, step), the learning rate and the global step."""
 
     def __init__(self, nan_steps: set[int]) -> None:
         super().__init__()
         self.layer = nn.Linear(4, 1)
         self.nan_steps = nan_steps
-        self.history: list[dict[str, torch.Tensor]] = []
+        self.history: list[dict[str, Any]] = []
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self.layer(batch).pow(2).mean()
         return loss * float("nan") if self.global_step + 1 in self.nan_steps else loss
 
     def on_train_batch_end(self, *args: Any) -> None:
-        self.history.append({k: v.clone() for k, v in self.state_dict().items()})
+        optimizer = self.optimizers().optimizer
+        moments = {
+            f"{name}.{key}": value.clone()
+            for name, param in self.named_parameters()
+            for key, value in optimizer.state.get(param, {}).items()
+        }
+        self.history.append(
+            {
+                "weights": {k: v.clone() for k, v in self.state_dict().items()},
+                "optimizer": moments,
+                "lr": optimizer.param_groups[0]["lr"],
+                "global_step": self.global_step,
+            }
+        )
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _decay)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def train_dataloader(self) -> Any:
         return torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=1)
@@ -381,15 +404,35 @@ def _fit(guard: NonFiniteLossGuard, nan_steps: set[int], tmp_path: Path) -> _Toy
     return model
 
 
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _differ(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Every tensor changed (a real step moves each weight and each moment)."""
+    return a.keys() == b.keys() and not any(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_skip_leaves_weights_and_optimizer_untouched(tmp_path: Path) -> None:
     guard = NonFiniteLossGuard(action="skip")
     model = _fit(guard, {3, 4}, tmp_path)
     h = model.history
     assert guard.skipped == 2 and len(h) == 8
-    for skipped in (2, 3):  # history index = step - 1: steps 3 and 4 changed nothing
-        assert all(torch.equal(h[skipped][k], h[skipped - 1][k]) for k in h[0])
-    assert not all(torch.equal(h[4][k], h[3][k]) for k in h[0])  # step 5 trained again
-    assert all(torch.isfinite(v).all() for v in h[-1].values())
+    names = {f"{n}.{k}" for n, _ in model.named_parameters() for k in ("exp_avg", "exp_avg_sq", "step")}
+    assert set(h[0]["optimizer"]) == names
+    for skipped in (2, 3):  # history index = step - 1: steps 3 and 4 changed no weight and no moment
+        assert _same(h[skipped]["weights"], h[skipped - 1]["weights"]), skipped
+        assert _same(h[skipped]["optimizer"], h[skipped - 1]["optimizer"]), skipped
+    for trained in (1, 4):  # steps 2 and 5 (after the skips) moved every weight, moment and step count
+        assert _differ(h[trained]["weights"], h[trained - 1]["weights"]), trained
+        assert _differ(h[trained]["optimizer"], h[trained - 1]["optimizer"]), trained
+    # Adam's step counts (its bias correction) count the 6 applied steps only.
+    assert all(h[-1]["optimizer"][f"{n}.step"].item() == 6 for n, _ in model.named_parameters())
+    # By design the learning-rate schedule still advances on a skipped step (the global step counts
+    # it, as the NonFiniteLossGuard docstring says): after step n the rate is 0.1 * _decay(n).
+    assert [e["global_step"] for e in h] == list(range(1, 9))
+    assert [e["lr"] for e in h] == pytest.approx([0.1 * _decay(n) for n in range(1, 9)], rel=1e-12)
+    assert all(torch.isfinite(v).all() for v in h[-1]["weights"].values())
 
 
 def test_stop_names_the_step_before_updating(tmp_path: Path) -> None:
@@ -562,14 +605,41 @@ def test_unknown_experiment_lists_the_valid_ones(hostile_runs: dict[str, Any]) -
         assert path.stem in line, line
 
 
+def _without_root_file_override() -> None:
+    """`preexec_fn` of a run as root: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the capability
+    bounding set, so that the program executed next, root as it is, obeys file mode bits as any user
+    does (root keeps them otherwise, and would write into a read-only directory)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (linux/capability.h)
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_read_only_output_dir(tmp_path: Path) -> None:
+    """A directory the run may not write into (mode 0555): one error line naming it, exit 1. Run as root
+    (CI), the run loses the capabilities that let root ignore the mode bits."""
     read_only = tmp_path / "ro"
     read_only.mkdir()
     read_only.chmod(0o555)
+    run_dir = tmp_path / "run"
+    root = os.geteuid() == 0
     try:
-        result = _cli(tmp_path / "run", [f"paths.output_dir={read_only / 'run'}"])
+        result = subprocess.run(
+            _cmd(run_dir, [f"paths.output_dir={read_only / 'run'}"]),
+            cwd=tmp_path,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            preexec_fn=_without_root_file_override if root else None,
+        )
+    except subprocess.SubprocessError as err:  # the capability could not be dropped (no CAP_SETPCAP)
+        pytest.skip(f"running as root, and cannot drop CAP_DAC_OVERRIDE for the run: {err}")
     finally:
         read_only.chmod(0o755)
-    assert result.returncode == 1 and _error_line(result).startswith("error: "), result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = _error_line(result)
+    assert line.startswith("error: ") and f"{read_only / 'run'}" in line and "Permission denied" in line, line
+    assert "Traceback" not in result.stderr
+    assert list(read_only.iterdir()) == []
