@@ -88,6 +88,12 @@ def test_quickstart_run_directory(quickstart: tuple[Path, dict]) -> None:
     assert written == metrics
     for name in ("val/loss", "val/bleu", "val/bleu_best", "val/exact_match", "test/bleu", "test/chrf"):
         assert isinstance(metrics[name], float), name
+    # the values metrics.json can be checked against: the CSV log's per-epoch validations, the split sizes
+    rows = _read_csv(run_dir / "csv" / "metrics.csv")
+    val_bleu = [float(r["val/bleu"]) for r in rows if r.get("val/bleu")]
+    assert len(val_bleu) == 2 and metrics["val/bleu"] == pytest.approx(val_bleu[-1])
+    assert metrics["val/bleu_best"] == pytest.approx(max(val_bleu))
+    assert metrics["val/n_sentences"] == 30 and metrics["test/n_sentences"] == 30
     assert {"test/loss", "test/exact_match", "train/tokens_per_s", "train/pad_ratio"} <= set(metrics)
     assert Path(metrics["best_ckpt_path"]).parent == run_dir / "checkpoints"
     assert metrics["last_ckpt_path"] == str(run_dir / "checkpoints" / "last.ckpt")
@@ -218,14 +224,24 @@ def test_cli_bad_value_is_one_line_and_exit_1(tmp_path: Path) -> None:
 
 
 def test_ddp_cpu_two_processes_one_run_directory(tmp_path: Path) -> None:
-    done = _cli([*TINY, "trainer=ddp_cpu", f"paths.log_dir={tmp_path / 'logs'}"], cwd=tmp_path)
+    small_batches = "+data.eval_max_tokens=128"  # the 30 test sentences in several batches, not one
+    done = _cli([*TINY, small_batches, "trainer=ddp_cpu", f"paths.log_dir={tmp_path / 'logs'}"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     assert done.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
     assert done.stdout.count("run directory:") == 1  # printed by rank 0 only
     assert (run_dir / "train_ddp_process_1.log").is_file()  # the second process ran in the same directory
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["test/bleu"] is not None and Path(metrics["last_ckpt_path"]).is_file()
+    assert Path(metrics["last_ckpt_path"]).is_file()
+    # The test step scored the hypotheses of all 30 test sentences, gathered from both processes: the
+    # same scores as one process testing the same checkpoint (a lost rank would score a part of them).
+    assert metrics["test/n_sentences"] == 30 and metrics["val/n_sentences"] == 30
+    overrides = [*TINY, *IN_PROCESS, small_batches, "train=false", f"ckpt_path={metrics['best_ckpt_path']}"]
+    single = train(compose_train_cfg(overrides, output_dir=tmp_path / "single"))
+    assert single["test/n_sentences"] == 30 and single["test/chrf"] > 0  # not 0 == 0
+    for name in ("test/bleu", "test/chrf", "test/exact_match"):
+        assert metrics[name] == single[name], name
+    assert metrics["test/loss"] == pytest.approx(single["test/loss"], rel=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -245,5 +261,9 @@ def test_fast_dev_run(
         [f"experiment={experiment}", "debug=fdr", *IN_PROCESS, *overrides], output_dir=tmp_path
     )
     metrics = train(cfg)
-    test_metric = "test/acc" if experiment == "sst2" else "test/bleu"
-    assert metrics["global_step"] == 1 and metrics[test_metric] is not None
+    assert metrics["global_step"] == 1
+    if experiment == "sst2":
+        assert 0.0 <= metrics["test/acc"] <= 1.0
+    else:  # one test batch (fast_dev_run saves no checkpoint, so its scores cannot be recomputed)
+        split_size = 500 if experiment == "quickstart" else 1000  # synthetic test, test_2016_flickr
+        assert 0 < metrics["test/n_sentences"] < split_size and metrics["test/bleu"] >= 0.0
