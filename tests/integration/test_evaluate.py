@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -146,7 +147,8 @@ def test_pretrain_then_fine_tune(tmp_path: Path) -> None:
     tiny = [f"data.data_dir={data}", *TINY_SST, "data.max_len=16", "model.config.max_len=16"]
     pre = _train(tmp_path / "pre", cache, ["experiment=sst2_pretrain", *tiny])
     pre_metrics = _metrics(pre)
-    assert pre_metrics["val/loss_best"] is not None and "test/loss" in pre_metrics
+    assert pre_metrics["val/loss_best"] == pytest.approx(min(_csv_column(pre, "val/loss")))
+    assert "test/loss" in pre_metrics
     ckpt = pre / "checkpoints" / "last.ckpt"
     fine = _run(
         "train.py",
@@ -177,6 +179,30 @@ def _metrics(directory: Path) -> dict:
 
 def _best(run: Path) -> Path:
     return Path(_metrics(run)["best_ckpt_path"])
+
+
+def _synthetic_references(checkpoint: Path) -> list[str]:
+    """The test references of a run on the synthetic task, generated again from the data settings saved
+    in its checkpoint (not read back from anything evaluate.py wrote)."""
+    from data.sources import load_synthetic
+
+    data = torch.load(checkpoint, map_location="cpu", weights_only=True)["config"]["data"]
+    return load_synthetic(["test"], seed=data["seed"], sizes=data["synthetic_sizes"])["test"]["tgt"][:]
+
+
+def _csv_column(run: Path, name: str) -> list[float]:
+    """Every value of `name` in the run's CSV log, in order."""
+    with (run / "csv" / "metrics.csv").open(newline="") as handle:
+        return [float(row[name]) for row in csv.DictReader(handle) if row.get(name)]
+
+
+def _macro_f1(gold: list[str], predicted: list[str]) -> float:
+    scores = []
+    for label in sorted(set(gold) | set(predicted)):
+        tp = sum(g == p == label for g, p in zip(gold, predicted))
+        fp, fn = predicted.count(label) - tp, gold.count(label) - tp
+        scores.append(2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / len(scores)
 
 
 def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
@@ -210,6 +236,14 @@ def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_pat
     for name in CLOSE:
         assert evaluated[name] == pytest.approx(trained[name], rel=1e-5), name
     assert evaluated["test/chrf"] > 0
+    # ...and equal what sacreBLEU gives for the written hypotheses against the split drawn again
+    hypotheses = (out / "hypotheses.txt").read_text().splitlines()
+    references = _synthetic_references(_best(translation_run))
+    assert len(hypotheses) == len(references) == 40
+    assert evaluated["test/bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert evaluated["test/chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+    exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references))
+    assert evaluated["test/exact_match"] == pytest.approx(100.0 * exact / 40)
     assert evaluated["decoding"] == {
         "search": "auto",
         "beam_size": 1,
@@ -243,8 +277,16 @@ def test_classification_scores_equal_the_training_runs_test_step(
     raw = checkpoint["current_model_state"]
     assert any(not torch.equal(checkpoint["state_dict"][key], value) for key, value in raw.items())
     assert evaluated["split"] == "dev" and evaluated["task"] == "classification"
-    assert 0.0 <= evaluated["test/ece"] <= 1.0
+    assert 0.0 <= evaluated["test/ece"] <= 1.0  # its value: tests/unit/test_evaluation.py
     assert sum(map(sum, evaluated["confusion_matrix"]["rows_gold_columns_predicted"])) == 30
+    with (out / "predictions.tsv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    gold, predicted = [r["label"] for r in rows], [r["prediction"] for r in rows]
+    with (classification_run.parent / "data" / "dev.tsv").open(newline="") as handle:
+        dev = list(csv.DictReader(handle, delimiter="\t"))  # the gold labels as written, 0 / 1
+    assert len(rows) == 30 and gold == [("negative", "positive")[int(r["label"])] for r in dev]
+    assert evaluated["test/acc"] == pytest.approx(sum(g == p for g, p in zip(gold, predicted)) / 30)
+    assert evaluated["test/f1"] == pytest.approx(_macro_f1(gold, predicted), rel=1e-6)
     assert_valid_markdown(out / "report.md")
     assert_png(out / "confusion_matrix.png")
 
@@ -375,34 +417,45 @@ def test_translate_stdin_to_stdout(translation_run: Path, tmp_path: Path, compos
 
 
 def test_average_last(translation_run: Path, tmp_path: Path, compose_eval) -> None:
+    """average_last=3 scores the elementwise mean of the run's last three (different) checkpoints."""
     from evaluate import evaluate
+    from transformer.checkpoint import average_checkpoints
+    from transformer.restore import last_checkpoints
 
-    last = translation_run / "checkpoints" / "last.ckpt"
-    single = evaluate(compose_eval(tmp_path / "single", f"ckpt_path={last}", "report.enabled=false"))
-    # Three copies of one checkpoint at different steps: their average is that checkpoint.
-    copies = tmp_path / "copies" / "checkpoints"
-    copies.mkdir(parents=True)
-    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
-    for step in (100, 200, 300):
-        torch.save({**checkpoint, "global_step": step}, copies / f"step_{step}.ckpt")
+    checkpoints = translation_run / "checkpoints"
+    epochs = [checkpoints / f"epoch_{e:03d}.ckpt" for e in range(3)]
+    # last.ckpt is a copy of the newest epoch's file (same step): counted once, as that epoch
+    assert last_checkpoints(translation_run, 3) == epochs
+    states = [torch.load(p, map_location="cpu", weights_only=True)["state_dict"] for p in epochs]
+    floats = [key for key, value in states[0].items() if value.is_floating_point()]
+    assert len(floats) > 10
+    mean = {key: torch.stack([s[key].double() for s in states]).mean(0).float() for key in floats}
+    averaged = average_checkpoints(epochs)["state_dict"]
+    assert averaged.keys() == states[0].keys()
+    for key in floats:
+        torch.testing.assert_close(averaged[key], mean[key], rtol=1e-6, atol=1e-7)
+    # not an identity: training moved the weights between the epochs, the mean is none of them
+    assert sum(not torch.equal(mean[key], s[key]) for key in floats for s in states) > 3 * len(floats) // 2
+    # The mean by hand, in a checkpoint of its own: evaluate.py on it == evaluate.py average_last=3.
+    by_hand = tmp_path / "mean.ckpt"
+    last = torch.load(epochs[-1], map_location="cpu", weights_only=True)
+    torch.save({**last, "state_dict": {**last["state_dict"], **mean}}, by_hand)
+    expected = evaluate(compose_eval(tmp_path / "by_hand", f"ckpt_path={by_hand}", "report.enabled=false"))
     out = tmp_path / "averaged"
     result = _run(
         "evaluate.py",
-        [f"ckpt_path={copies.parent}", "average_last=3", f"hydra.run.dir={out}", "report.enabled=false"],
+        [f"ckpt_path={translation_run}", "average_last=3", f"hydra.run.dir={out}", "report.enabled=false"],
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    averaged = _metrics(out)
-    assert averaged["averaged_from"] == [str(copies / f"step_{s}.ckpt") for s in (100, 200, 300)]
-    for name, value in single.items():
-        assert averaged[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
-    # The real run: the last two epochs by global step (last.ckpt duplicates the newest one).
-    evaluate(
-        compose_eval(
-            tmp_path / "run2", f"ckpt_path={translation_run}", "average_last=2", "report.enabled=false"
-        )
-    )
-    names = [Path(p).name for p in _metrics(tmp_path / "run2")["averaged_from"]]
-    assert names == ["epoch_001.ckpt", "epoch_002.ckpt"]
+    metrics = _metrics(out)
+    assert metrics["averaged_from"] == [str(p) for p in epochs]
+    for name in EXACT:
+        assert metrics[name] == expected[name], name
+    for name in CLOSE:
+        assert metrics[name] == pytest.approx(expected[name], rel=1e-5), name
+    assert (out / "hypotheses.txt").read_text() == (tmp_path / "by_hand" / "hypotheses.txt").read_text()
+    # ...and not the scores of the checkpoint the run's own test step used (one of the three)
+    assert metrics["test/loss"] != pytest.approx(_metrics(translation_run)["test/loss"], rel=1e-4)
 
 
 @pytest.mark.gpu

@@ -314,7 +314,12 @@ def test_classification_scores_equal_the_task_test_step() -> None:
     assert result.metrics["test/acc"] == pytest.approx(correct / 40)
     assert sum(map(sum, result.confusion)) == 40
     assert [result.per_class[c]["support"] for c in "abc"] == [labels.count(k) for k in range(3)]
-    assert 0.0 <= result.metrics["test/ece"] <= 1.0
+    # ECE by hand: 15 equal-width bins [k/15, (k+1)/15) of the top-class confidence, L1, weighted by size
+    bins: dict[int, list[tuple[float, bool]]] = {}
+    for probs, prediction, label in zip(result.probabilities, result.predictions, labels):
+        bins.setdefault(int(probs[prediction] * 15), []).append((probs[prediction], prediction == label))
+    ece = sum(abs(sum(c for c, _ in b) - sum(ok for _, ok in b)) for b in bins.values()) / 40
+    assert result.metrics["test/ece"] == pytest.approx(ece, abs=1e-6) and ece > 0
     with torch.no_grad():
         logits = torch.cat([task.model(b["src"]) for b in batches])
     gold = torch.cat([b["label"] for b in batches])
