@@ -345,8 +345,9 @@ class TranslationTask(_TaskBase):
         """`corpus_scores` (sacreBLEU cased and lowercased, chrF, exact match) of this epoch's hypotheses,
         and `n_sentences`, how many sentences they were computed on.
 
-        Every process decoded its share of the split; all of them gather every hypothesis and
-        compute the same corpus scores (corpus BLEU is not a mean of per-process BLEUs).
+        Under DDP every process decodes the whole split (the evaluation samplers are not sharded);
+        the gather merges what they decoded, so all of them compute the same corpus scores (corpus BLEU
+        is not a mean of per-process BLEUs), and sharding them later would keep the scores right.
         """
         hypotheses = self._gather(self._hypotheses)
         self._hypotheses = {}
