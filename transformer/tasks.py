@@ -346,8 +346,8 @@ class TranslationTask(_TaskBase):
         and `n_sentences`, how many sentences they were computed on.
 
         Under DDP every process decodes the whole split (the evaluation samplers are not sharded);
-        the gather merges what they decoded, so all of them compute the same corpus scores (corpus BLEU
-        is not a mean of per-process BLEUs), and sharding them later would keep the scores right.
+        the gather merges what they decoded (by example id), so all of them compute the same corpus
+        scores (corpus BLEU is not a mean of per-process BLEUs).
         """
         hypotheses = self._gather(self._hypotheses)
         self._hypotheses = {}
