@@ -20,8 +20,11 @@ checkpoint is exported (`transformer.export`) to CTranslate2 float32 and int8 an
 (MarianMTModel), and each decodes the same Multi30k split (default test_2016_flickr) in the same
 length-sorted batches with the same threads, beam size and alpha (the checkpoint's test decoding), the
 methods interleaved round by round: sentences/s (median of rounds), speed relative to ours, BLEU of
-each (sacreBLEU, as evaluate.py scores), and the share of sentences identical to ours. Tokenization
-is outside the timed calls; each method gets token ids or subword strings in and gives them back.
+each (sacreBLEU, as evaluate.py scores), and the share of sentences identical to ours; greedy search
+likewise. CTranslate2 int8 runs twice: one batch at a time on all threads, and as many batches at once
+as threads, one thread each (its inter_threads; the same thread total). Each float32 export's
+beam-search differences from ours are sorted by cause (`_explain_differences`). Tokenization is
+outside the timed calls; each method gets token ids or subword strings in and gives them back.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_decode.py --export-ckpt CKPT \
         --data-dir ../shared/data/multi30k [--split test_2016_flickr] [--repeats 3] [--threads 2]
@@ -288,30 +291,39 @@ def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Calla
                 out[i] = [t for t in (row[: row.index(eos)] if eos in row else row) if t != pad]
         return out
 
-    def ours(first: int | None = None) -> list[list[int]]:
-        results = []
-        for indices, src, _, _ in prepared[:first]:
-            tokens, _ = beam_search(
-                source.model, src, beam_size=beam, length_penalty=alpha, max_len_a=a, max_len_b=b
-            )
-            results.append((indices, tokens[:, 0].tolist()))
-        return collect(results)
+    def ours(k: int) -> Callable[..., list[list[int]]]:
+        def run(first: int | None = None) -> list[list[int]]:
+            results = []
+            for indices, src, _, _ in prepared[:first]:
+                if k == 1:
+                    tokens = greedy_search(source.model, src, max_len_a=a, max_len_b=b)
+                else:
+                    tokens = beam_search(
+                        source.model, src, beam_size=k, length_penalty=alpha, max_len_a=a, max_len_b=b
+                    )[0][:, 0]
+                results.append((indices, tokens.tolist()))
+            return collect(results)
+
+        return run
 
     export_ctranslate2(source, tmp / "ct2")
     export_ctranslate2(source, tmp / "ct2_int8", quantization="int8")
     export_hf(source, tmp / "hf")
     vocabulary = {token: i for i, token in enumerate(source.vocabulary("tgt"))}
+    translators: dict[tuple[str, int], ctranslate2.Translator] = {}
 
-    def ct2(directory: Path, compute_type: str, parallel: int = 1) -> Callable[..., list[list[int]]]:
+    def ct2(directory: str, compute_type: str, k: int, parallel: int = 1) -> Callable[..., list[list[int]]]:
         """CTranslate2 with `threads` threads in all: one batch at a time on all of them, or `parallel`
         batches at once (its inter_threads) on threads / parallel each."""
-        translator = ctranslate2.Translator(
-            str(directory),
-            device="cpu",
-            compute_type=compute_type,
-            inter_threads=parallel,
-            intra_threads=max(threads // parallel, 1),
-        )
+        if (directory, parallel) not in translators:
+            translators[directory, parallel] = ctranslate2.Translator(
+                str(tmp / directory),
+                device="cpu",
+                compute_type=compute_type,
+                inter_threads=parallel,
+                intra_threads=max(threads // parallel, 1),
+            )
+        translator = translators[directory, parallel]
 
         def run(first: int | None = None) -> list[list[int]]:
             pending = [
@@ -319,7 +331,7 @@ def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Calla
                     indices,
                     translator.translate_batch(
                         strings,
-                        beam_size=beam,
+                        beam_size=k,
                         length_penalty=alpha,
                         max_decoding_length=limit - 1,
                         asynchronous=True,
@@ -338,23 +350,29 @@ def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Calla
 
     marian = AutoModelForSeq2SeqLM.from_pretrained(tmp / "hf").eval()
 
-    def hf(first: int | None = None) -> list[list[int]]:
-        results = []
-        with torch.no_grad():
-            for indices, src, _, limit in prepared[:first]:
-                generated = marian.generate(
-                    input_ids=src, attention_mask=src.ne(pad), num_beams=beam, length_penalty=alpha,
-                    max_new_tokens=limit,
-                )  # fmt: skip
-                results.append((indices, generated[:, 1:].tolist()))  # without the decoder start token
-        return collect(results)
+    def hf(k: int) -> Callable[..., list[list[int]]]:
+        def run(first: int | None = None) -> list[list[int]]:
+            results = []
+            with torch.no_grad():
+                for indices, src, _, limit in prepared[:first]:
+                    generated = marian.generate(
+                        input_ids=src, attention_mask=src.ne(pad), num_beams=k, length_penalty=alpha,
+                        max_new_tokens=limit,
+                    )  # fmt: skip
+                    results.append((indices, generated[:, 1:].tolist()))  # without the decoder start token
+            return collect(results)
+
+        return run
 
     return {
-        f"ours beam{beam}": ours,
-        f"ctranslate2 float32 beam{beam}": ct2(tmp / "ct2", "float32"),
-        f"ctranslate2 int8 beam{beam}": ct2(tmp / "ct2_int8", "int8"),
-        f"ctranslate2 int8 beam{beam}, {threads}x1 thr": ct2(tmp / "ct2_int8", "int8", parallel=threads),
-        f"transformers generate beam{beam}": hf,
+        f"ours beam{beam}": ours(beam),
+        f"ctranslate2 float32 beam{beam}": ct2("ct2", "float32", beam),
+        f"ctranslate2 int8 beam{beam}": ct2("ct2_int8", "int8", beam),
+        f"ctranslate2 int8 beam{beam}, {threads}x1 thr": ct2("ct2_int8", "int8", beam, parallel=threads),
+        f"transformers generate beam{beam}": hf(beam),
+        "ours greedy": ours(1),
+        "ctranslate2 float32 greedy": ct2("ct2", "float32", 1),
+        "transformers generate greedy": hf(1),
     }
 
 
@@ -440,13 +458,15 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
         for method in methods.values():
             method(first=1)  # warm-up: first-call allocations, lazy initialization
         times, outputs = interleaved(methods, args.repeats)
-    reference = next(iter(methods))
+    beam_reference = next(iter(methods))  # ours with the checkpoint's beam; greedy rows: ours greedy
     tokenizer = BPETokenizer.from_json(source.src_tokenizer_json)
     src_ids = [torch.tensor(ids) for ids in tokenizer.encode_batch(texts)]
     alpha = float(source.decoding["length_penalty"])
     rows = {}
+    print("x ours, = ours: against ours with the same search (beam or greedy)")
     print(f"{'method':32} {'sent/s':>8} {'x ours':>7} {'BLEU':>6} {'= ours':>7}")
     for name, seconds in times.items():
+        reference = "ours greedy" if name.endswith("greedy") else beam_reference  # the same search
         sent_s = len(texts) / statistics.median(seconds)
         hypotheses = [tgt_tokenizer.decode(ids) for ids in outputs[name]]
         same = sum(a == b for a, b in zip(outputs[name], outputs[reference])) / len(texts)
@@ -456,7 +476,8 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
             "bleu": round(corpus_scores(hypotheses, references)["bleu"], 2),
             "same_as_ours": round(same, 4),
         }
-        if name.startswith(("ctranslate2 float32", "transformers")):  # int8: quantization changes scores
+        float32_export = name.startswith(("ctranslate2 float32", "transformers"))
+        if float32_export and reference == beam_reference:  # int8: quantization changes scores
             rows[name]["differences"] = _explain_differences(
                 source.model, src_ids, outputs[reference], outputs[name], alpha, counts_eos=name[0] == "t"
             )
