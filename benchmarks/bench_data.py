@@ -2,20 +2,23 @@
 
 Corpora are built deterministically from Multi30k's training sentences (each line joins 1-3 random training
 pairs; numpy seed 0) in the Multi30k layout, with Multi30k's own val and test files, in a temporary
-directory (or `--corpora-dir`, reused when already complete; never commit them). Every measurement is a real
-`python train.py experiment=multi30k_de_en data.data_dir=CORPUS ...` process with its own empty cache dir:
+directory (or `--corpora-dir`, reused when already complete; never commit them). Multi30k itself (and
+SST-2 with `--sst2-dir`) are measured too, for "nothing else got slower". Every measurement is a real
+`python train.py experiment=multi30k_de_en data.data_dir=CORPUS ...` process (`experiment=sst2` for SST-2),
+each corpus and version with its own empty cache dir:
 
-- prepare: `train=false test=false` (ours: tokenizer + every split into the cache): wall time, pairs/s;
-- first run: a training run on an empty cache, start of the process -> first training step;
-- prepared run: the same run again (ours: memory-maps the cache; the baseline re-reads and re-tokenizes,
-  only its tokenizer is cached): start -> first training step, peak RSS (ru_maxrss) and RssAnon at exit;
-- cache: the size of the cache dir on disk;
-- ddp: a `trainer=ddp_cpu` run (2 processes) on an empty cache: each rank's peak RSS and how many texts it
-  tokenized (which ranks tokenized) and whether it trained a tokenizer.
+- empty cache: a training run (`trainer.max_steps=5 test=false`), start of the process -> first training
+  step: reading, tokenizer training and tokenizing included;
+- prepared: the same run again (ours memory-maps the cache; the baseline re-reads and re-tokenizes, only
+  its tokenizer was cached): start -> first training step, peak RSS (ru_maxrss) and RssAnon at exit;
+- prepare step (ours): `train=false test=false` on an empty cache (tokenizer + every split): wall time;
+- cache on disk: after the prepare step;
+- ddp: a `trainer=ddp_cpu` run (2 processes) on an empty cache: each rank's peak RSS, how many examples
+  it tokenized and how many tokenizers it trained.
 
     python benchmarks/bench_data.py --baseline 859cf18 --multi30k-dir ../shared/data/multi30k \
-        [--sizes 100000,1000000,4500000] [--baseline-sizes 100000,1000000] [--ddp-size 1000000] \
-        [--corpora-dir DIR] [--steps 5] [--quick]
+        [--sst2-dir ../shared/data/sst2] [--sizes 100000,1000000,4500000] [--baseline-sizes 100000,1000000] \
+        [--ddp-size 1000000] [--corpora-dir DIR] [--steps 5] [--quick]
 
 Prints a table, then one JSON line. The baseline is a `git worktree` of `--baseline` in a temporary directory.
 """
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 CHILD = "BENCH_DATA_CHILD"  # set in the environment of measured processes: this file then runs train.py
 RECIPE = "join 1-3 random Multi30k training pairs per line, numpy default_rng(0)"
+MULTI30K_PAIRS, SST2_EXAMPLES = 29_000, 67_349  # training examples of the real corpora
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    experiment: str
+    path: Path
+    pairs: int
 
 
 # -- inside a measured process ------------------------------------------------------------------------
@@ -165,7 +178,7 @@ def build_corpus(multi30k: Path, pairs: int, directory: Path) -> Path:
     return directory
 
 
-def measure(repo: Path, corpus: Path, cache_dir: Path, work: Path, *overrides: str) -> dict[str, Any]:
+def measure(repo: Path, corpus: Corpus, cache_dir: Path, work: Path, *overrides: str) -> dict[str, Any]:
     """One train.py process (and its DDP children): wall time, and each process's report."""
     out = Path(tempfile.mkdtemp(dir=work, prefix="reports-"))
     run_dir = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
@@ -181,8 +194,8 @@ def measure(repo: Path, corpus: Path, cache_dir: Path, work: Path, *overrides: s
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
-        "experiment=multi30k_de_en",
-        f"data.data_dir={corpus}",
+        f"experiment={corpus.experiment}",
+        f"data.data_dir={corpus.path}",
         f"paths.cache_dir={cache_dir}",
         f"hydra.run.dir={run_dir}",
         "logger=csv",
@@ -204,38 +217,43 @@ def disk_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def bench_size(name: str, repo: Path, corpus: Path, pairs: int, work: Path, steps: int) -> dict[str, Any]:
+def bench_corpus(name: str, repo: Path, corpus: Corpus, work: Path, steps: int) -> dict[str, Any]:
+    """A training run on an empty cache, the same run again, and (ours) the preprocess step alone."""
     cache_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"cache-{name}-"))
     train = [f"trainer.max_steps={steps}", "test=false"]
-    row: dict[str, Any] = {"version": name, "pairs": pairs}
-    if name == "ours":
-        prepared = measure(repo, corpus, cache_dir, work, "train=false", "test=false")
-        row.update(prepare_s=prepared["wall_s"], prepare_pairs_per_s=pairs / prepared["wall_s"])
-    else:  # no preparation step: its first training run reads, trains the tokenizer and tokenizes
-        first = measure(repo, corpus, cache_dir, work, *train)
-        first_step = first["ranks"][0]["first_step_s"]
-        row.update(prepare_s=first_step, prepare_pairs_per_s=pairs / first_step, first_run=first["ranks"][0])
+    cold = measure(repo, corpus, cache_dir, work, *train)["ranks"][0]
     warm = measure(repo, corpus, cache_dir, work, *train)["ranks"][0]
-    row.update(
-        first_step_s=warm["first_step_s"],
-        peak_rss_mb=warm["peak_rss_mb"],
-        rss_anon_mb=warm["rss_anon_mb"],
-        tokenized=warm["tokenized"],
-        cache_mb=disk_mb(cache_dir),
-    )
+    row: dict[str, Any] = {
+        "version": name,
+        "corpus": corpus.name,
+        "pairs": corpus.pairs,
+        "cold_first_step_s": cold["first_step_s"],
+        "cold_pairs_per_s": corpus.pairs / cold["first_step_s"],
+        "cold_peak_rss_mb": cold["peak_rss_mb"],
+        "first_step_s": warm["first_step_s"],
+        "peak_rss_mb": warm["peak_rss_mb"],
+        "rss_anon_mb": warm["rss_anon_mb"],
+        "tokenized": warm["tokenized"],
+        "data_package": warm["data_package"],
+    }
+    if name == "ours":
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        prepared = measure(repo, corpus, cache_dir, work, "train=false", "test=false")
+        row.update(prepare_s=prepared["wall_s"], prepare_pairs_per_s=corpus.pairs / prepared["wall_s"])
+    row["cache_mb"] = disk_mb(cache_dir)
     shutil.rmtree(cache_dir, ignore_errors=True)
-    print(f"  {name} {pairs}: {json.dumps(row)}", flush=True)
+    print(f"  {name} {corpus.name}: {json.dumps(row)}", flush=True)
     return row
 
 
-def bench_ddp(name: str, repo: Path, corpus: Path, pairs: int, work: Path, steps: int) -> dict[str, Any]:
+def bench_ddp(name: str, repo: Path, corpus: Corpus, work: Path, steps: int) -> dict[str, Any]:
     cache_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"cache-ddp-{name}-"))
     run = measure(
         repo, corpus, cache_dir, work, "trainer=ddp_cpu", f"trainer.max_steps={steps}", "test=false"
     )
     shutil.rmtree(cache_dir, ignore_errors=True)
-    row = {"version": name, "pairs": pairs, "wall_s": run["wall_s"], "ranks": run["ranks"]}
-    print(f"  ddp {name} {pairs}: {json.dumps(row)}", flush=True)
+    row = {"version": name, "corpus": corpus.name, "wall_s": run["wall_s"], "ranks": run["ranks"]}
+    print(f"  ddp {name} {corpus.name}: {json.dumps(row)}", flush=True)
     return row
 
 
@@ -255,24 +273,34 @@ def _size(pairs: int) -> str:
 
 def print_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]]) -> None:
     print()
-    print("| pairs | version | first preparation | pairs/s | start -> first step, prepared | peak RSS | "
-          "RssAnon at exit | cache on disk |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    columns = [
+        "corpus", "version", "prepare step", "pairs/s", "start -> first step, empty cache", "pairs/s",
+        "start -> first step, prepared", "peak RSS, prepared", "RssAnon at exit", "cache on disk",
+    ]  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
+    print("|---" * len(columns) + "|")
     for r in rows:
-        print(
-            f"| {_size(r['pairs'])} | {r['version']} | {r['prepare_s']:.1f} s | "
-            f"{r['prepare_pairs_per_s']:,.0f} | {r['first_step_s']:.1f} s | {r['peak_rss_mb']:,.0f} MB | "
-            f"{r['rss_anon_mb']:,.0f} MB | {r['cache_mb']:,.0f} MB |"
-        )
+        ours = "prepare_s" in r
+        cells = [
+            r["corpus"],
+            r["version"],
+            f"{r['prepare_s']:.1f} s" if ours else "-",
+            f"{r['prepare_pairs_per_s']:,.0f}" if ours else "-",
+            f"{r['cold_first_step_s']:.1f} s",
+            f"{r['cold_pairs_per_s']:,.0f}",
+            f"{r['first_step_s']:.1f} s",
+            f"{r['peak_rss_mb']:,.0f} MB",
+            f"{r['rss_anon_mb']:,.0f} MB",
+            f"{r['cache_mb']:,.0f} MB" if ours else "-",
+        ]
+        print("| " + " | ".join(cells) + " |")
     for d in ddp:
         ranks = "; ".join(
             f"rank {r['rank']}: peak RSS {r['peak_rss_mb']:,.0f} MB, tokenized {r['tokenized']:,} examples, "
             f"trained {r['tokenizers_trained']} tokenizer(s)"
             for r in d["ranks"]
         )
-        print(
-            f"\nddp_cpu, {_size(d['pairs'])}, {d['version']} (empty cache, wall {d['wall_s']:.0f} s): {ranks}"
-        )
+        print(f"\nddp_cpu, {d['corpus']}, {d['version']} (empty cache, wall {d['wall_s']:.0f} s): {ranks}")
 
 
 def main() -> None:
@@ -281,6 +309,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--multi30k-dir", type=Path, default=os.environ.get("MULTI30K_DIR"))
+    parser.add_argument("--sst2-dir", type=Path, default=os.environ.get("SST2_DIR"), help="adds SST-2 rows")
     parser.add_argument("--baseline", default=None, help="git revision measured as the baseline")
     parser.add_argument("--sizes", default="100000,1000000,4500000")
     parser.add_argument(
@@ -293,6 +322,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.multi30k_dir is None:
         raise SystemExit("error: --multi30k-dir (or $MULTI30K_DIR) must point at Multi30k's data/task1/raw")
+    args.multi30k_dir = args.multi30k_dir.resolve()  # the runs start in the baseline's directory too
+    args.sst2_dir = args.sst2_dir and args.sst2_dir.resolve()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     baseline_sizes = [int(s) for s in args.baseline_sizes.split(",") if s]
     ddp_size = args.ddp_size
@@ -307,17 +338,24 @@ def main() -> None:
             add = ["git", "worktree", "add", "--detach", str(base), args.baseline]
             subprocess.run(add, cwd=REPO, check=True, capture_output=True)
             versions["baseline"] = base
+        corpora_list = [
+            Corpus("Multi30k", "multi30k_de_en", args.multi30k_dir, MULTI30K_PAIRS),
+            *([Corpus("SST-2", "sst2", args.sst2_dir, SST2_EXAMPLES)] if args.sst2_dir else []),
+        ]
         rows, ddp = [], []
         try:
             for pairs in sorted(set(sizes) | set(baseline_sizes) | ({ddp_size} - {0})):
                 start = time.time()
-                corpus = build_corpus(args.multi30k_dir, pairs, corpora / f"pairs-{pairs}")
-                print(f"corpus of {pairs} pairs: {corpus} ({time.time() - start:.0f} s)", flush=True)
+                path = build_corpus(args.multi30k_dir, pairs, corpora / f"pairs-{pairs}")
+                print(f"corpus of {pairs} pairs: {path} ({time.time() - start:.0f} s)", flush=True)
+                corpora_list.append(Corpus(_size(pairs), "multi30k_de_en", path, pairs))
+            for corpus in corpora_list:
                 for name, repo in versions.items():
-                    if pairs in (sizes if name == "ours" else baseline_sizes):
-                        rows.append(bench_size(name, repo, corpus, pairs, work, args.steps))
-                    if pairs == ddp_size:
-                        ddp.append(bench_ddp(name, repo, corpus, pairs, work, args.steps))
+                    wanted = sizes if name == "ours" else baseline_sizes
+                    if corpus.pairs in wanted or corpus.name in ("Multi30k", "SST-2"):
+                        rows.append(bench_corpus(name, repo, corpus, work, args.steps))
+                    if corpus.pairs == ddp_size and corpus.name not in ("Multi30k", "SST-2"):
+                        ddp.append(bench_ddp(name, repo, corpus, work, args.steps))
         finally:
             if args.baseline:
                 subprocess.run(["git", "worktree", "remove", "--force", str(work / "baseline")], cwd=REPO)
