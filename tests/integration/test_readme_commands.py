@@ -1,12 +1,12 @@
 """Every `python train.py ...` and `python evaluate.py ...` command that README.md and docs/ show runs.
 
 Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
-validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of the hub download for
-commands without one), one Optuna trial, sweeps cut to two values a key, run directories under a
-temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`) become a checkpoint or run
-made here. Commands that cannot run on this machine (a GPU, SLURM, a hub-only corpus) are composed
-with `--cfg job` instead, each job of a sweep on its own. All of them run in one interpreter
-(`readme_driver.py`), so the libraries are imported once.
+validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
+the hub download for commands without one), one Optuna trial, sweeps cut to two values a key, run
+directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`)
+become a checkpoint or run made here. Commands that cannot run on this machine (a GPU, SLURM, a
+hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them
+run in one interpreter (`readme_driver.py`), so the libraries are imported once.
 """
 
 from __future__ import annotations
