@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -165,19 +165,31 @@ def staged_output(output: str | Path, *, force: bool = False) -> Iterator[Path]:
     output = Path(output)
     check_output(output, force=force)
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    staging = _fresh_directory(output, ".tmp")
     try:
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     if output.exists():  # (forced) swap: the old directory goes only after the new one is in place
-        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
+        old = _fresh_directory(output, ".old")
         output.rename(old / output.name)
         staging.rename(output)
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(output)
+
+
+def _fresh_directory(output: Path, suffix: str) -> Path:
+    """A new hidden directory beside `output`, with the permissions the umask gives (not mkdtemp's 0700:
+    it becomes the output)."""
+    while True:
+        candidate = output.parent / f".{output.name}.{uuid.uuid4().hex[:8]}{suffix}"
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
 
 
 def check_output(output: Path, *, force: bool, keep: Path | None = None) -> None:
