@@ -459,7 +459,7 @@ def test_refuses_truncated_and_unsafe_checkpoints(trained: dict, tmp_path: Path,
     truncated.write_bytes(data[: len(data) // 2])
     _refused(capsys, [str(truncated), "--to", "hf", "--output", str(tmp_path / "a")], "truncated or corrupt")
     evil = tmp_path / "evil.ckpt"
-    evil.write_bytes(pickle.dumps({"state_dict": {}, "payload": _Payload(tmp_path / "pwned")}))
+    evil.write_bytes(pickle.dumps({"state_dict": {}, "payload": _Payload(tmp_path / "pwned")}, protocol=2))
     _refused(capsys, [str(evil), "--to", "ctranslate2", "--output", str(tmp_path / "b")], str(evil))
     _refused(
         capsys, [str(tmp_path / "nope.ckpt"), "--to", "hf", "--output", str(tmp_path / "c")], "does not exist"
