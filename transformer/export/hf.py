@@ -8,7 +8,8 @@ the model dimension, applied to every weight that reads or writes the residual s
 columns, LayerNorm parameters, input columns of q/k/v/fc1/lm_head, output rows of out_proj/fc2),
 turns our sin/cos layout into Marian's and leaves the function unchanged: LayerNorm's mean and
 variance do not depend on the order of the dimensions, and attention heads never see the residual
-dimensions directly. `tests/unit/test_export.py` checks logits and greedy search against ours.
+dimensions directly. Every export is compared with the checkpoint once written
+(`transformer.export.check`); `tests/unit/test_export.py` checks logits and greedy search against ours.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from transformer.evaluation import checkpoint_decoding
 from transformer.model import Seq2SeqTransformer
 from transformer.restore import DATAMODULES, restore_model
 
-__all__ = ["ExportError", "ExportSource", "load_source", "staged_output"]
+__all__ = ["ExportError", "ExportSource", "check_output", "load_source", "staged_output"]
 
 SPECIAL_TOKENS = {"pad_id": "<pad>", "bos_id": "<s>", "eos_id": "</s>"}  # data.tokenization's specials
 
