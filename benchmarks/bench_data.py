@@ -257,6 +257,50 @@ def bench_ddp(name: str, repo: Path, corpus: Corpus, work: Path, steps: int) -> 
     return row
 
 
+def bench_tokenize(multi30k: Path, corpus: Path, pairs: int, rounds: int = 2) -> dict[str, Any]:
+    """The first `pairs` pairs of `corpus`'s train split through `data.prepare.tokenize_split`, encoded by
+    `tokenizers`' own batch encoding (Rust, its threads) or by `CorpusEncoder` in 1 or one process per
+    core; pairs/s (best of `rounds`, interleaved). Tokenizer: joint BPE 8k trained on Multi30k's train set.
+    """
+    sys.path.insert(0, str(REPO))
+    from data import prepare, sources
+    from data.tokenization import CorpusEncoder, train_bpe
+
+    def texts(lang: str) -> list[str]:
+        with gzip.open(multi30k / f"train.{lang}.gz", "rt", encoding="utf-8") as handle:
+            return [line.strip() for line in handle]
+
+    tokenizer = train_bpe(texts("de") + texts("en"), 8000)
+    raw = sources.load_parallel(corpus / "train.de.gz", corpus / "train.en.gz").select(range(pairs))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+    def run(encoder: Any, workers: int) -> float:
+        def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+            return {
+                "src_ids": encoder.encode_batch(batch["src"]),
+                "tgt_ids": encoder.encode_batch(batch["tgt"]),
+            }
+
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            prepare.tokenize_split(
+                raw, encode, ("src", "tgt"), ("src_ids", "tgt_ids"), max_len=128, drop_long=True,
+                dtype="uint16", directory=Path(out), workers=workers,
+            )  # fmt: skip
+            return pairs / (time.perf_counter() - start)
+
+    results: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, make, workers in (
+            ("tokenizers encode_batch (Rust threads), 1 process", lambda: tokenizer, 1),
+            ("CorpusEncoder, 1 process", lambda: CorpusEncoder(tokenizer), 1),
+            (f"CorpusEncoder, {cores} forked processes", lambda: CorpusEncoder(tokenizer), cores),
+        ):
+            results[name] = max(results.get(name, 0.0), run(make(), workers))
+    print(f"  tokenize {pairs} pairs: {json.dumps(results)}", flush=True)
+    return {"pairs": pairs, "pairs_per_s": results}
+
+
 def _cpu() -> str:
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
@@ -271,7 +315,9 @@ def _size(pairs: int) -> str:
     return f"{pairs / 1e6:g}M" if pairs >= 10**6 else f"{pairs // 1000}k"
 
 
-def print_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]]) -> None:
+def print_table(
+    rows: list[dict[str, Any]], ddp: list[dict[str, Any]], tokenize: dict[str, Any] | None
+) -> None:
     print()
     columns = [
         "corpus", "version", "prepare step", "pairs/s", "start -> first step, empty cache", "pairs/s",
@@ -294,6 +340,10 @@ def print_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]]) -> None:
             f"{r['cache_mb']:,.0f} MB" if ours else "-",
         ]
         print("| " + " | ".join(cells) + " |")
+    if tokenize:
+        print(f"\nTokenizing {tokenize['pairs']:,} pairs of the train split (pairs/s, best of 2):")
+        for name, rate in tokenize["pairs_per_s"].items():
+            print(f"- {name}: {rate:,.0f}")
     for d in ddp:
         ranks = "; ".join(
             f"rank {r['rank']}: peak RSS {r['peak_rss_mb']:,.0f} MB, tokenized {r['tokenized']:,} examples, "
@@ -318,6 +368,7 @@ def main() -> None:
     parser.add_argument("--ddp-size", type=int, default=1_000_000, help="0: no DDP run")
     parser.add_argument("--corpora-dir", type=Path, default=None, help="keep (and reuse) the corpora here")
     parser.add_argument("--steps", type=int, default=5, help="training steps of each training run")
+    parser.add_argument("--tokenize-pairs", type=int, default=300_000, help="0: no tokenizer comparison")
     parser.add_argument("--quick", action="store_true", help="10k and 30k pairs only (a check of the script)")
     args = parser.parse_args()
     if args.multi30k_dir is None:
@@ -329,6 +380,7 @@ def main() -> None:
     ddp_size = args.ddp_size
     if args.quick:
         sizes, baseline_sizes, ddp_size = [10_000, 30_000], [10_000], 10_000
+        args.tokenize_pairs = min(args.tokenize_pairs, 10_000)
     with tempfile.TemporaryDirectory(prefix="bench_data-") as tmp:
         work = Path(tmp)
         corpora = args.corpora_dir or work / "corpora"
@@ -342,13 +394,16 @@ def main() -> None:
             Corpus("Multi30k", "multi30k_de_en", args.multi30k_dir, MULTI30K_PAIRS),
             *([Corpus("SST-2", "sst2", args.sst2_dir, SST2_EXAMPLES)] if args.sst2_dir else []),
         ]
-        rows, ddp = [], []
+        rows, ddp, tokenize = [], [], None
         try:
             for pairs in sorted(set(sizes) | set(baseline_sizes) | ({ddp_size} - {0})):
                 start = time.time()
                 path = build_corpus(args.multi30k_dir, pairs, corpora / f"pairs-{pairs}")
                 print(f"corpus of {pairs} pairs: {path} ({time.time() - start:.0f} s)", flush=True)
                 corpora_list.append(Corpus(_size(pairs), "multi30k_de_en", path, pairs))
+            if args.tokenize_pairs:
+                source = next(c for c in corpora_list[::-1] if c.pairs >= args.tokenize_pairs)
+                tokenize = bench_tokenize(args.multi30k_dir, source.path, args.tokenize_pairs)
             for corpus in corpora_list:
                 for name, repo in versions.items():
                     wanted = sizes if name == "ours" else baseline_sizes
@@ -359,8 +414,9 @@ def main() -> None:
         finally:
             if args.baseline:
                 subprocess.run(["git", "worktree", "remove", "--force", str(work / "baseline")], cwd=REPO)
-    print_table(rows, ddp)
-    print(json.dumps({"bench": "data", "cpu": _cpu(), "baseline": args.baseline, "rows": rows, "ddp": ddp}))
+    print_table(rows, ddp, tokenize)
+    summary = {"bench": "data", "cpu": _cpu(), "baseline": args.baseline, "rows": rows, "ddp": ddp}
+    print(json.dumps({**summary, "tokenize": tokenize}))
 
 
 if __name__ == "__main__":

@@ -285,7 +285,8 @@ class _TokenBudgetDataModule(L.LightningDataModule):
         and memory-map its files.
         """
         self._ensure_tokenizers()
-        for role in _STAGE_SPLITS.get(stage, ("train", "val", "test")) if stage else ("train", "val", "test"):
+        every = ("train", "val", "test")
+        for role in _STAGE_SPLITS.get(stage, every) if stage else every:
             self.tokenized(self.splits[role])
 
     def tokenized(self, split: str) -> datasets.Dataset:

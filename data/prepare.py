@@ -2,7 +2,8 @@
 
 A tokenized split has, per example, "<x>_ids" ([BOS .. EOS], uint16 when the vocabulary fits, else int32),
 "<x>_len" and "id" (its row in the raw split), plus the raw split's columns that are not text (e.g. "label").
-It is written chunk by chunk into one Arrow file, so memory does not grow with the corpus.
+It is written chunk by chunk into Arrow files (one per worker process), so memory does not grow with the
+corpus.
 """
 
 from __future__ import annotations
