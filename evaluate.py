@@ -30,10 +30,17 @@ from tqdm import tqdm
 
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from data.sources import DataError
-from transformer import cli
-from transformer.arguments import ArgumentError, check_arguments
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
-from transformer.evaluation import (
+from transformer.cli import errors as cli
+from transformer.cli.arguments import ArgumentError, check_arguments
+from transformer.evaluation.plots import read_learning_curves
+from transformer.evaluation.reports import (
+    ReportOptions,
+    write_classification_outputs,
+    write_translation_outputs,
+)
+from transformer.evaluation.restore import RestoredModel, last_checkpoints, restore_model
+from transformer.evaluation.scoring import (
     checkpoint_decoding,
     decoding_settings,
     score_classification,
@@ -41,9 +48,6 @@ from transformer.evaluation import (
     stream_lines,
     translate,
 )
-from transformer.plots import read_learning_curves
-from transformer.reports import ReportOptions, write_classification_outputs, write_translation_outputs
-from transformer.restore import RestoredModel, last_checkpoints, restore_model
 
 log = logging.getLogger("evaluate")
 

@@ -42,10 +42,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.sources import DataError
-from transformer import cli
-from transformer.arguments import ArgumentError, check_arguments
 from transformer.checkpoint import CheckpointError
-from transformer.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
+from transformer.cli import errors as cli
+from transformer.cli.arguments import ArgumentError, check_arguments
+from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
 
 log = logging.getLogger("train")
 

@@ -21,8 +21,11 @@ checkpoint is exported (`transformer.export`) to CTranslate2 float32 and int8 an
 length-sorted batches with the same threads, beam size and alpha (the checkpoint's test decoding), the
 methods interleaved round by round: sentences/s (median of rounds), speed relative to ours, BLEU of
 each (sacreBLEU, as evaluate.py scores), and the share of sentences identical to ours; greedy search
-likewise. CTranslate2 int8 runs twice: one batch at a time on all threads, and as many batches at once
-as threads, one thread each (its inter_threads; the same thread total). Each float32 export's
+likewise. CTranslate2 runs as one deploys it on a few CPU cores: as many batches at once as threads,
+one thread each (`inter_threads=threads, intra_threads=1`: its workers share nothing, so they scale
+with cores where one batch on all threads waits at every layer); int8 also runs one batch at a time
+on all threads (`intra_threads=threads`), for comparison. Ours decodes one batch at a time on all
+threads (torch's intra-op threads), as evaluate.py does: the same thread total. Each float32 export's
 beam-search differences from ours are sorted by cause (`_explain_differences`). Tokenization is
 outside the timed calls; each method gets token ids or subword strings in and gives them back.
 
@@ -366,12 +369,14 @@ def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Calla
 
     return {
         f"ours beam{beam}": ours(beam),
-        f"ctranslate2 float32 beam{beam}": ct2("ct2", "float32", beam),
-        f"ctranslate2 int8 beam{beam}": ct2("ct2_int8", "int8", beam),
-        f"ctranslate2 int8 beam{beam}, {threads}x1 thr": ct2("ct2_int8", "int8", beam, parallel=threads),
+        # CTranslate2 as deployed on `threads` cores: that many batches at once, one thread each
+        f"ctranslate2 float32 beam{beam}": ct2("ct2", "float32", beam, parallel=threads),
+        f"ctranslate2 int8 beam{beam}": ct2("ct2_int8", "int8", beam, parallel=threads),
+        # one batch at a time on every thread (intra_threads=threads)
+        f"ctranslate2 int8 beam{beam}, 1x{threads} thr": ct2("ct2_int8", "int8", beam),
         f"transformers generate beam{beam}": hf(beam),
         "ours greedy": ours(1),
-        "ctranslate2 float32 greedy": ct2("ct2", "float32", 1),
+        "ctranslate2 float32 greedy": ct2("ct2", "float32", 1, parallel=threads),
         "transformers generate greedy": hf(1),
     }
 
@@ -431,7 +436,7 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
 
     from data.sources import load_multi30k
     from data.tokenization import BPETokenizer
-    from transformer.evaluation import corpus_scores
+    from transformer.evaluation.scoring import corpus_scores
     from transformer.export.source import load_source
 
     source = load_source(args.export_ckpt)
@@ -447,7 +452,8 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
     tgt_tokenizer = BPETokenizer.from_json(source.tgt_tokenizer_json)
     load = os.getloadavg()
     print(
-        f"torch {torch.__version__}, cpu, float32, {threads} threads (CTranslate2: intra_threads={threads}), "
+        f"torch {torch.__version__}, cpu, float32, {threads} threads (CTranslate2: inter_threads={threads}, "
+        f"intra_threads=1, rows '1x{threads} thr': intra_threads={threads}), "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
         f"load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
         f"{args.export_ckpt}: {len(texts)} sentences of {args.split} in batches of {step}, "

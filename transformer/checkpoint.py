@@ -13,10 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
-from lightning.pytorch.callbacks import EMAWeightAveraging as _LightningEMA
-from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 COMPILE_PREFIX = "_orig_mod."
@@ -90,20 +87,3 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     }
     averaged["averaged_from"] = [str(p) for p in paths]
     return averaged
-
-
-class EMAWeightAveraging(_LightningEMA):
-    """Lightning's exponential moving average of the weights, evaluated the way it was selected.
-
-    Validation runs on the averaged weights and checkpoints store them as `state_dict` (the raw ones as
-    `current_model_state`, for resuming). Lightning's callback, once set up for fit, also restores the
-    raw weights when `trainer.test(ckpt_path=...)` loads a checkpoint, so the final test of `train.py`
-    would score other weights than validation chose and `evaluate.py` scores. Outside fit this keeps
-    the averaged `state_dict`.
-    """
-
-    def on_load_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        if trainer.state.fn == TrainerFn.FITTING:
-            super().on_load_checkpoint(trainer, pl_module, checkpoint)

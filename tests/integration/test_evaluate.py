@@ -420,7 +420,7 @@ def test_average_last(translation_run: Path, tmp_path: Path, compose_eval) -> No
     """average_last=3 scores the elementwise mean of the run's last three (different) checkpoints."""
     from evaluate import evaluate
     from transformer.checkpoint import average_checkpoints
-    from transformer.restore import last_checkpoints
+    from transformer.evaluation.restore import last_checkpoints
 
     checkpoints = translation_run / "checkpoints"
     epochs = [checkpoints / f"epoch_{e:03d}.ckpt" for e in range(3)]

@@ -28,8 +28,9 @@ from torch import nn
 from tests.conftest import REPO_ROOT
 from tests.integration.test_train import TINY as TRAIN_TINY
 from tests.integration.test_train import cli_env
-from transformer import reliability
-from transformer.reliability import AtomicCheckpointIO, NonFiniteLossGuard, atomic_torch_save
+from transformer.training import checkpoint_io
+from transformer.training.callbacks import NonFiniteLossGuard
+from transformer.training.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
 
 # test_train's tiny quickstart (600 examples = 10 steps per epoch), 5 epochs, no test, no selection metric
 TINY = [
@@ -255,7 +256,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
 _WRITER = """
 import sys, torch
 from pathlib import Path
-from transformer.reliability import atomic_torch_save
+from transformer.training.checkpoint_io import atomic_torch_save
 path = Path(sys.argv[1])
 for i in range(1, 10**6):
     atomic_torch_save({"version": i, "weights": torch.full((4_000_000,), float(i))}, path)
@@ -311,7 +312,7 @@ def _dead_pid() -> int:
 def test_stale_temp_files_are_removed_by_the_next_save_or_load(tmp_path: Path) -> None:
     """Temporary files of killed writers on this host go; those of live writers, of other hosts (a shared
     filesystem) and anything else stay."""
-    host, dead = reliability._HOST, _dead_pid()
+    host, dead = checkpoint_io._HOST, _dead_pid()
     stale = tmp_path / f".last.ckpt.{host}.{dead}.abc123.tmp"
     alive = tmp_path / f".last.ckpt.{host}.{os.getppid()}.abc123.tmp"
     foreign = tmp_path / f".last.ckpt.{host}x.{dead}.abc123.tmp"
@@ -436,14 +437,14 @@ def test_skip_leaves_weights_and_optimizer_untouched(tmp_path: Path) -> None:
 
 
 def test_stop_names_the_step_before_updating(tmp_path: Path) -> None:
-    from transformer.reliability import NonFiniteLossError
+    from transformer.training.callbacks import NonFiniteLossError
 
     with pytest.raises(NonFiniteLossError, match=r"nan at optimizer step 3 .*stopped before updating"):
         _fit(NonFiniteLossGuard(action="stop"), {3}, tmp_path)
 
 
 def test_skip_gives_up_after_consecutive_skips(tmp_path: Path) -> None:
-    from transformer.reliability import NonFiniteLossError
+    from transformer.training.callbacks import NonFiniteLossError
 
     with pytest.raises(NonFiniteLossError, match=r"3 steps in a row skipped"):
         _fit(NonFiniteLossGuard(action="skip", max_consecutive_skips=3), {2, 3, 4, 5}, tmp_path)
@@ -514,7 +515,7 @@ def _hostile_cases(root: Path, run: Path) -> dict[str, tuple[list[str], str]]:
     torch.save({"state_dict": {}, "payload": _Payload(root / "pwned")}, root / "evil.ckpt")
     (root / "evil_raw.ckpt").write_bytes(pickle.dumps({"state_dict": {}, "x": _Payload(root / "pwned")}))
     classification = _load(last)
-    classification["config"]["model"]["_target_"] = "transformer.tasks.ClassificationTask"
+    classification["config"]["model"]["_target_"] = "transformer.training.ClassificationTask"
     torch.save(classification, root / "classification.ckpt")
     multi30k = root / "multi30k"
     multi30k.mkdir()

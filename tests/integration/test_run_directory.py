@@ -17,8 +17,8 @@ import torch
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_train import TINY, cli_env
-from transformer.reliability import CSVLogger
-from transformer.run_directory import RunDirectoryError, checkpoint_to_continue
+from transformer.training.loggers import CSVLogger
+from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue
 
 HOOK = "tests.integration.test_reliability"
 # 600 examples = 10 steps per epoch; deterministic so that a continued run can equal a straight one

@@ -24,7 +24,7 @@ from optuna.distributions import CategoricalDistribution, IntLogUniformDistribut
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_train import TINY, _cli
-from transformer.sweep_report import write_report
+from transformer.evaluation.sweep_report import write_report
 
 CONFIGS = REPO_ROOT / "configs"
 SEARCHES = sorted(p.stem for p in (CONFIGS / "hparams_search").glob("*.yaml"))
@@ -216,7 +216,14 @@ def test_grid_of_two_by_two_and_its_report(tmp_path: Path) -> None:
         )["val/bleu_best"]
 
     report = subprocess.run(
-        [sys.executable, "-m", "transformer.sweep_report", str(sweep_dir), "--out", str(tmp_path / "report")],
+        [
+            sys.executable,
+            "-m",
+            "transformer.evaluation.sweep_report",
+            str(sweep_dir),
+            "--out",
+            str(tmp_path / "report"),
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -257,7 +264,7 @@ def test_every_search_composes_into_a_valid_optuna_sweep(fresh_hydra, tmp_path: 
     assert sweeper.max_failure_rate == 1.0 and cfg.hydra.mode.name == "MULTIRUN"
     assert "${now:" in OmegaConf.to_container(cfg.hydra.sweep)["subdir"]
     assert [c._target_ for c in cfg.hydra.callbacks.values()] == [
-        "transformer.sweep_callbacks.ResumeOptunaStudy"
+        "transformer.cli.sweep_callbacks.ResumeOptunaStudy"
     ]
     assert cfg.callbacks.non_finite_loss.action == "stop"  # a diverged trial fails, not scored
     params = [f"{k}={v}" for k, v in (sweeper.params or {}).items()]

@@ -16,8 +16,8 @@ import torch
 from tests.conftest import REPO_ROOT
 from tests.unit.test_configs import compose_train_cfg
 from train import ConfigError, train
-from transformer.schedules import InverseSqrtWarmup
-from transformer.tasks import TranslationTask
+from transformer.training import TranslationTask
+from transformer.training.schedules import InverseSqrtWarmup
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""Scoring on a split (transformer.evaluation) and rebuilding a model from a checkpoint (transformer.restore).
+"""Scoring on a split (transformer.evaluation) and rebuilding a model from a checkpoint
+(transformer.evaluation.restore).
 
 The key property: the scores equal what the Lightning tasks log as `test/*` for the same weights and
 batches, so `evaluate.py` reproduces a training run's test step.
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from transformer.checkpoint import CheckpointError
-from transformer.evaluation import (
+from transformer.evaluation.restore import last_checkpoints, restore_model, task_of
+from transformer.evaluation.scoring import (
     bleu_by_length,
     checkpoint_decoding,
     decoding_settings,
@@ -27,8 +29,7 @@ from transformer.evaluation import (
     stream_lines,
     translate,
 )
-from transformer.restore import last_checkpoints, restore_model, task_of
-from transformer.tasks import ClassificationTask, TranslationTask
+from transformer.training import ClassificationTask, TranslationTask
 
 PAD, BOS, EOS = 0, 1, 2
 V = 14  # ids 4..13 are "words"
@@ -340,7 +341,7 @@ def _checkpoint(task: L.LightningModule, step: int = 5, **extra: object) -> dict
         "hyper_parameters": dict(task.hparams),
         "global_step": step,
         "epoch": 0,
-        "config": {"model": {"_target_": f"transformer.tasks.{name}"}, "data": {}},
+        "config": {"model": {"_target_": f"transformer.training.{name}"}, "data": {}},
         data: {"tokenizers": {"joint": "{}"}},
         **extra,
     }
@@ -421,7 +422,7 @@ def test_last_checkpoints_follow_the_global_step(tmp_path: Path) -> None:
 
 
 def test_corpus_scores_cased_and_lowercased() -> None:
-    from transformer.evaluation import corpus_scores, score_signatures
+    from transformer.evaluation.scoring import corpus_scores, score_signatures
 
     refs = ["A man rides a horse on the beach .", "Two dogs play in the snow ."]
     hyps = ["a man rides a horse on the beach .", "Two dogs play in the snow ."]

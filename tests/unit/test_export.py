@@ -50,9 +50,14 @@ def _batch(tokenizer: BPETokenizer, texts: list[str]) -> Tensor:
 
 
 def _train(
-    config: TransformerConfig, tokenizer: BPETokenizer, pairs: list[tuple[str, str]], steps: int
+    config: TransformerConfig,
+    tokenizer: BPETokenizer,
+    pairs: list[tuple[str, str]],
+    steps: int,
+    tgt_tokenizer: BPETokenizer | None = None,
 ) -> Seq2SeqTransformer:
-    """A few hundred Adam steps of teacher forcing: enough for the model to end its sentences."""
+    """A few hundred Adam steps of teacher forcing: enough for the model to end its sentences
+    (`tgt_tokenizer`: the targets' own, for separate vocabularies; else `tokenizer` for both sides)."""
     torch.manual_seed(0)
     model = Seq2SeqTransformer(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -60,18 +65,18 @@ def _train(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as fast for a d_model 32 model, and no thread fights on a busy machine
     try:
-        _steps(model, optimizer, tokenizer, pairs, steps)
+        _steps(model, optimizer, tokenizer, tgt_tokenizer or tokenizer, pairs, steps)
     finally:
         torch.set_num_threads(threads)
     return model.eval()
 
 
 def _steps(model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, tokenizer: BPETokenizer,
-           pairs: list[tuple[str, str]], steps: int) -> None:  # fmt: skip
+           tgt_tokenizer: BPETokenizer, pairs: list[tuple[str, str]], steps: int) -> None:  # fmt: skip
     for step in range(steps):
         chunk = pairs[(step * 16) % len(pairs) :][:16]
         src = _batch(tokenizer, [s for s, _ in chunk])
-        tgt = _batch(tokenizer, [t for _, t in chunk])
+        tgt = _batch(tgt_tokenizer, [t for _, t in chunk])
         logits = model(src, tgt[:, :-1])  # (B, T, V)
         loss = torch.nn.functional.cross_entropy(
             logits.transpose(1, 2), tgt[:, 1:], ignore_index=tokenizer.pad_id
@@ -99,7 +104,7 @@ def save_checkpoint(
             "hyper_parameters": {"config": config.to_dict(), "decoding": DECODING, **(hparams or {})},
             datamodule: {"tokenizers": tokenizers},
             "config": {
-                "model": {"_target_": f"transformer.tasks.{task}"},
+                "model": {"_target_": f"transformer.training.{task}"},
                 "data": {"src_lang": "en", "tgt_lang": "de"},
             },
             "global_step": 123,

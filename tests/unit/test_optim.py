@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.optim import adamw, param_groups
+from transformer.training.optim import adamw, param_groups
 
 
 class _Tiny(nn.Module):

@@ -11,10 +11,10 @@ from torch.nn import functional as F
 from tests.unit.test_tasks import TINY, CopyData, _trainer
 from transformer.checkpoint import CheckpointError
 from transformer.config import TransformerConfig
+from transformer.evaluation.restore import load_pretrained_encoder, task_of
 from transformer.model import TransformerClassifier, TransformerMaskedLM
-from transformer.optim import adamw
-from transformer.restore import load_pretrained_encoder, task_of
-from transformer.tasks import ClassificationTask, MaskedLMTask
+from transformer.training import ClassificationTask, MaskedLMTask
+from transformer.training.optim import adamw
 
 ENCODER = {**TINY, "n_decoder_layers": 0}
 UNK = 3

@@ -14,22 +14,22 @@ import pytest
 import torch
 
 from transformer.config import TransformerConfig
-from transformer.evaluation import ClassificationResult, TranslationResult
-from transformer.model import Seq2SeqTransformer, TransformerClassifier
-from transformer.plots import (
+from transformer.evaluation.plots import (
     read_learning_curves,
     save_attention_heads,
     save_bar_chart,
     save_confusion_matrix,
     save_learning_curves,
 )
-from transformer.reports import (
+from transformer.evaluation.reports import (
     MarkdownReport,
     ReportOptions,
     markdown_table,
     write_classification_outputs,
     write_translation_outputs,
 )
+from transformer.evaluation.scoring import ClassificationResult, TranslationResult
+from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from transformer.schedules import (
+from transformer.training.schedules import (
     CosineWithWarmup,
     InverseSqrtWarmup,
     constant,

@@ -1,4 +1,4 @@
-"""transformer.sweep_callbacks: the Optuna resume callback on configs composed as the CLI does."""
+"""transformer.cli.sweep_callbacks: the Optuna resume callback on configs composed as the CLI does."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from tests.conftest import REPO_ROOT
-from transformer.sweep_callbacks import ResumeOptunaStudy, sqlite_path
+from transformer.cli.sweep_callbacks import ResumeOptunaStudy, sqlite_path
 
 
 def _compose(overrides: list[str]) -> DictConfig:

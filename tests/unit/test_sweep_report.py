@@ -1,5 +1,5 @@
-"""transformer.sweep_report on hand-made sweep directories: override parsing, swept keys, mean ± std
-over seeds, failed jobs, the files it writes and the command line."""
+"""transformer.evaluation.sweep_report on hand-made sweep directories: override parsing, swept keys, mean ±
+std over seeds, failed jobs, the files it writes and the command line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from transformer.sweep_report import (
+from transformer.evaluation.sweep_report import (
     group_jobs,
     main,
     parse_override,

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from transformer.optim import adamw
-from transformer.schedules import cosine_with_warmup, inverse_sqrt
-from transformer.tasks import ClassificationTask, TranslationTask
+from transformer.training import ClassificationTask, TranslationTask
+from transformer.training.optim import adamw
+from transformer.training.schedules import cosine_with_warmup, inverse_sqrt
 
 PAD, BOS, EOS = 0, 1, 2
 ALPHABET = "abcdefgh"
@@ -406,7 +406,7 @@ def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_pa
     fault. On the CPU Lightning swaps the 16-mixed flag for bf16, so the fp16 plugin is built here."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    from transformer.reliability import NonFiniteLossGuard
+    from transformer.training.callbacks import NonFiniteLossGuard
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=10_000)
     guard = NonFiniteLossGuard(action="stop")

@@ -1,10 +1,10 @@
 """The Hydra callback that lets an Optuna search resume (configs/hparams_search/optuna.yaml turns it on).
 
-`ResumeOptunaStudy` prepares the Optuna storage before the sweeper opens the study, so that the
-SQLite file can live inside the sweep directory and a second run of the same command continues the
-study. (A diverged trial fails through the default `non_finite_loss` callback, transformer/reliability.py.)
+`ResumeOptunaStudy` prepares the Optuna storage before the sweeper opens the study, so that the SQLite file
+can live inside the sweep directory and a second run of the same command continues the study. (A diverged
+trial fails through the default `non_finite_loss` callback, transformer/training/callbacks.py.)
 
-This is the one module of `transformer/` that imports Hydra: Hydra finds the callback by its
+Part of the command-line edge (`transformer.cli`), which alone imports Hydra: Hydra finds the callback by its
 `_target_`; nothing else in the package imports this file.
 """
 

@@ -1,7 +1,8 @@
 """Evaluation outputs: metrics.json, hypotheses / predictions, and a Markdown report with its figures.
 
 `write_translation_outputs` / `write_classification_outputs` turn a scoring result
-(`transformer.evaluation`) into files in one output directory; figures come from `transformer.plots`.
+(`transformer.evaluation`) into files in one output directory; figures come from
+`transformer.evaluation.plots`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ from typing import Any
 
 from torch import nn
 
-from transformer.evaluation import ClassificationResult, TranslationResult, attention_maps, bleu_by_length
-from transformer.plots import (
+from transformer.evaluation.plots import (
     Curves,
     save_attention_heads,
     save_bar_chart,
     save_confusion_matrix,
     save_learning_curves,
+)
+from transformer.evaluation.scoring import (
+    ClassificationResult,
+    TranslationResult,
+    attention_maps,
+    bleu_by_length,
 )
 
 __all__ = [

@@ -1,7 +1,8 @@
-"""Scoring a trained network on one split: decoded sacreBLEU (translation) or label metrics (classification).
+"""Scoring a trained network on one split: decoded sacreBLEU (translation) or label metrics
+(classification).
 
-The functions take the datamodules' batch dicts and return plain results; the numbers are computed
-exactly as `transformer.tasks` computes its `test/*` metrics, so evaluating a checkpoint reproduces
+The functions take the datamodules' batch dicts and return plain results; the numbers are computed exactly
+as the tasks of `transformer.training` compute their `test/*` metrics, so evaluating a checkpoint reproduces
 what its training run reported. No Hydra, no files, no `data/` here.
 """
 

@@ -1,8 +1,8 @@
 """A multirun directory as tables and a plot: each job's overrides and final metrics, mean ± std over
 seeds of otherwise identical jobs, and the objective against each swept parameter.
 
-    python -m transformer.sweep_report MULTIRUN_DIR [--metric NAME] [--metrics NAME ...] [--out DIR]
-    aiayn-sweep-report MULTIRUN_DIR ...                  # the same, installed as a console script
+    aiayn-sweep-report MULTIRUN_DIR [--metric NAME] [--metrics NAME ...] [--out DIR]
+    python -m transformer.evaluation.sweep_report MULTIRUN_DIR ...   # the same, without the console script
 
 Works from files alone (no Hydra): a job is a directory holding `.hydra/overrides.yaml` (its
 command-line overrides, as Hydra saved them) and, once it finished, the `metrics.json` train.py
@@ -26,7 +26,7 @@ import yaml
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from transformer.reports import MarkdownReport
+from transformer.evaluation.reports import MarkdownReport
 
 __all__ = ["Group", "Job", "group_jobs", "main", "parse_override", "read_jobs", "swept_keys", "write_report"]
 
@@ -348,7 +348,7 @@ def _n_finished(jobs: Sequence[Job]) -> int:
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m transformer.sweep_report",
+        prog="python -m transformer.evaluation.sweep_report",
         description="Tabulate and plot a multirun or Optuna sweep directory: jobs.csv, summary.csv, "
         "report.md and a PNG of the metric against each swept parameter.",
     )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from transformer.evaluation import corpus_scores, score_signatures
+from transformer.evaluation.scoring import corpus_scores, score_signatures
 from transformer.export.source import ExportSource
 
 __all__ = ["model_card", "write_model_card"]

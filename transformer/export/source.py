@@ -1,9 +1,9 @@
 """What every export reads from a checkpoint, and the one way every export writes its directory.
 
-`load_source` restores a translation checkpoint with the evaluation code (`transformer.restore`, safe
-`weights_only=True` loading) and collects what a deployed model needs besides its weights: tokenizer
-JSON(s), decoding settings, scores. `staged_output` writes into a temporary directory beside the
-output and renames it into place at the end, so a failed export leaves nothing behind.
+`load_source` restores a translation checkpoint with the evaluation code (`transformer.evaluation.restore`,
+safe `weights_only=True` loading) and collects what a deployed model needs besides its weights: tokenizer
+JSON(s), decoding settings, scores. `staged_output` writes into a temporary directory beside the output and
+renames it into place at the end, so a failed export leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 
 from transformer.checkpoint import load_checkpoint
 from transformer.config import TransformerConfig
-from transformer.evaluation import checkpoint_decoding
+from transformer.evaluation.restore import DATAMODULES, restore_model
+from transformer.evaluation.scoring import checkpoint_decoding
 from transformer.model import Seq2SeqTransformer
-from transformer.restore import DATAMODULES, restore_model
 
 __all__ = ["ExportError", "ExportSource", "check_output", "load_source", "staged_output"]
 

@@ -1,0 +1,181 @@
+"""Scaled dot-product attention (Vaswani et al., 2017, §3.2.1) and its masks, below `MultiHeadAttention`.
+
+Owns the mask conventions (`make_causal_mask`, the shape checks, the one helper that turns the torch-style
+masks into what the kernel takes) and `attend`, which picks `F.scaled_dot_product_attention` or the
+softmax written out (when the weights are returned) and gives fully masked query rows zeros, not NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["RotaryLike", "attend", "check_masks", "make_causal_mask", "merge_masks"]
+
+# rotary(x: (B, H, L, Dh), offset: int) -> (B, H, L, Dh); offset = positions already in the cache.
+RotaryLike = Callable[[Tensor, int], Tensor]
+
+# Devices whose `F.scaled_dot_product_attention` kernels already return 0 (and finite gradients) for a
+# query row whose keys are all masked. Elsewhere (CUDA's memory-efficient kernel, pytorch#110213) we fix
+# the rows up ourselves. tests/unit/test_attention.py checks the claim for CPU on the installed torch.
+_SDPA_ZEROES_EMPTY_ROWS = frozenset({"cpu"})
+
+
+def make_causal_mask(
+    size: int, device: torch.device | str | None = None, *, num_keys: int | None = None
+) -> Tensor:
+    """Boolean (T, S) mask, True = masked out: query i may attend to keys 0 .. S - T + i.
+
+    `size` is T; `num_keys` (S, default T) > T aligns the queries with the *last* T keys, which is
+    where new positions sit when earlier keys come from a KV cache.
+    """
+    num_keys = size if num_keys is None else num_keys
+    return torch.ones(size, num_keys, dtype=torch.bool, device=device).triu_(num_keys - size + 1)  # (T, S)
+
+
+def check_masks(
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    batch: int,
+    heads: int,
+    q_len: int,
+    k_len: int,
+) -> None:
+    """Raise ValueError naming the expected and received shape of a mask that does not fit."""
+    for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+        if mask is not None and mask.dtype != torch.bool and not mask.is_floating_point():
+            raise ValueError(f"{name} must be bool or floating point, got dtype {mask.dtype}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, k_len):
+        raise ValueError(
+            f"key_padding_mask must have shape (N, S) = {(batch, k_len)}, got {tuple(key_padding_mask.shape)}"
+        )
+    if attn_mask is not None:
+        expected = [(q_len, k_len), (batch * heads, q_len, k_len)]
+        if tuple(attn_mask.shape) not in expected:
+            raise ValueError(
+                f"attn_mask must have shape (L, S) = {expected[0]} or (N*num_heads, L, S) = "
+                f"{expected[1]}, got {tuple(attn_mask.shape)}"
+            )
+
+
+def merge_masks(
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    batch: int,
+    heads: int,
+    n_extra: int,
+    dtype: torch.dtype,
+) -> Tensor | None:
+    """Fold the torch-style masks into the one form `F.scaled_dot_product_attention` takes.
+
+    Inputs use the `nn.MultiheadAttention` meaning (bool True = do not attend, float = added to the
+    scores) and are already shape-checked: attn_mask (T, S) or (B*H, T, S), key_padding_mask (B, S).
+    Returns None, a bool mask with SDPA's polarity (True = attend), or an additive float mask in `dtype`,
+    broadcastable to (B, H, T, S + n_extra); the `n_extra` trailing columns (bias_k, zero attention)
+    are always attended to. Nothing is expanded beyond what broadcasting needs: a padding mask alone
+    stays (B, 1, 1, S).
+    """
+    masks = []
+    if attn_mask is not None:
+        if attn_mask.dim() == 3:
+            attn_mask = attn_mask.view(batch, heads, *attn_mask.shape[1:])  # (B*H, T, S) -> (B, H, T, S)
+        masks.append(attn_mask)
+    if key_padding_mask is not None:
+        masks.append(key_padding_mask[:, None, None, :])  # (B, S) -> (B, 1, 1, S)
+    if not masks:
+        return None
+    if all(m.dtype == torch.bool for m in masks):
+        merged = masks[0] if len(masks) == 1 else masks[0] | masks[1]
+        merged = ~merged  # SDPA's boolean polarity is the opposite of nn.MultiheadAttention's
+        return F.pad(merged, (0, n_extra), value=True) if n_extra else merged
+    # A float mask anywhere: bools become additive -inf (exactly zero weight after the softmax).
+    additive = [
+        torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(m, -math.inf)
+        if m.dtype == torch.bool
+        else m.to(dtype)
+        for m in masks
+    ]
+    merged = additive[0] if len(additive) == 1 else additive[0] + additive[1]
+    return F.pad(merged, (0, n_extra), value=0.0) if n_extra else merged
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    *,
+    is_causal: bool,
+    need_weights: bool,
+    n_extra: int = 0,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(QK^T / sqrt(Dh) + mask) V: q (B, H, T, Dh), k and v (B, H, S + n_extra, Dh) -> (B, H, T, Dh),
+    and the weights (B, H, T, S + n_extra) when `need_weights`, else None.
+
+    Masks as checked by `check_masks`; the `n_extra` trailing key columns (bias_k, zero attention) are
+    never masked. `is_causal` without attn_mask masks later keys (aligned with the last T keys).
+    """
+    batch, heads, q_len, _ = q.shape
+    k_len = k.shape[2] - n_extra
+    # SDPA's own causal kernel when that is exactly the mask, otherwise one merged mask
+    sdpa_causal = False
+    if is_causal and key_padding_mask is None and n_extra == 0 and q_len == k_len and not need_weights:
+        sdpa_causal, attn_mask = True, None  # like the torch module, trust the is_causal hint
+    elif is_causal and attn_mask is None and q_len > 1:
+        attn_mask = make_causal_mask(q_len, q.device, num_keys=k_len)  # (T, S)
+    mask = merge_masks(attn_mask, key_padding_mask, batch, heads, n_extra, q.dtype)
+    if not need_weights:  # the fused kernel
+        return _sdpa(q, k, v, mask, dropout_p, sdpa_causal, fix_empty_rows=n_extra == 0), None
+    return _attend_explicit(q, k, v, mask, dropout_p, n_extra)
+
+
+def _sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    fix_empty_rows: bool,
+) -> Tensor:
+    """F.scaled_dot_product_attention -> (B, H, T, Dh); query rows with every key masked give zeros."""
+    empty = None
+    if fix_empty_rows and mask is not None and q.device.type not in _SDPA_ZEROES_EMPTY_ROWS:
+        empty = _empty_rows(mask)  # (…, T, 1)
+        mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, H, T, Dh)
+    return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+def _empty_rows(mask: Tensor) -> Tensor:
+    """Query rows (…, T, 1) whose keys are all masked in a mask from `merge_masks`."""
+    if mask.dtype == torch.bool:
+        return ~mask.any(dim=-1, keepdim=True)
+    return torch.isneginf(mask).all(dim=-1, keepdim=True)
+
+
+def _attend_explicit(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, n_extra: int
+) -> tuple[Tensor, Tensor]:
+    """softmax(QK^T / sqrt(Dh) + mask) V written out, for when the weights are returned."""
+    # scaling q (T x Dh) is cheaper than scaling the scores (T x S) and makes the copy matmul needs anyway
+    scores = torch.matmul(q * (1.0 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))  # (B, H, T, S)
+    empty = None
+    if mask is not None:
+        if n_extra == 0:
+            empty = _empty_rows(mask)  # (…, T, 1)
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+        if empty is not None:  # a finite row keeps softmax and its gradient NaN-free; zeroed below
+            scores = scores.masked_fill(empty, 0.0)
+    weights = torch.softmax(scores, dim=-1)
+    if empty is not None:
+        weights = weights.masked_fill(empty, 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return torch.matmul(weights, v), weights  # (B, H, T, Dh), (B, H, T, S)

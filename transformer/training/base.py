@@ -1,0 +1,209 @@
+"""What the tasks share: the LightningModule base (optimizer and scheduler wiring, optional compile,
+self-sufficient checkpoints, the best value of the selection metric) and its small helpers."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, Metric
+
+from transformer.decoding import check_decoding
+from transformer.losses import TokenLoss
+
+log = logging.getLogger(__name__)
+
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
+
+_COMPILE_PREFIX = "_orig_mod."
+DEFAULT_DECODING = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10.0}
+
+
+def plain(value: Any) -> Any:
+    """Mappings / sequences (e.g. OmegaConf containers) as dicts / lists, so checkpoints hold plain data."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [plain(v) for v in value]
+    return value
+
+
+def decoding_settings(name: str, defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict:
+    settings = {**defaults, **plain(given or {})}
+    unknown = sorted(set(settings) - set(DEFAULT_DECODING))
+    if unknown:
+        raise ValueError(f"unknown {name} option(s) {unknown}; expected some of {sorted(DEFAULT_DECODING)}")
+    check_decoding(settings, prefix=f"{name}.")
+    return settings
+
+
+class Throughput:
+    """Tokens per second between consecutive training steps (data loading + forward + backward + update)."""
+
+    def __init__(self) -> None:
+        self._last_time: float | None = None
+        self._last_tokens = 0
+
+    def step(self, n_tokens: int) -> float | None:
+        now = time.perf_counter()
+        rate = None
+        if self._last_time is not None and now > self._last_time:
+            rate = self._last_tokens / (now - self._last_time)
+        self._last_time, self._last_tokens = now, n_tokens
+        return rate
+
+    def reset(self) -> None:  # the gap across validation or epoch ends is not training time
+        self._last_time = None
+
+
+class TokenMeans(nn.Module):
+    """Token-weighted means over an epoch (synced across processes by torchmetrics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss, self.nll, self.acc = MeanMetric(), MeanMetric(), MeanMetric()
+
+    def update(self, out: TokenLoss) -> None:
+        weight = out.n_tokens.float()
+        self.loss.update(out.loss.detach(), weight)
+        self.nll.update(out.nll.detach(), weight)
+        self.acc.update(out.n_correct.float() / out.n_tokens.clamp(min=1), weight)
+
+    def compute_and_reset(self) -> dict[str, Tensor]:
+        nll = self.nll.compute()
+        values = {"loss": self.loss.compute(), "nll": nll, "ppl": nll.exp(), "token_acc": self.acc.compute()}
+        for metric in (self.loss, self.nll, self.acc):
+            metric.reset()
+        return values
+
+
+class TaskBase(L.LightningModule):
+    """What the tasks share: optimizer/scheduler wiring, optional compile, self-sufficient checkpoints,
+    epoch metrics and the best value of the selection metric (`val/<name>_best`, kept in checkpoints)."""
+
+    model: nn.Module
+    best_metric: tuple[str, Literal["max", "min"]]  # the validation metric tracked as val/<name>_best
+
+    def __init__(
+        self,
+        optimizer: OptimizerFactory | None,
+        scheduler: SchedulerFactory | None,
+        run_config: Mapping[str, Any] | None,
+    ) -> None:
+        super().__init__()
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        # the resolved Hydra config of the run, stored in every checkpoint (not a hyperparameter)
+        self.run_config = plain(run_config) if run_config is not None else None
+        self.throughput = Throughput()
+        self.best = self._worst()
+
+    def _worst(self) -> float:
+        """Where the best value starts: below (max) or above (min) anything a validation can give."""
+        return -math.inf if self.best_metric[1] == "max" else math.inf
+
+    def _log_best(self, value: float) -> None:
+        """After a real (not sanity-check) validation: fold `value` into the best so far and log it."""
+        if self.trainer.sanity_checking:
+            return
+        name, mode = self.best_metric
+        self.best = max(self.best, value) if mode == "max" else min(self.best, value)
+        self.log(f"val/{name}_best", self.best, sync_dist=True)
+
+    def _log_epoch_metrics(
+        self, stage: str, names: Sequence[str], prog_bar: Sequence[str]
+    ) -> dict[str, float]:
+        """Compute, reset and log `self.metrics[f"{stage}_{name}"]` as `{stage}/{name}` for each name."""
+        values = {}
+        for name in names:
+            metric = self.metrics[f"{stage}_{name}"]
+            values[name] = float(metric.compute())  # synced across processes
+            metric.reset()
+            self.log(f"{stage}/{name}", values[name], prog_bar=name in prog_bar, sync_dist=True)
+        return values
+
+    def on_fit_start(self) -> None:
+        """Fresh metric states for training. A `trainer.validate` or `trainer.test` before `fit` resets them
+        under inference mode, which makes them inference tensors; fit's validation (under no_grad) could
+        not update those in place."""
+        for module in self.modules():
+            if isinstance(module, Metric):
+                module.reset()
+
+    def configure_model(self) -> None:
+        """`torch.compile` in place (`nn.Module.compile`): state_dict keys keep their names."""
+        if self.hparams.get("compile") and not getattr(self, "_compiled", False):
+            self.model.compile()
+            self._compiled = True
+
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_factory is None:
+            raise ValueError(f"{type(self).__name__} has no optimizer: pass `optimizer` (model.optimizer)")
+        optimizer = self.optimizer_factory(self.model, **self._optimizer_overrides())
+        if self.scheduler_factory is None:
+            return optimizer
+        kwargs = {}
+        keywords = getattr(self.scheduler_factory, "keywords", {})
+        if "total_steps" in inspect.signature(self.scheduler_factory).parameters and (
+            keywords.get("total_steps") is None
+        ):
+            total = int(self.trainer.estimated_stepping_batches)
+            warmup = keywords.get("warmup_steps") or 0
+            if total <= warmup:  # a debug run (fast_dev_run, limit_train_batches) shorter than warmup
+                log.warning("%d optimizer steps < warmup_steps=%d: the schedule is cut short", total, warmup)
+                total = warmup + 1
+            kwargs["total_steps"] = total
+        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _optimizer_overrides(self) -> dict[str, Any]:
+        """A fused AdamW would unscale fp16 gradients inside its step, after clipping, so Lightning's
+        mixed-precision plugin refuses to clip a fused optimizer's gradients under 16-mixed *and* bf16-mixed
+        (`trainer=gpu`). With clipping on, `fused=None` (auto) becomes the foreach kernel."""
+        trainer = self.trainer
+        if not isinstance(trainer.precision_plugin, MixedPrecision) or not trainer.gradient_clip_val:
+            return {}
+        if "fused" not in inspect.signature(self.optimizer_factory).parameters:
+            return {}
+        if getattr(self.optimizer_factory, "keywords", {}).get("fused"):
+            raise ValueError(
+                f"model.optimizer.fused=true cannot clip gradients under trainer.precision="
+                f"{trainer.precision} (Lightning refuses a step that unscales them itself): set "
+                "model.optimizer.fused=null or trainer.gradient_clip_val=null"
+            )
+        return {"fused": False}
+
+    def on_train_epoch_start(self) -> None:
+        self.throughput.reset()
+
+    def on_validation_start(self) -> None:
+        self.throughput.reset()
+
+    def _log_throughput(self, n_real: int, n_total: int, batch_size: int) -> None:
+        rate = self.throughput.step(n_real)
+        self.log("train/pad_ratio", 1.0 - n_real / max(n_total, 1), batch_size=batch_size)
+        if rate is not None:  # per process; non-pad tokens
+            self.log("train/tokens_per_s", rate, prog_bar=True, batch_size=batch_size)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["state_dict"]
+        for key in [k for k in state if _COMPILE_PREFIX in k]:  # a model compiled from the outside
+            state[key.replace(_COMPILE_PREFIX, "")] = state.pop(key)
+        if self.run_config is not None:
+            checkpoint["config"] = self.run_config
+        for logger in self.loggers:  # so that `ckpt_path=` resumes the same wandb run
+            if type(logger).__name__ == "WandbLogger":
+                checkpoint["wandb_run_id"] = str(logger.version)
+        checkpoint[f"{self.best_metric[0]}_best"] = self.best
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.best = checkpoint.get(f"{self.best_metric[0]}_best", self._worst())

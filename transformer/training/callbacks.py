@@ -1,0 +1,272 @@
+"""Callbacks of a crash-safe run: a checkpoint on SIGTERM / SIGINT, exact random state on resume, a guard
+that never lets a NaN/inf loss update the weights, and the EMA of the weights evaluated the way it was
+selected."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import EMAWeightAveraging as _LightningEMA
+from lightning.pytorch.trainer.states import TrainerFn
+
+log = logging.getLogger(__name__)
+
+
+class SaveOnSignal(L.Callback):
+    """On SIGTERM (SLURM preemption, `kill`) or SIGINT (Ctrl-C): finish the current training step, write
+    a resumable checkpoint to `dirpath/filename.ckpt`, then exit with status 128 + signal number.
+
+    Lightning 2.6 on a plain SIGTERM stops after the step without saving anything, and on SIGINT
+    raises KeyboardInterrupt wherever the program is (possibly mid optimizer step). This callback
+    replaces both handlers for the duration of training with one that only sets a flag; the flag is
+    acted on at the end of a training step, where the state is consistent (the same point where
+    `every_n_train_steps` checkpoints are taken, so resuming is exact). A second signal of the same
+    kind exits at once. Under DDP the ranks agree on stopping (one all-reduce of a flag per step).
+
+    A signal during validation (which can take minutes when it decodes for BLEU) is acted on after
+    the validation batch in flight, without waiting for validation to end: the training state is
+    that of the last training step, and the checkpoint marks the validation as interrupted, so the
+    resumed run first reruns that validation from its start (Lightning's restart mid-evaluation)
+    and then trains on. Under DDP, where ranks may hold different numbers of validation batches, the
+    signal is acted on after the next training step as above.
+    """
+
+    def __init__(
+        self, dirpath: str | Path, filename: str = "last", signals: tuple[str, ...] = ("SIGTERM", "SIGINT")
+    ) -> None:
+        self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.signals = tuple(signal.Signals[name] for name in signals)
+        self.received: signal.Signals | None = None
+        self._exit_code: int | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+        self._mid_validation = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None and self.received == signum:  # asked twice: stop now
+            raise SystemExit(128 + signum)
+        self.received = signal.Signals(signum)
+        log.warning("Received %s: saving a checkpoint after this training step", self.received.name)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.received = None
+        if not _in_main_thread():
+            return
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        received = self.received is not None
+        if trainer.world_size > 1:
+            received = trainer.strategy.reduce_boolean_decision(received, all=False)
+        if not received or self._exit_code is not None:
+            return
+        self._save(trainer)  # exit at the next hook, once the loop has logged this step's metrics
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if self.received is None or trainer.sanity_checking or trainer.world_size > 1 or not fitting:
+            return
+        self._mid_validation = True
+        try:
+            self._save(trainer, "during validation")
+        finally:
+            self._mid_validation = False
+        self._exit_if_saved()
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if not self._mid_validation:
+            return
+        # Mark the batch just validated as started but not processed: on resume Lightning then sees an
+        # interrupted validation and runs it again from the start before training on (its progress
+        # counters are the only thing that differs from a save right after the training step).
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+        for counts in (progress["total"], progress["current"]):
+            counts["processed"] = counts["completed"] = counts["started"] - 1
+
+    def _save(self, trainer: L.Trainer, when: str = "") -> None:
+        name = self.received.name if self.received is not None else "a signal (on another rank)"
+        trainer.save_checkpoint(self.path)
+        log.warning(
+            "%s%s: saved %s at step %d; resume with ckpt_path=%s",
+            name,
+            f" {when}" if when else "",
+            self.path,
+            trainer.global_step,
+            self.path,
+        )
+        self._exit_code = 128 + (int(self.received) if self.received is not None else int(signal.SIGTERM))
+
+    def _exit_if_saved(self, *args: Any) -> None:
+        if self._exit_code is not None:
+            code, self._exit_code = self._exit_code, None
+            raise SystemExit(code)
+
+    on_train_batch_start = on_validation_start = on_train_epoch_end = _exit_if_saved
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handlers()
+        self._exit_if_saved()
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+class RandomState(L.Callback):
+    """Store the Python, NumPy and torch (CPU and CUDA) random states in every checkpoint and restore
+    them on resume, so that dropout after a resume draws what the uninterrupted run drew."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "numpy": _numpy_state_plain(np.random.get_state()),
+            "python": _python_state_plain(random.getstate()),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        torch.set_rng_state(state_dict["torch"])
+        np.random.set_state(_numpy_state(state_dict["numpy"]))
+        random.setstate(_python_state(state_dict["python"]))
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state_dict["cuda"])
+
+
+# the states as plain tensors / lists / ints, so that checkpoints keep loading with weights_only=True
+def _numpy_state_plain(state: tuple) -> list[Any]:
+    name, keys, pos, has_gauss, cached = state
+    return [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+
+
+def _numpy_state(plain: list[Any]) -> tuple:
+    name, keys, pos, has_gauss, cached = plain
+    return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
+
+
+def _python_state_plain(state: tuple) -> list[Any]:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _python_state(plain: list[Any]) -> tuple:
+    version, internal, gauss = plain
+    return version, tuple(internal), gauss
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite (`NonFiniteLossGuard(action="stop")`)."""
+
+
+class NonFiniteLossGuard(L.Callback):
+    """Never apply an optimizer step whose loss is NaN or infinite.
+
+    `action="stop"` raises `NonFiniteLossError` naming the step before the optimizer touches the
+    weights. `action="skip"` drops the step's gradients (the optimizer leaves every weight and its
+    moments unchanged; the learning-rate schedule still advances), counts it in `train/skipped_steps`
+    and stops the same way after `max_consecutive_skips` skipped steps in a row. Under 16-mixed the
+    GradScaler already skips steps whose *gradients* overflow (and lowers the scale): that is loss
+    scaling at work, not a fault; this guard looks at the loss itself.
+    """
+
+    def __init__(self, action: Literal["skip", "stop"] = "stop", max_consecutive_skips: int = 10) -> None:
+        if action not in ("skip", "stop"):
+            raise ValueError(f"action must be 'skip' or 'stop', got {action!r}")
+        if isinstance(max_consecutive_skips, bool) or not (
+            isinstance(max_consecutive_skips, int) and max_consecutive_skips >= 1
+        ):
+            raise ValueError(f"max_consecutive_skips must be an integer >= 1, got {max_consecutive_skips!r}")
+        self.action = action
+        self.max_consecutive_skips = max_consecutive_skips
+        self.skipped = 0
+        self.consecutive = 0
+        self._bad_loss: float | None = None
+
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
+        value = float(loss.detach().float().sum())
+        if not math.isfinite(value) and self._bad_loss is None:  # first bad micro-batch of the step
+            self._bad_loss = value
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        bad = self._bad_loss is not None
+        if trainer.world_size > 1:
+            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
+        loss, self._bad_loss = self._bad_loss, None
+        if not bad:
+            self.consecutive = 0
+            return
+        step = trainer.global_step + 1  # the optimizer step being taken (1-based)
+        where = f"training loss is {loss} at optimizer step {step} (epoch {trainer.current_epoch})"
+        hint = "lower model.optimizer.lr, raise warmup, or check the data"
+        if self.action == "stop":
+            raise NonFiniteLossError(f"{where}: stopped before updating the weights ({hint})")
+        self.skipped += 1
+        self.consecutive += 1
+        if self.consecutive >= self.max_consecutive_skips:
+            raise NonFiniteLossError(
+                f"{where}: {self.consecutive} steps in a row skipped "
+                f"(max_consecutive_skips={self.max_consecutive_skips}), stopping ({hint})"
+            )
+        log.warning("%s: step skipped (%d skipped so far)", where, self.skipped)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = None  # torch optimizers leave parameters without gradients untouched
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        pl_module.log("train/skipped_steps", float(self.skipped), on_step=True, on_epoch=False, batch_size=1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "consecutive": self.consecutive}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped = int(state_dict.get("skipped", 0))
+        self.consecutive = int(state_dict.get("consecutive", 0))
+
+
+class EMAWeightAveraging(_LightningEMA):
+    """Lightning's exponential moving average of the weights, evaluated the way it was selected.
+
+    Validation runs on the averaged weights and checkpoints store them as `state_dict` (the raw ones as
+    `current_model_state`, for resuming). Lightning's callback, once set up for fit, also restores the
+    raw weights when `trainer.test(ckpt_path=...)` loads a checkpoint, so the final test of `train.py`
+    would score other weights than validation chose and `evaluate.py` scores. Outside fit this keeps
+    the averaged `state_dict`.
+    """
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)

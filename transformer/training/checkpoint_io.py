@@ -1,0 +1,123 @@
+"""Checkpoint files that are never half-written: atomic saves (a temporary file, fsync, rename) and the
+clean-up of temporary files that a killed process left behind."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary file in its own directory, fsync it, then `os.replace` it.
+
+    Lightning's default (`_atomic_save` through an fsspec transaction) writes the temporary file in
+    the system temp dir and `shutil.move`s it: across filesystems that is a copy into the final name,
+    so a kill during the copy leaves a truncated `last.ckpt`, and the temp file leaks. Here the rename
+    stays on one filesystem and is atomic: a reader sees the old file or the new one, never a part.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        path = Path(path)
+        if "://" in str(path):  # remote filesystems: their own upload semantics
+            return super().save_checkpoint(checkpoint, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if "://" not in str(path):  # resuming after a kill: clear what the killed save left next to it
+            remove_stale_temp_files(Path(path).parent)
+        return super().load_checkpoint(path, *args, **kwargs)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """`torch.save(obj, path)` that leaves either the old file or the complete new one at `path`.
+
+    The temporary file is `.{name}.{host}.{pid}.XXXX.tmp` beside `path`; one left by a killed writer is
+    removed by the next save into the directory (`remove_stale_temp_files`).
+    """
+    remove_stale_temp_files(path.parent)
+    prefix = f".{path.name}.{_HOST}.{os.getpid()}."
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp creates 0600; a checkpoint is an ordinary file
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # the rename itself survives a power cut
+
+
+_HOST = socket.gethostname().replace(".", "_") or "localhost"
+_TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.[^.]+\.tmp$")
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Delete the temporary files of `atomic_torch_save` in `directory` whose writer is dead: written on
+    this host by a process that no longer exists (a SIGKILL or power loss during a save). Files of live
+    processes and of other hosts (a shared filesystem) are left alone. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.match(entry.name)
+        if match is None or match["host"] != _HOST or _process_alive(int(match["pid"])):
+            continue
+        try:
+            entry.unlink()
+        except OSError:  # gone already, or not ours to delete: harmless
+            continue
+        removed.append(entry)
+        log.info("removed %s, left by a save that was killed", entry)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
