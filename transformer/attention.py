@@ -191,45 +191,27 @@ class MultiHeadAttention(nn.Module):
             query, None if static_hit else key, None if static_hit else value, key_padding_mask
         )
         batch, q_len, _ = query.shape
-        cached = 0 if kv_cache is None else len(kv_cache)
         k_len = self._key_length(key, batch, kv_cache)
         check_masks(
             attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len
         )  # before the cache changes
 
-        # 1. project and split heads; rotary positions continue after what the cache holds
+        # 1. project and split heads; rotary positions and keys / values continue what the cache holds
         q, k, v = self._project(query, key, value, same_qkv, same_kv)  # (B, H, T, Dh), (B, H, S, Dh) x 2
-        if rotary is not None:
-            q = rotary(q, cached)
-            k = rotary(k, cached)
-        if kv_cache is not None:
-            k, v = (kv_cache.key, kv_cache.value) if key is None else kv_cache.update(k, v)  # (B, H, S, Dh)
-
+        q, k, v = self._rotate_and_cache(q, k, v, kv_cache, rotary)
         # 2. extra key/value columns of the torch module (bias_k/bias_v, zero attention)
         k, v, n_extra = self._extra_columns(k, v, batch)
-
         # 3. attend: masks merged once, the fused kernel unless the weights are wanted
+        dropout_p = self.dropout if self.training else 0.0
         out, weights = attend(
-            q,
-            k,
-            v,
-            attn_mask,
-            key_padding_mask,
-            is_causal=is_causal,
-            need_weights=need_weights,
-            n_extra=n_extra,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+            q, k, v, attn_mask, key_padding_mask, is_causal=is_causal, need_weights=need_weights,
+            n_extra=n_extra, dropout_p=dropout_p,
+        )  # fmt: skip
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # (B, H, T, S) -> (B, T, S)
-
         # 4. merge heads and project
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))  # (B, T, D)
-        if not is_batched:
-            return out.squeeze(0), None if weights is None else weights.squeeze(0)
-        if not self.batch_first:
-            out = out.transpose(0, 1)  # (T, B, D)
-        return out, weights
+        return self._to_caller_layout(out, weights, is_batched)
 
     def forward_packed(
         self,
@@ -271,6 +253,34 @@ class MultiHeadAttention(nn.Module):
         )  # (B, H, T, Dh)
         out = query_packing.pack(out.transpose(1, 2))  # (B, T, H, Dh) -> (N, H, Dh)
         return self.out_proj(out.reshape(-1, d))  # (N, D)
+
+    def _rotate_and_cache(
+        self,
+        q: Tensor,
+        k: Tensor | None,
+        v: Tensor | None,
+        kv_cache: KVCache | None,
+        rotary: RotaryLike | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotate q and k at positions after the cached ones; with a cache, k and v become every cached
+        key / value (B, H, S, Dh): the new ones appended, or a filled static cache's (k = v = None)."""
+        cached = 0 if kv_cache is None else len(kv_cache)
+        if rotary is not None:
+            q = rotary(q, cached)
+            k = rotary(k, cached)
+        if kv_cache is not None:
+            k, v = (kv_cache.key, kv_cache.value) if k is None else kv_cache.update(k, v)  # (B, H, S, Dh)
+        return q, k, v
+
+    def _to_caller_layout(
+        self, out: Tensor, weights: Tensor | None, is_batched: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, T, D) back to the caller's layout: (T, D) unbatched, (T, B, D) unless batch_first."""
+        if not is_batched:
+            return out.squeeze(0), None if weights is None else weights.squeeze(0)
+        if not self.batch_first:
+            out = out.transpose(0, 1)  # (T, B, D)
+        return out, weights
 
     def _key_length(self, key: Tensor | None, batch: int, kv_cache: KVCache | None) -> int:
         """S: the keys attended to, cached ones included; checks the batch sizes agree."""
