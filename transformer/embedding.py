@@ -1,0 +1,65 @@
+"""Input embeddings (Vaswani et al., 2017, Sections 3.4-3.5) and the model builders' shared parts: the
+positional modules a `TransformerConfig` names and the initialisation of the weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from transformer.config import TransformerConfig
+from transformer.dropout import Dropout
+from transformer.packing import TokenPacking
+from transformer.positional import RotaryEmbedding, build_absolute_positional
+
+__all__ = ["Embedder", "build_positional", "build_rotary", "init_weights"]
+
+
+class Embedder(nn.Module):
+    """Token embedding * sqrt(D) (Section 3.4), plus absolute positions (Section 3.5), then dropout."""
+
+    def __init__(self, embedding: nn.Embedding, positional: nn.Module | None, dropout: float) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.positional = positional
+        self.scale = math.sqrt(embedding.embedding_dim)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0, packing: TokenPacking | None = None) -> Tensor:
+        """tokens (B, T) long at positions offset .. offset+T-1 -> (B, T, D), or (N, D) for the
+        positions that `packing` keeps."""
+        if packing is None:
+            x = self.embedding(tokens) * self.scale  # (B, T, D)
+            if self.positional is not None:
+                x = self.positional(x, offset)
+            return self.dropout(x)
+        x = self.embedding(packing.pack(tokens)) * self.scale  # (N, D)
+        if self.positional is not None:
+            # the encodings of positions offset .. offset+T-1 (the module adds them to zeros), then per token
+            table = self.positional(x.new_zeros(1, packing.length, x.size(-1)), offset)[0]  # (T, D)
+            x = x + table.index_select(0, packing.positions)  # (N, D)
+        return self.dropout(x)
+
+
+def build_positional(config: TransformerConfig) -> nn.Module | None:
+    return build_absolute_positional(config.positional, config.d_model, config.max_len)
+
+
+def build_rotary(config: TransformerConfig) -> RotaryEmbedding | None:
+    return RotaryEmbedding(config.d_head, config.max_len) if config.positional == "rope" else None
+
+
+def init_weights(module: nn.Module) -> None:
+    """Xavier-uniform matrices and zero biases, as the paper's reference code (tensor2tensor) does for its
+    dense layers; with `config.embedding_init == "normal"` the token embeddings (and an output projection
+    tied to them) are then drawn from N(0, d_model^-0.5), as tensor2tensor and fairseq draw them."""
+    for name, param in module.named_parameters():
+        if param.dim() > 1:
+            nn.init.xavier_uniform_(param)
+        elif name.endswith("bias"):
+            nn.init.zeros_(param)
+    if module.config.embedding_init == "normal":
+        for embedder in module.modules():
+            if isinstance(embedder, Embedder):
+                nn.init.normal_(embedder.embedding.weight, std=embedder.embedding.embedding_dim**-0.5)

@@ -1,0 +1,203 @@
+"""The encoder and decoder stacks (Vaswani et al., 2017, Section 3.1): N layers each, plus a final
+LayerNorm when pre-LN. Each stack runs padded batches, packed tokens (`forward_packed`) and, for the
+decoder, incremental decoding over a `DecoderCache`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor, nn
+
+from transformer.cache import DecoderCache
+from transformer.config import TransformerConfig
+from transformer.kernels import RotaryLike
+from transformer.layers import DecoderLayer, EncoderLayer
+from transformer.packing import TokenPacking
+
+__all__ = ["Decoder", "Encoder", "build_decoder", "build_encoder"]
+
+
+class _LayerStack(nn.Module):
+    """What `Encoder` and `Decoder` share: n_layers `_layer`s, with a final LayerNorm when pre-LN."""
+
+    _layer: type[EncoderLayer] | type[DecoderLayer]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        norm_first: bool = False,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            self._layer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first)
+            for _ in range(n_layers)
+        )
+        # pre-LN leaves the residual stream un-normalized; post-LN layers already end with a norm
+        self.norm = nn.LayerNorm(d_model) if norm_first else None
+
+    def _final_norm(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.norm is not None else x
+
+
+class Encoder(_LayerStack):
+    """A stack of `EncoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
+
+    _layer = EncoderLayer
+
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, *, rotary: RotaryLike | None = None
+    ) -> Tensor:
+        """x (B, S, D) embedded source, key_padding_mask (B, S) True = pad -> memory (B, S, D)."""
+        return self._run(x, key_padding_mask, rotary, need_weights=False)[0]
+
+    def forward_with_attention(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, *, rotary: RotaryLike | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """As `forward`, plus each layer's self-attention weights (B, H, S, S)."""
+        return self._run(x, key_padding_mask, rotary, need_weights=True)
+
+    def forward_packed(
+        self,
+        x: Tensor,
+        packing: TokenPacking,
+        key_padding_mask: Tensor | None,
+        *,
+        rotary: RotaryLike | None = None,
+    ) -> Tensor:
+        """x (N, D): the embedded non-pad tokens of a (B, S) batch (`packing`) -> memory (N, D)."""
+        for layer in self.layers:
+            x, _ = layer(x, key_padding_mask, rotary=rotary, packing=packing)
+        return self._final_norm(x)
+
+    def _run(
+        self, x: Tensor, key_padding_mask: Tensor | None, rotary: RotaryLike | None, need_weights: bool
+    ) -> tuple[Tensor, list[Tensor]]:
+        maps = []
+        for layer in self.layers:
+            x, weights = layer(x, key_padding_mask, rotary=rotary, need_weights=need_weights)
+            if weights is not None:
+                maps.append(weights)
+        return self._final_norm(x), maps
+
+
+class Decoder(_LayerStack):
+    """A stack of `DecoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
+
+    _layer = DecoderLayer
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.layers))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None = None,
+        *,
+        cache: DecoderCache | None = None,
+        rotary: RotaryLike | None = None,
+    ) -> Tensor:
+        """x (B, T, D) embedded target, memory (B, S, D), memory_key_padding_mask (B, S) -> (B, T, D).
+
+        Self-attention is causal. Right-padded targets need no padding mask of their own: a real
+        position never sees a later pad, and pad positions' outputs are ignored by the loss.
+        With `cache`, x holds only the new position(s), which attend to everything cached.
+        """
+        return self._run(x, memory, memory_key_padding_mask, cache, rotary, need_weights=False)[0]
+
+    def forward_with_attention(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None = None,
+        *,
+        rotary: RotaryLike | None = None,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """As `forward`, plus per-layer self (B, H, T, T) and cross (B, H, T, S) attention weights."""
+        return self._run(x, memory, memory_key_padding_mask, None, rotary, need_weights=True)
+
+    def forward_packed(
+        self,
+        x: Tensor,
+        packing: TokenPacking,
+        memory: Tensor,
+        memory_packing: TokenPacking,
+        memory_key_padding_mask: Tensor | None,
+        *,
+        rotary: RotaryLike | None = None,
+    ) -> Tensor:
+        """x (N, D): embedded target tokens kept by `packing` of a (B, T) batch; memory (M, D) likewise
+        for (B, S) -> (N, D). Every kept row must hold a prefix (causal attention sees only earlier ones)."""
+        for layer in self.layers:
+            x, _, _ = layer(
+                x,
+                memory,
+                memory_key_padding_mask,
+                rotary=rotary,
+                packing=packing,
+                memory_packing=memory_packing,
+            )
+        return self._final_norm(x)
+
+    def _run(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        memory_key_padding_mask: Tensor | None,
+        cache: DecoderCache | None,
+        rotary: RotaryLike | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        self_maps, cross_maps = [], []
+        self_mask = None
+        if cache is not None:  # in the beam layout: a mask that picks each beam's keys
+            self_mask, rotary = cache.start_step(x.shape[1], self.layers[0].self_attn.num_heads, rotary)
+        for i, layer in enumerate(self.layers):
+            x, self_weights, cross_weights = layer(
+                x,
+                memory,
+                memory_key_padding_mask,
+                self_cache=cache.self_attn[i] if cache is not None else None,
+                cross_cache=cache.cross_attn[i] if cache is not None else None,
+                memory_group=cache.beams if cache is not None else 1,
+                self_mask=self_mask,
+                rotary=rotary,
+                need_weights=need_weights,
+            )
+            if self_weights is not None and cross_weights is not None:
+                self_maps.append(self_weights)
+                cross_maps.append(cross_weights)
+        return self._final_norm(x), self_maps, cross_maps
+
+
+def build_encoder(config: TransformerConfig) -> Encoder:
+    return Encoder(
+        config.d_model,
+        config.n_heads,
+        config.d_ff,
+        config.n_encoder_layers,
+        config.dropout,
+        config.attention_dropout,
+        config.activation,
+        config.norm_first,
+    )
+
+
+def build_decoder(config: TransformerConfig) -> Decoder:
+    return Decoder(
+        config.d_model,
+        config.n_heads,
+        config.d_ff,
+        config.n_decoder_layers,
+        config.dropout,
+        config.attention_dropout,
+        config.activation,
+        config.norm_first,
+    )
