@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,9 +68,58 @@ def _next_log_probs(
 SEARCHES = ("auto", "greedy", "beam")  # auto: greedy search for beam_size 1, beam search otherwise
 
 
-def check_decoding(settings: Mapping[str, Any], prefix: str = "") -> None:
-    """Raise ValueError naming `<prefix><key>` for a decoding setting that cannot work: the one check of
-    the settings a task validates with, `evaluate.py` decodes with and `configs/decode/` sets."""
+@dataclass(frozen=True, eq=False)
+class DecodingSettings(Mapping[str, Any]):
+    """How to decode: the one settings type of validation and test (`model.decoding`,
+    `model.test_decoding`), of `evaluate.py` (`decode.*`, `configs/decode/`) and of the exports.
+
+    A read-only mapping of its fields, so that it is stored in checkpoints and reports as plain data.
+    Defaults: greedy search (beam 1), GNMT length penalty alpha 0.6 for beam search, at most
+    1.2 * source length + 10 tokens.
+    """
+
+    search: str = "auto"  # auto | greedy | beam (auto: greedy for beam_size 1, beam search otherwise)
+    beam_size: int = 1
+    length_penalty: float = 0.6  # alpha of ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.2  # a hypothesis may have up to max_len_a * source length + max_len_b tokens
+    max_len_b: float = 10.0
+
+    def __post_init__(self) -> None:
+        _check_settings(dict(self))
+
+    @classmethod
+    def from_values(
+        cls, values: Mapping[str, Any] | None, base: Mapping[str, Any] | None = None, prefix: str = ""
+    ) -> DecodingSettings:
+        """`base` (the defaults where it has no value) with the non-null `values` on top. An unknown key
+        or a value that cannot work raises ValueError naming `<prefix><key>`."""
+        merged = {**cls().__dict__, **{k: v for k, v in (base or {}).items() if v is not None}}
+        for key, value in (values or {}).items():
+            if key not in merged:
+                raise ValueError(f"unknown decoding option {prefix}{key}; expected some of {list(merged)}")
+            if value is not None:
+                merged[key] = value
+        _check_settings(merged, prefix)
+        return cls(**merged)
+
+    @property
+    def greedy(self) -> bool:
+        return self.search == "greedy" or (self.search == "auto" and self.beam_size == 1)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.__dataclass_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__)
+
+
+def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
+    """Raise ValueError naming `<prefix><key>` for a decoding setting that cannot work."""
     beam_size = settings.get("beam_size", 1)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"{prefix}beam_size must be an integer >= 1, got {beam_size!r}")
@@ -79,13 +129,24 @@ def check_decoding(settings: Mapping[str, Any], prefix: str = "") -> None:
     if search == "greedy" and beam_size != 1:
         raise ValueError(f"{prefix}search=greedy keeps one hypothesis, but {prefix}beam_size={beam_size}")
     for key in ("length_penalty", "max_len_a", "max_len_b"):
-        if key not in settings:
-            continue
-        value = settings[key]
+        value = settings.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{prefix}{key} must be a finite number, got {value!r}")
         if key != "length_penalty" and value < 0:
             raise ValueError(f"{prefix}{key} must be >= 0, got {value!r}")
+
+
+@torch.no_grad()
+def decode(model: Seq2SeqTransformer, src: Tensor, settings: DecodingSettings) -> Tensor:
+    """src (B, S) -> the best hypothesis of each sentence (B, L) as `settings` say: token ids after BOS,
+    EOS-terminated, pad-filled."""
+    lengths = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
+    if settings.greedy:
+        return greedy_search(model, src, **lengths)
+    tokens, _ = beam_search(
+        model, src, beam_size=settings.beam_size, length_penalty=settings.length_penalty, **lengths
+    )
+    return tokens[:, 0]  # (B, L) the best of the beam
 
 
 def _check_lengths(max_len_a: float, max_len_b: float) -> None:

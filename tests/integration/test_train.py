@@ -15,7 +15,8 @@ import torch
 
 from tests.conftest import REPO_ROOT
 from tests.unit.test_configs import compose_train_cfg
-from train import ConfigError, train
+from train import train
+from transformer.cli.errors import ConfigError
 from transformer.training import TranslationTask
 from transformer.training.schedules import InverseSqrtWarmup
 

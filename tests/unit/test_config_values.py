@@ -14,9 +14,10 @@ import pytest
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import train
 from tests.conftest import REPO_ROOT
 from tests.unit.test_configs import _fake_data_fields, compose_train_cfg
+from transformer.cli import build, checks
+from transformer.cli.errors import ConfigError
 
 CONFIGS = REPO_ROOT / "configs"
 # each config file, with the experiment that uses it
@@ -88,17 +89,16 @@ def _cases() -> Iterator[Any]:
 
 def _build(cfg: DictConfig, group: str) -> None:
     """What train.py checks and builds for `group` before it reads any data or trains."""
-    train._check(cfg)
-    train._check_numbers(cfg)
+    checks.check_config(cfg)
     if group == "data":
-        train._instantiate(cfg.data, "data")
+        build.instantiate(cfg.data, "data")
     elif group == "model":
         _fake_data_fields(cfg)
-        task = train._instantiate(cfg.model, "model")
-        train._check_optimizer(task)
+        task = build.instantiate(cfg.model, "model")
+        build.check_optimizer(task)
     else:
-        callbacks = train._instantiate_group(cfg.get("callbacks"), "callbacks")
-        train._instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=False)
+        callbacks = build.instantiate_group(cfg.get("callbacks"), "callbacks")
+        build.instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=False)
 
 
 @functools.cache
@@ -123,7 +123,7 @@ def test_a_hostile_value_is_refused_naming_its_key_or_is_harmless(
                 cfg.model.config[name] = size
     try:
         _build(cfg, key.split(".", 1)[0])
-    except train.ConfigError as err:
+    except ConfigError as err:
         assert key.rsplit(".", 1)[-1] in str(err), f"{override}: the message does not name the key: {err}"
         assert "\n" not in str(err)
         return

@@ -19,15 +19,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from transformer.checkpoint import CheckpointError
+from transformer.decoding import DecodingSettings, decode
 from transformer.evaluation.restore import last_checkpoints, restore_model, task_of
 from transformer.evaluation.scoring import (
     bleu_by_length,
     checkpoint_decoding,
-    decoding_settings,
     score_classification,
     score_translation,
     stream_lines,
-    translate,
 )
 from transformer.training import ClassificationTask, TranslationTask
 
@@ -135,7 +134,7 @@ def _translation_setup() -> tuple[TranslationTask, list[list[int]], list[str]]:
     examples = _examples(23)
     # References: for half of the sentences the model's own greedy output, so BLEU is far from 0.
     src = _translation_batches(examples, list(range(23)), 23)[0]["src"]
-    own = _decode_batch(translate(task.model, src, {"search": "auto", **SHORT}).tolist())
+    own = _decode_batch(decode(task.model, src, DecodingSettings(**SHORT)).tolist())
     references = [own[i] if i % 2 == 0 else _text(e) for i, e in enumerate(examples)]
     return task, examples, references
 
@@ -152,7 +151,7 @@ def test_translation_scores_equal_the_task_test_step() -> None:
         decode_ids=_decode_batch,
         sources=[_text(e) for e in examples],
         references=references,
-        decoding=decoding_settings(task.hparams.decoding, {}),
+        decoding=DecodingSettings.from_values({}, task.hparams.decoding, "decode."),
         label_smoothing=0.1,
     )
     assert result.metrics["test/bleu"] > 20  # a meaningful comparison, not 0 == 0
@@ -168,8 +167,9 @@ def test_the_test_steps_own_decoding_settings_are_used() -> None:
     """A task may validate with greedy search and test with beam search: evaluation follows the test."""
     task = TranslationTask(_config(), decoding=SHORT, test_decoding={"beam_size": 3, "length_penalty": 1.0})
     saved = checkpoint_decoding(task.hparams)
-    assert saved == {**SHORT, "beam_size": 3, "length_penalty": 1.0}
-    assert checkpoint_decoding({"decoding": SHORT}) == SHORT  # checkpoints from before test_decoding
+    assert dict(saved) == {"search": "auto", **SHORT, "beam_size": 3, "length_penalty": 1.0}
+    # checkpoints from before test_decoding
+    assert dict(checkpoint_decoding({"decoding": SHORT})) == {"search": "auto", **SHORT}
     examples = _examples(12, seed=5)
     batches = _translation_batches(examples, list(range(12)), 4)
     references = [_text(e) for e in examples]
@@ -180,15 +180,19 @@ def test_the_test_steps_own_decoding_settings_are_used() -> None:
         "references": references,
         "label_smoothing": 0.1,
     }
-    result = score_translation(task.model, batches, decoding=decoding_settings(saved, {}), **kwargs)
+    result = score_translation(
+        task.model, batches, decoding=DecodingSettings.from_values({}, saved, "decode."), **kwargs
+    )
     assert result.metrics["test/chrf"] == pytest.approx(logged["test/chrf"], rel=1e-6)
-    greedy = score_translation(task.model, batches, decoding=decoding_settings(SHORT, {}), **kwargs)
+    greedy = score_translation(
+        task.model, batches, decoding=DecodingSettings.from_values({}, SHORT, "decode."), **kwargs
+    )
     assert greedy.hypotheses != result.hypotheses  # the comparison can tell the two settings apart
 
 
 def test_translation_results_are_in_split_order_whatever_the_batching() -> None:
     task, examples, references = _translation_setup()
-    settings = decoding_settings(SHORT, {})
+    settings = DecodingSettings.from_values({}, SHORT, "decode.")
     kwargs = {
         "decode_ids": _decode_batch,
         "sources": [_text(e) for e in examples],
@@ -223,7 +227,7 @@ def test_skipped_examples_are_an_error() -> None:
             decode_ids=_decode_batch,
             sources=references,
             references=references,
-            decoding=decoding_settings(SHORT, {}),
+            decoding=DecodingSettings.from_values({}, SHORT, "decode."),
             label_smoothing=0.1,
         )
 
@@ -231,27 +235,30 @@ def test_skipped_examples_are_an_error() -> None:
 def test_beam_search_of_width_one_is_greedy() -> None:
     task, examples, _ = _translation_setup()
     src = _translation_batches(examples, list(range(len(examples))), 32)[0]["src"]
-    greedy = translate(task.model, src, decoding_settings(SHORT, {"search": "greedy"}))
-    beam = translate(task.model, src, decoding_settings(SHORT, {"search": "beam"}))
+    greedy = decode(task.model, src, DecodingSettings.from_values({"search": "greedy"}, SHORT, "decode."))
+    beam = decode(task.model, src, DecodingSettings.from_values({"search": "beam"}, SHORT, "decode."))
     assert torch.equal(greedy, beam)
-    wider = translate(task.model, src, decoding_settings(SHORT, {"beam_size": 3}))
+    wider = decode(task.model, src, DecodingSettings.from_values({"beam_size": 3}, SHORT, "decode."))
     assert wider.size(0) == src.size(0)
 
 
 def test_decoding_settings() -> None:
     saved = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10}
-    assert decoding_settings(saved, {"beam_size": None, "search": None}) == {"search": "auto", **saved}
-    assert decoding_settings(saved, {"beam_size": 4})["beam_size"] == 4
+    assert DecodingSettings.from_values({"beam_size": None, "search": None}, saved, "decode.") == {
+        "search": "auto",
+        **saved,
+    }
+    assert DecodingSettings.from_values({"beam_size": 4}, saved, "decode.")["beam_size"] == 4
     with pytest.raises(ValueError, match=r"decode\.beam_width"):
-        decoding_settings(saved, {"beam_width": 4})
+        DecodingSettings.from_values({"beam_width": 4}, saved, "decode.")
     with pytest.raises(ValueError, match=r"decode\.beam_size must be an integer >= 1, got 0"):
-        decoding_settings(saved, {"beam_size": 0})
+        DecodingSettings.from_values({"beam_size": 0}, saved, "decode.")
     with pytest.raises(ValueError, match="search=greedy"):
-        decoding_settings(saved, {"search": "greedy", "beam_size": 4})
+        DecodingSettings.from_values({"search": "greedy", "beam_size": 4}, saved, "decode.")
     with pytest.raises(ValueError, match=r"decode\.search must be one of"):
-        decoding_settings(saved, {"search": "sampling"})
+        DecodingSettings.from_values({"search": "sampling"}, saved, "decode.")
     with pytest.raises(ValueError, match=r"decode\.max_len_b must be >= 0"):
-        decoding_settings(saved, {"max_len_b": -1})
+        DecodingSettings.from_values({"max_len_b": -1}, saved, "decode.")
 
 
 def test_stream_lines_keeps_one_output_line_per_input_line() -> None:

@@ -1,23 +1,75 @@
-"""The command-line edge shared by `train.py` and `evaluate.py`: a Hydra entry point whose composition
-errors (unknown key, group or option) and job set-up failures (a run directory under a file) end in one
-`error:` line and exit status 1, never a traceback or Hydra's multi-line report.
-
-With `sweep_callbacks.py`, the only modules of `transformer/` that import Hydra; the entry points import
-this one, nothing else does.
+"""The one error path of `train.py` and `evaluate.py`: a user error (`ConfigError`, or a data or checkpoint
+error raised by its owner) ends in one `error:` line and exit status 1, never a traceback; so do Hydra's
+composition errors (unknown key, group or option), job set-up failures (a run directory under a file)
+and the settings Lightning refuses only once its loop has started. The traceback goes to the run's log
+file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hydra
+import lightning as L
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-__all__ = ["one_line", "run"]
+from data.sources import DataError
+from transformer.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["USER_ERRORS", "ConfigError", "first_line", "lightning_refusals", "one_line", "run", "user_error"]
+
+
+class ConfigError(Exception):
+    """A config value that cannot work: reported as one line naming the key, exit status 1."""
+
+
+# What a user can fix (a config value, a data file, a checkpoint, a NaN/inf loss stop): one line.
+USER_ERRORS = (ConfigError, DataError, CheckpointError, FloatingPointError)
+
+
+def user_error(err: BaseException) -> SystemExit:
+    """`err` as the one-line `error:` exit; its traceback goes to the run's log file only."""
+    message = " ".join(str(err).split())
+    traceback_to_log_file(message)
+    return SystemExit(f"error: {message}")
+
+
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
+@contextlib.contextmanager
+def lightning_refusals() -> Iterator[None]:
+    """Settings Lightning checks only once the loop starts (e.g. `trainer.val_check_interval` larger than
+    an epoch) end the run with one line, like those checked up front."""
+    try:
+        yield
+    except (MisconfigurationException, ValueError) as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        raised_by_lightning = bool(frames) and frames[-1].filename.startswith(_LIGHTNING_DIR)
+        if isinstance(err, MisconfigurationException) or raised_by_lightning:
+            raise ConfigError(f"the trainer refused the config: {' '.join(str(err).split())}") from err
+        raise
+
+
+_LIGHTNING_DIR = str(Path(L.__file__).parent)
+
+
+def traceback_to_log_file(message: str) -> None:
+    """The full traceback goes to the run's log file only (the console gets the one-line message)."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (message,), sys.exc_info())
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def run(hydra_main: Callable[[], object], configs: Path, on_error: Callable[[Exception], str | None]) -> None:

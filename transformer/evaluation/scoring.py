@@ -26,7 +26,7 @@ from torchmetrics.classification import (
     MulticlassRecall,
 )
 
-from transformer.decoding import beam_search, check_decoding, greedy_search
+from transformer.decoding import DecodingSettings, decode
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
@@ -38,45 +38,18 @@ __all__ = [
     "bleu_by_length",
     "checkpoint_decoding",
     "corpus_scores",
-    "decoding_settings",
     "score_classification",
     "score_signatures",
     "score_translation",
     "stream_lines",
-    "translate",
 ]
 
 Batch = Mapping[str, Tensor]
-DECODING_KEYS = ("search", "beam_size", "length_penalty", "max_len_a", "max_len_b")
 
 
-def checkpoint_decoding(hparams: Mapping[str, Any]) -> dict[str, Any]:
+def checkpoint_decoding(hparams: Mapping[str, Any]) -> DecodingSettings:
     """The decoding settings a translation task's test step used: `test_decoding` over `decoding`."""
-    return {**(hparams.get("decoding") or {}), **(hparams.get("test_decoding") or {})}
-
-
-def decoding_settings(saved: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The checkpoint's decoding settings with the non-null `overrides` on top, checked."""
-    settings: dict[str, Any] = {"search": "auto", **saved}
-    for key, value in overrides.items():
-        if key not in DECODING_KEYS:
-            raise ValueError(f"unknown decoding option decode.{key}; expected some of {list(DECODING_KEYS)}")
-        if value is not None:
-            settings[key] = value
-    check_decoding(settings, prefix="decode.")
-    return settings
-
-
-@torch.no_grad()
-def translate(model: Seq2SeqTransformer, src: Tensor, decoding: Mapping[str, Any]) -> Tensor:
-    """src (B, S) -> best hypotheses (B, L): token ids after BOS, EOS-terminated, pad-filled."""
-    lengths = {"max_len_a": decoding["max_len_a"], "max_len_b": decoding["max_len_b"]}
-    if decoding["search"] == "greedy" or (decoding["search"] == "auto" and decoding["beam_size"] == 1):
-        return greedy_search(model, src, **lengths)
-    tokens, _ = beam_search(
-        model, src, beam_size=decoding["beam_size"], length_penalty=decoding["length_penalty"], **lengths
-    )
-    return tokens[:, 0]  # (B, L) the best of the beam
+    return DecodingSettings.from_values(hparams.get("test_decoding"), hparams.get("decoding"))
 
 
 def stream_lines(
@@ -174,7 +147,7 @@ def score_translation(
     decode_ids: Callable[[list[list[int]]], list[str]],
     sources: Sequence[str],
     references: Sequence[str],
-    decoding: Mapping[str, Any],
+    decoding: DecodingSettings,
     label_smoothing: float,
     stage: str = "test",
 ) -> TranslationResult:
@@ -202,7 +175,7 @@ def score_translation(
             sums["nll"] += float(out.nll) * n
             sums["correct"] += float(out.n_correct)
             sums["tokens"] += n
-            ids = [_until_eos(row, model.config.eos_id, pad_id) for row in translate(model, src, decoding)]
+            ids = [_until_eos(row, model.config.eos_id, pad_id) for row in decode(model, src, decoding)]
             for index, text, row in zip(batch["id"].tolist(), decode_ids(ids), ids):
                 hypotheses[index] = (text, row)
     missing = sorted(set(range(len(references))) - set(hypotheses))

@@ -16,16 +16,13 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
-from transformer.decoding import check_decoding
+from transformer.checkpoint import strip_compile_prefix
 from transformer.losses import TokenLoss
 
 log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
-
-_COMPILE_PREFIX = "_orig_mod."
-DEFAULT_DECODING = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10.0}
 
 
 def plain(value: Any) -> Any:
@@ -35,15 +32,6 @@ def plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return [plain(v) for v in value]
     return value
-
-
-def decoding_settings(name: str, defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict:
-    settings = {**defaults, **plain(given or {})}
-    unknown = sorted(set(settings) - set(DEFAULT_DECODING))
-    if unknown:
-        raise ValueError(f"unknown {name} option(s) {unknown}; expected some of {sorted(DEFAULT_DECODING)}")
-    check_decoding(settings, prefix=f"{name}.")
-    return settings
 
 
 class Throughput:
@@ -195,9 +183,8 @@ class TaskBase(L.LightningModule):
             self.log("train/tokens_per_s", rate, prog_bar=True, batch_size=batch_size)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint["state_dict"]
-        for key in [k for k in state if _COMPILE_PREFIX in k]:  # a model compiled from the outside
-            state[key.replace(_COMPILE_PREFIX, "")] = state.pop(key)
+        # a model compiled from the outside: its parameters are saved under their own names
+        checkpoint["state_dict"] = strip_compile_prefix(checkpoint["state_dict"])
         if self.run_config is not None:
             checkpoint["config"] = self.run_config
         for logger in self.loggers:  # so that `ckpt_path=` resumes the same wandb run

@@ -6,6 +6,7 @@ the model; everything else (lr, betas, eps, weight_decay) comes from the config.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -58,14 +59,14 @@ def adamw(
 
     `fused=None` picks the fused kernel when every parameter supports it.
     """
-    if lr <= 0:
-        raise ValueError(f"optimizer lr must be > 0, got {lr!r}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"optimizer betas must be two numbers in [0, 1), got {betas!r}")
-    if eps <= 0:
-        raise ValueError(f"optimizer eps must be > 0, got {eps!r}")
-    if weight_decay < 0:
-        raise ValueError(f"optimizer weight_decay must be >= 0, got {weight_decay!r}")
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
     groups = param_groups(model, weight_decay)
     if fused is None:
         fused = _fused_supported([p for group in groups for p in group["params"]])

@@ -10,17 +10,15 @@ import torch
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
+from transformer.decoding import DecodingSettings, decode
 from transformer.evaluation.scoring import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
 from transformer.training.base import (
-    DEFAULT_DECODING,
     OptimizerFactory,
     SchedulerFactory,
     TaskBase,
     TokenMeans,
-    decoding_settings,
     plain,
 )
 
@@ -46,8 +44,9 @@ class TranslationTask(TaskBase):
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
         config = plain(config)
-        decoding = decoding_settings("decoding", DEFAULT_DECODING, decoding)
-        test_decoding = decoding_settings("test_decoding", decoding, test_decoding)  # defaults: decoding
+        # plain dicts in the hyperparameters (checkpoints hold plain data); test defaults to validation's
+        decoding = dict(DecodingSettings.from_values(plain(decoding), prefix="decoding."))
+        test_decoding = dict(DecodingSettings.from_values(plain(test_decoding), decoding, "test_decoding."))
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
         if isinstance(val_bleu_every_n_epochs, bool) or not (
@@ -110,17 +109,9 @@ class TranslationTask(TaskBase):
         self.test_means.update(self._token_loss(batch))
         self._decode(batch)
 
-    @torch.no_grad()
     def translate(self, src: Tensor, decoding: Mapping[str, Any] | None = None) -> Tensor:
-        """src (B, S) -> best hypotheses (B, L) token ids after BOS (default settings: `decoding`)."""
-        d = {**self.hparams.decoding, **(decoding or {})}
-        lengths = {"max_len_a": d["max_len_a"], "max_len_b": d["max_len_b"]}
-        if d["beam_size"] == 1:
-            return greedy_search(self.model, src, **lengths)
-        tokens, _ = beam_search(
-            self.model, src, beam_size=d["beam_size"], length_penalty=d["length_penalty"], **lengths
-        )
-        return tokens[:, 0]  # (B, L)
+        """src (B, S) -> best hypotheses (B, L) after BOS (`decoding` over the validation settings)."""
+        return decode(self.model, src, DecodingSettings.from_values(decoding, self.hparams.decoding))
 
     def _decode(self, batch: Mapping[str, Tensor]) -> None:
         settings = self.hparams.test_decoding if self.trainer.testing else self.hparams.decoding

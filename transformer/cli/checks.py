@@ -1,0 +1,142 @@
+"""What `train.py` checks before it reads any data: the config's sections and the numbers typed by hand,
+the run directory (writable; continued or refused when it holds an earlier run) and the checkpoint to
+resume from (readable, the same task and network shape)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from transformer.cli.errors import ConfigError
+from transformer.cli.process import local_rank
+from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
+
+log = logging.getLogger("train")
+
+
+def check_config(cfg: DictConfig) -> None:
+    for key in ("data", "model", "trainer", "paths"):
+        if cfg.get(key) is None:
+            raise ConfigError(f"the config has no `{key}` section (pick one: {key}=NAME, see configs/{key}/)")
+    for key in ("train", "test"):
+        if not isinstance(cfg.get(key), bool):
+            raise ConfigError(f"`{key}` must be true or false, got {cfg.get(key)!r}")
+    if cfg.get("ckpt_path") is not None and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} is not a file (give the path of a .ckpt to resume from)"
+        )
+    if cfg.get("seed") is not None and (isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int)):
+        raise ConfigError(f"`seed` must be an integer or null, got {cfg.seed!r}")
+    data_max_len = cfg.data.get("max_len")
+    model_max_len = cfg.model.get("config", {}).get("max_len")
+    if isinstance(data_max_len, int) and isinstance(model_max_len, int) and data_max_len > model_max_len:
+        raise ConfigError(
+            f"data.max_len ({data_max_len}) exceeds model.config.max_len ({model_max_len}): "
+            "the model would get sequences longer than its positions"
+        )
+    check_numbers(cfg)
+
+
+# key -> (kind, lowest allowed, lowest is allowed): the Trainer's numbers, which Lightning checks late or
+# not at all, and this script's own. Components check their own values (the optimizer its `lr`, the
+# schedule its `warmup_steps`, the datamodule its `max_tokens`) when `build` instantiates them.
+NUMBERS = {
+    "trainer.max_epochs": (int, -1, True),
+    "trainer.max_steps": (int, -1, True),
+    "trainer.accumulate_grad_batches": (int, 1, True),
+    "trainer.gradient_clip_val": (float, 0.0, True),
+    "trainer.check_val_every_n_epoch": (int, 1, True),
+    "trainer.val_check_interval": (float, 0.0, False),
+    "trainer.num_sanity_val_steps": (int, -1, True),
+    "num_threads": (int, 1, True),
+}
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    for key, (kind, low, inclusive) in NUMBERS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None:
+            continue
+        numeric = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+        if isinstance(value, bool) or not numeric or not math.isfinite(value):
+            raise ConfigError(f"`{key}` must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        if value < low or (value == low and not inclusive):
+            bound = f">= {low}" if inclusive else f"> {low}"
+            raise ConfigError(f"`{key}` must be {bound}, got {value!r}")
+
+
+def continue_earlier_run(cfg: DictConfig) -> None:
+    """A run directory that holds an earlier run: continue from its `checkpoints/last.ckpt` (fairseq's
+    `checkpoint_last.pt` rule: a requeued command goes on where it stopped) or refuse to overwrite it."""
+    output_dir = Path(cfg.paths.output_dir)
+    try:
+        ckpt_path = checkpoint_to_continue(output_dir, cfg.get("ckpt_path"), train=cfg.train)
+    except RunDirectoryError as err:
+        raise ConfigError(str(err)) from err
+    if ckpt_path != cfg.get("ckpt_path"):
+        log.info("Continuing the earlier run in %s from %s", output_dir, ckpt_path)
+        with open_dict(cfg):
+            cfg.ckpt_path = ckpt_path
+    elif ckpt_path is None and local_rank() == 0 and (logs := earlier_logs(output_dir)):
+        log.warning(
+            "%s holds logs of an earlier run that saved no checkpoint (%s): starting over, this run's "
+            "logs replace them",
+            output_dir,
+            ", ".join(str(p.relative_to(output_dir)) for p in logs),
+        )
+
+
+def check_output_dir(path: Path) -> None:
+    """Fail before any work if the run directory cannot be written (read-only, or under a file)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ConfigError(f"paths.output_dir={path} is not writable: {err.strerror or err}") from err
+
+
+def peek_checkpoint(path: str) -> dict[str, Any]:
+    """The checkpoint's plain data (memory-mapped: tensors are not read)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # truncated, not a checkpoint, unsafe pickle: one line, nothing trained
+        first_line = (str(err).strip().splitlines() or [""])[0]  # weights_only refusals run to pages
+        raise ConfigError(f"cannot read ckpt_path={path}: {type(err).__name__}: {first_line}") from err
+
+
+_SHAPE_KEYS = (
+    "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers",
+    "d_ff", "positional", "max_len", "tie_embeddings", "norm_first",
+)  # fmt: skip
+
+
+def check_checkpoint_fits(cfg: DictConfig, checkpoint: Mapping[str, Any]) -> None:
+    """`ckpt_path` must hold the same task and network shape as this run builds (vocabulary included)."""
+    saved_target = ((checkpoint.get("config") or {}).get("model") or {}).get("_target_")
+    # by class name: the module path of a task may have moved since the checkpoint was written
+    saved_kind, our_kind = (str(t).rsplit(".", 1)[-1] for t in (saved_target, cfg.model.get("_target_")))
+    if saved_target and saved_kind != our_kind:
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} holds a {saved_kind.removesuffix('Task').lower()} model "
+            f"({saved_kind}); this run builds {our_kind} (pick the matching experiment=/model=)"
+        )
+    saved = (checkpoint.get("hyper_parameters") or {}).get("config") or {}
+    ours = OmegaConf.to_container(cfg.model.get("config") or {}, resolve=True)
+    differ = [
+        f"{key}={saved[key]!r} in the checkpoint, {ours[key]!r} here"
+        for key in _SHAPE_KEYS
+        if key in saved and key in ours and saved[key] != ours[key]
+    ]
+    if differ:
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} does not fit model.config: {'; '.join(differ)} "
+            "(a checkpoint of another model or vocabulary)"
+        )

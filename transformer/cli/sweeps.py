@@ -1,0 +1,96 @@
+"""The jobs of a sweep run in this process: the objective each returns to the sweeper, one wandb run per
+job, and the one-line summary when the sweep fails."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, open_dict
+
+from transformer.cli.errors import ConfigError, first_line
+
+log = logging.getLogger("train")
+
+
+def objective(cfg: DictConfig, metrics: Mapping[str, Any], needed: bool) -> float | None:
+    """The value of `optimized_metric`, what a sweeper optimizes. A run without it (one that ended
+    before its first validation, e.g. `trainer.max_steps=20`) is fine on its own, and a failed trial
+    in a sweep whose sweeper needs the value (Optuna; a grid needs none)."""
+    name = cfg.get("optimized_metric") if cfg.get("train") else None
+    if not name or metrics.get(name) is not None:
+        return metrics.get(name) if name else None
+    validated = sorted(k for k in metrics if k.startswith("val/"))
+    if validated:
+        problem = f"optimized_metric={name} was not logged; the validation logged {', '.join(validated)}"
+    else:
+        problem = (
+            f"no validation ran before training ended at step {metrics.get('global_step')}, "
+            f"so optimized_metric={name} has no value"
+        )
+    if needed:
+        raise ConfigError(problem)
+    (log.warning if validated else log.info)("%s", problem[0].upper() + problem[1:])
+    return None
+
+
+def sweeper_uses_objective(hydra_cfg: DictConfig) -> bool:
+    """Whether the sweeper reads the jobs' return values: every sweeper but Hydra's grid (BasicSweeper)."""
+    return not str(hydra_cfg.sweeper.get("_target_", "")).endswith(".BasicSweeper")
+
+
+@dataclass
+class SweepJob:
+    """One job of a sweep run in this process, for the summary when the sweep fails."""
+
+    num: int
+    overrides: list[str]
+    output_dir: Path
+    error: str | None = None
+
+    def fail(self, error: str) -> None:
+        self.error = error
+
+    def finish(self) -> None:
+        """End this job's wandb run (the jobs share the process: the next one would reuse it)."""
+        wandb = sys.modules.get("wandb")  # imported only if a wandb logger was built
+        if wandb is not None and wandb.run is not None:
+            wandb.finish(exit_code=1 if self.error is not None else 0)
+
+
+JOBS: list[SweepJob] = []
+
+
+def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> SweepJob:
+    """Record the sweep job that runs now; in a sweep every job is its own wandb run, grouped under the
+    sweep directory's name (the study name for `hparams_search`) unless `logger.wandb.group` is set."""
+    wandb = (cfg.get("logger") or {}).get("wandb")
+    if wandb is not None and not wandb.get("group"):
+        with open_dict(wandb):
+            wandb.group = Path(hydra_cfg.sweep.dir).name
+    job = SweepJob(hydra_cfg.job.num, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir))
+    JOBS.append(job)
+    return job
+
+
+def failure_summary(err: BaseException) -> str | None:
+    """One line on a sweep that stopped with `err`: how many jobs failed, the first one's error, where
+    the logs are. None outside a sweep."""
+    if not JOBS:
+        return None
+    failed = [job for job in JOBS if job.error is not None]
+    if not failed:
+        return f"the sweep failed after {len(JOBS)} jobs: {type(err).__name__}: {first_line(err)}"
+    first = failed[0]
+    logs = first.output_dir.parent / "*" / "train.log"
+    if len(failed) == len(JOBS):
+        what = f"every job of the sweep failed ({len(failed)} of {len(JOBS)})"
+    else:
+        what = f"{len(failed)} of the sweep's {len(JOBS)} jobs failed"
+    which = "the first, job" if len(failed) > 1 else "job"
+    overrides = " ".join(first.overrides) or "no overrides"
+    return f"{what}; {which} {first.num} ({overrides}): {first.error}; logs: {logs}"
