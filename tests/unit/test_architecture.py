@@ -1,0 +1,161 @@
+"""The layout's rules (docs/architecture.md), checked on the source: which package may import which, no
+import circles, Hydra only at the edge, and evaluation / export without Lightning at run time."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+THIRD_PARTY_OF_THE_EDGE = {"hydra", "omegaconf"}
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in ("transformer", "data"):
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+            yield ".".join(p for p in parts if p != "__init__"), path
+    for script in ("train", "evaluate"):
+        yield script, REPO_ROOT / f"{script}.py"
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every module `path` imports, at the top or inside a function (absolute names)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{path}: a relative import (the project uses absolute ones)"
+            names.add(node.module or "")
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+GRAPH = {module: _imports(path, module) for module, path in _modules()}
+OURS = set(GRAPH)
+
+
+def _project_imports(module: str) -> set[str]:
+    return {name for name in GRAPH[module] if name in OURS and name != module}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] in ("train", "evaluate"):
+        return "entry point"
+    if parts[0] == "data":
+        return "data"
+    if len(parts) == 1:
+        return "core"  # transformer/__init__.py
+    return parts[1] if parts[1] in ("training", "evaluation", "export", "cli") else "core"
+
+
+# layer -> the layers of this project it may import (besides itself)
+ALLOWED = {
+    "core": set(),
+    "data": set(),
+    "evaluation": {"core"},
+    "training": {"core", "evaluation"},
+    "export": {"core", "evaluation"},
+    "cli": {"core", "evaluation", "training", "data"},
+    "entry point": {"core", "evaluation", "training", "data", "cli"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_run_one_way(module: str) -> None:
+    layer = _layer(module)
+    wrong = sorted(
+        f"{name} ({_layer(name)})"
+        for name in _project_imports(module)
+        if _layer(name) != layer and _layer(name) not in ALLOWED[layer]
+    )
+    assert not wrong, f"{module} ({layer}) may import only {sorted(ALLOWED[layer])}, imports {wrong}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _layer(m) not in ("cli", "entry point")))
+def test_hydra_lives_at_the_edge(module: str) -> None:
+    roots = {name.split(".")[0] for name in GRAPH[module]}
+    assert not roots & THIRD_PARTY_OF_THE_EDGE, f"{module} imports {sorted(roots & THIRD_PARTY_OF_THE_EDGE)}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _layer(m) == "core"))
+def test_the_core_imports_only_torch(module: str) -> None:
+    roots = {name.split(".")[0] for name in GRAPH[module]}
+    foreign = roots - set(sys.stdlib_module_names) - {"torch", "transformer", "__future__"}
+    assert not foreign, f"the core module {module} imports {sorted(foreign)}"
+
+
+def test_the_core_modules_are_the_ones_documented() -> None:
+    top = {p.stem for p in (REPO_ROOT / "transformer").glob("*.py")} - {"__init__"}
+    documented = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    missing = sorted(name for name in top if f"{name}.py" not in documented)
+    assert not missing, f"docs/architecture.md does not list the core module(s) {missing}"
+
+
+def test_no_import_circles() -> None:
+    """Module-level import graph of the project (imports inside functions included): no cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in _project_imports(node):
+            if succ.startswith("transformer") and node == "transformer":
+                continue  # the package re-exports its core modules: not an import of the package itself
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert not circles, f"import circles: {circles}"
+
+
+MODULES_WITHOUT_LIGHTNING = (
+    "transformer",
+    "transformer.checkpoint",
+    "transformer.evaluation.restore",
+    "transformer.evaluation.scoring",
+    "transformer.evaluation.reports",
+    "transformer.evaluation.plots",
+    "transformer.evaluation.sweep_report",
+    "transformer.export.cli",
+    "data.batching",
+)
+
+
+def test_restoring_scoring_and_exporting_need_no_lightning_or_hydra() -> None:
+    edge = ("lightning", "pytorch_lightning", "hydra", "omegaconf")
+    code = (
+        f"import sys, {', '.join(MODULES_WITHOUT_LIGHTNING)}; print(sorted(set({edge}) & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
