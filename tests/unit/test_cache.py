@@ -12,7 +12,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from data import cache, datamodules, prepare, sources
+from data import cache, prepare, sources, tokenization
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from tests.data_digest import write_classification_fixture, write_fixture
 
@@ -32,9 +32,9 @@ def _forbid_preparation(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("read, trained or tokenized although the cache had everything")
 
     for module, name in (
-        (sources, "load_parallel"),
+        (sources.translation, "load_parallel"),
         (sources, "load_classification_files"),
-        (datamodules, "train_bpe"),
+        (tokenization, "train_bpe"),
         (prepare, "tokenize_split"),
     ):
         monkeypatch.setattr(module, name, fail)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from data import prepare
 from data.batching import TokenBudgetBatchSampler
-from data.datamodules import TranslationDataModule, _TokenBudgetDataModule
+from data.datamodules import TokenBudgetDataModule, TranslationDataModule
 from data.synthetic import make_synthetic_splits
 from data.tokenization import CorpusEncoder, normalizers, train_bpe
 from tests.data_digest import digest, fixture_datamodules
@@ -71,7 +71,7 @@ def test_same_ids_and_batches_as_before_the_cache(tmp_path: Path, cache: str) ->
 def test_same_when_tokenized_in_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Small chunks, three forked workers: the shards are concatenated in row order."""
     monkeypatch.setattr(prepare, "CHUNK_ROWS", 64)
-    monkeypatch.setattr(_TokenBudgetDataModule, "_tokenizing_workers", lambda self: 3)
+    monkeypatch.setattr(TokenBudgetDataModule, "_tokenizing_workers", lambda self: 3)
     modules = fixture_datamodules(tmp_path / "data", tmp_path / "cache")
     assert {name: digest(dm) for name, dm in modules.items()} == GOLDEN
     entry = next((tmp_path / "cache" / "tokenized").glob("multi30k-*-train-*"))

@@ -1,0 +1,371 @@
+"""From raw splits to token ids, for every task: the shared settings and their checks, the hooks a task
+fills in, tokenizer training (or reuse from `cache_dir`) and tokenized splits in the prepared-data cache.
+
+`prepare_data` trains (or reuses) the tokenizer(s) under `cache_dir`; `setup` tokenizes the splits a
+stage needs (dropping over-long training examples) into Arrow files under `cache_dir` (`data.cache`),
+or memory-maps them from there when a process already did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import lightning as L
+import tokenizers
+
+from data import cache, prepare, sources, tokenization
+from data.tokenization import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    BPETokenizer,
+    CorpusEncoder,
+    load_bpe,
+    save_bpe,
+)
+
+log = logging.getLogger(__name__)
+
+_STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
+TOKENIZER_SAMPLE_SIZE = 1_000_000  # training examples a tokenizer learns from (more: a seeded sample)
+
+
+class TokenizedDataModule(L.LightningDataModule):
+    """What both tasks share up to token ids: the settings, tokenizer and tokenized-split caching, length
+    filtering, the tokenizers in the checkpointed state."""
+
+    pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
+    _text_columns: tuple[str, ...]  # raw columns that are tokenized, e.g. ("src", "tgt")
+    _id_columns: tuple[str, ...]  # the token-id columns `_encode` returns, e.g. ("src_ids", "tgt_ids")
+
+    def __init__(
+        self,
+        *,
+        train_split: str,
+        val_split: str,
+        test_split: str,
+        vocab_size: int,
+        min_frequency: int,
+        max_tokens: int,
+        eval_max_tokens: int | None,
+        max_len: int,
+        pool_size: int | None,
+        max_sentences: int | None,
+        num_workers: int,
+        cache_dir: str | Path | None,
+        seed: int,
+        show_progress: bool,
+        bpe_dropout: float = 0.0,
+        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
+    ) -> None:
+        super().__init__()
+        self.splits = {"train": train_split, "val": val_split, "test": test_split}
+        self.vocab_size_requested = vocab_size
+        self.min_frequency = min_frequency
+        self.max_tokens = max_tokens
+        self.eval_max_tokens = max_tokens if eval_max_tokens is None else eval_max_tokens
+        self.max_len = max_len
+        self.pool_size = pool_size
+        self.max_sentences = max_sentences
+        self.num_workers = num_workers
+        self.cache_dir = None if cache_dir is None else Path(cache_dir).expanduser()
+        self.seed = seed
+        self.show_progress = show_progress
+        self.bpe_dropout = bpe_dropout
+        self.tokenizer_sample_size = tokenizer_sample_size
+        self._check_settings()
+        self.predict_texts: list[str] | None = None  # set by evaluate.py to decode arbitrary text
+        self._raw: dict[str, datasets.Dataset] = {}
+        self._tokenized: dict[str, datasets.Dataset] = {}
+        self._tokenizers: dict[str, BPETokenizer] = {}  # "src" and "tgt" (same object when joint)
+
+    @staticmethod
+    def _base_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings every task shares, picked from a task's constructor `locals()` for this one."""
+        names = inspect.signature(TokenizedDataModule.__init__).parameters
+        return {name: arguments[name] for name in names if name != "self"}
+
+    def _check_settings(self) -> None:
+        """Raise ValueError naming the first shared setting out of range (each is checked here, once)."""
+        if self.tokenizer_sample_size is not None and self.tokenizer_sample_size < 1:
+            raise ValueError(f"tokenizer_sample_size must be >= 1 or null, got {self.tokenizer_sample_size}")
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
+        if self.vocab_size_requested <= len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens {list(SPECIAL_TOKENS)}, "
+                f"got {self.vocab_size_requested}"
+            )
+        for name, value in (("min_frequency", self.min_frequency), ("seed", self.seed)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        for name, value in (("pool_size", self.pool_size), ("max_sentences", self.max_sentences)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or null, got {value}")
+        if self.max_len < 3:
+            raise ValueError(f"max_len must leave room for BOS, EOS and a token, got {self.max_len}")
+        for name, value in (("max_tokens", self.max_tokens), ("eval_max_tokens", self.eval_max_tokens)):
+            if value < self.max_len:
+                raise ValueError(
+                    f"{name} ({value}) must be at least max_len ({self.max_len}): one example must fit"
+                )
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+
+    # -- hooks for the subclasses ------------------------------------------------------------------
+    def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
+        raise NotImplementedError
+
+    def _tokenizer_columns(self) -> dict[str, list[str]]:
+        """Raw columns each tokenizer learns from: {"joint": [...]} or {"src": [...], "tgt": [...]}."""
+        raise NotImplementedError
+
+    def _files(self, split: str) -> list[Path] | None:
+        """The local files `split` is read from (their identity keys the cache), None for generated or
+        hub data (keyed by the loaded split's `datasets` fingerprint)."""
+        raise NotImplementedError
+
+    def _settings(self) -> dict[str, Any]:
+        """The settings besides the files that change a split's text or labels (languages, columns)."""
+        raise NotImplementedError
+
+    def _entry_meta(self) -> dict[str, Any]:
+        """What a cache entry keeps besides the ids, given back to `_restore_meta` on later loads."""
+        return {}
+
+    def _restore_meta(self, meta: Mapping[str, Any]) -> None:
+        """Take back what `_entry_meta` stored (e.g. class names) when a split comes from the cache."""
+
+    def _encode(
+        self, batch: Mapping[str, list[Any]], encoders: Mapping[str, CorpusEncoder]
+    ) -> dict[str, list[Any]]:
+        """{"src_ids": ...} (and "tgt_ids") of a batch of raw rows, with the "src" / "tgt" encoders."""
+        raise NotImplementedError
+
+    # -- raw splits --------------------------------------------------------------------------------
+    def raw_split(self, split: str) -> datasets.Dataset:
+        """The raw split by name (loaded once; ids index its rows)."""
+        if split not in self._raw:
+            self._raw.update(self._load_raw([split]))
+        return self._raw[split]
+
+    # -- tokenizers ------------------------------------------------------------------------------
+    @property
+    def src_tokenizer(self) -> BPETokenizer:
+        return self._tokenizer("src")
+
+    def _tokenizer(self, side: str) -> BPETokenizer:
+        if side not in self._tokenizers:
+            raise RuntimeError(
+                "tokenizers are not ready: call prepare_data() and setup() (or load_state_dict) first"
+            )
+        return self._tokenizers[side]
+
+    def prepare_data(self) -> None:
+        """Rank 0, before `setup`: train the tokenizer(s) or reuse matching ones from `cache_dir`, and
+        tokenize the splits of the trainer's stage (if one is attached) into it: other ranks only read."""
+        if self.cache_dir is None:
+            return
+        self._ensure_tokenizers()
+        trainer = self._trainer_or_none()
+        stage = trainer.state.fn.value if trainer is not None and trainer.state.fn is not None else None
+        for role in _STAGE_SPLITS.get(stage, ()) if stage else ():
+            self.tokenized(self.splits[role])
+
+    def _ensure_tokenizers(self) -> None:
+        """Tokenizers from `cache_dir` when trained on the same data with the same settings, else trained.
+
+        The cache key is the train split's identity (files: path, size, mtime), not its text: a later run
+        finds its tokenizer without reading the corpus. One process trains, the others wait for it.
+        """
+        if self._tokenizers:
+            return
+        trained: dict[str, BPETokenizer] = {}
+        for side, columns in self._tokenizer_columns().items():
+            if self.cache_dir is None:
+                trained[side] = self._train_tokenizer(columns, None)
+                continue
+            key = cache.cache_key(
+                {
+                    "kind": "tokenizer",
+                    "columns": columns,
+                    "data": self._identity(self.splits["train"]),
+                    "settings": self._settings(),
+                    "vocab_size": self.vocab_size_requested,
+                    "min_frequency": self.min_frequency,
+                    "sample_size": self.tokenizer_sample_size,
+                    "tokenizers": tokenizers.__version__,
+                }
+            )
+            tag = f"{self._cache_tag(side)}-{key[:16]}"
+            path = self.cache_dir / "tokenizers" / tag / "tokenizer.json"
+            tokenizer = load_bpe(path, key)
+            if tokenizer is None:
+                with cache.locked(self.cache_dir / "tokenizers" / ".locks" / f"{tag}.lock"):
+                    tokenizer = load_bpe(path, key)  # trained by another process while this one waited
+                    if tokenizer is None:
+                        tokenizer = self._train_tokenizer(columns, path)
+                        try:
+                            save_bpe(tokenizer, path, key)
+                        except OSError as err:  # e.g. a full disk
+                            raise sources.DataError(f"cannot write {path}: {err.strerror or err}") from err
+            trained[side] = tokenizer
+        self._set_tokenizers(trained)
+
+    def _train_tokenizer(self, columns: Sequence[str], path: Path | None) -> BPETokenizer:
+        train = self.raw_split(self.splits["train"])
+        texts, count = prepare.tokenizer_texts(train, columns, self.tokenizer_sample_size)
+        whole = count == len(train) * len(columns)
+        sampled = "" if whole else f" (a seeded sample of the {len(train)} examples)"
+        log.info(
+            "Training BPE tokenizer (vocab_size=%d) on %d texts%s%s",
+            self.vocab_size_requested,
+            count,
+            sampled,
+            f" -> {path}" if path else "",
+        )
+        return tokenization.train_bpe(
+            texts,
+            self.vocab_size_requested,
+            min_frequency=self.min_frequency,
+            show_progress=self.show_progress,
+            length=count,
+        )
+
+    def _identity(self, split: str) -> dict[str, Any]:
+        """What identifies `split`'s raw data: its files (path, size, mtime) or its `datasets` fingerprint."""
+        files = self._files(split)
+        if files is None:  # generated or hub data: a hash of the content (hub files) and the steps after
+            return {"fingerprint": self.raw_split(split)._fingerprint}
+        return {"files": [cache.file_identity(path) for path in files]}
+
+    def _cache_tag(self, side: str) -> str:
+        return f"{type(self).__name__}-{side}-v{self.vocab_size_requested}"
+
+    def _set_tokenizers(self, tokenizers: Mapping[str, BPETokenizer]) -> None:
+        if "joint" in tokenizers:
+            self._tokenizers = {"src": tokenizers["joint"], "tgt": tokenizers["joint"]}
+        else:
+            self._tokenizers = dict(tokenizers)
+        self._tokenized.clear()  # ids from an older tokenizer are invalid now
+
+    # -- tokenized splits --------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        """Make ready the splits `stage` needs (None: train, val and test), from the cache when it has them.
+
+        Every rank calls this; with `cache_dir`, one process tokenizes a split and the others wait for it
+        and memory-map its files.
+        """
+        self._ensure_tokenizers()
+        every = ("train", "val", "test")
+        for role in _STAGE_SPLITS.get(stage, every) if stage else every:
+            self.tokenized(self.splits[role])
+
+    def tokenized(self, split: str) -> datasets.Dataset:
+        """`split` as token ids plus "id" (row in the raw split); the train split is length-filtered."""
+        if split in self._tokenized:
+            return self._tokenized[split]
+        self._ensure_tokenizers()
+        if self.cache_dir is None:
+            directory = Path(tempfile.mkdtemp(dir=datasets.fingerprint.get_temporary_cache_files_directory()))
+            dataset, meta = self._tokenize(split, directory)
+        else:
+            tokenizer_digest = hashlib.sha256(
+                "".join(t.to_json() for t in self._tokenizers.values()).encode()
+            ).hexdigest()
+            key = cache.cache_key(
+                {
+                    "kind": "tokenized",
+                    "datamodule": type(self).__name__,
+                    "split": split,
+                    "train": split == self.splits["train"],  # filtered, not truncated
+                    "data": self._identity(split),
+                    "settings": self._settings(),
+                    "max_len": self.max_len,
+                    "tokenizers": tokenizer_digest,
+                }
+            )
+            name = f"{self._cache_tag('joint')}-{split}"
+            dataset, meta = cache.load_or_build(
+                self.cache_dir / "tokenized", name, key, lambda directory: self._tokenize(split, directory)
+            )
+            self._restore_meta(meta)
+        too_long, raw_rows = meta["too_long"], meta["raw_rows"]
+        if too_long and split == self.splits["train"]:
+            log.warning(
+                "%s: dropped %d of %d examples longer than max_len=%d tokens",
+                split,
+                too_long,
+                raw_rows,
+                self.max_len,
+            )
+        elif too_long:  # evaluation scores every example: cut, keeping the final EOS
+            log.warning(
+                "%s: truncated %d examples longer than max_len=%d tokens", split, too_long, self.max_len
+            )
+        self._tokenized[split] = dataset
+        return dataset
+
+    def _tokenize(self, split: str, directory: Path) -> tuple[datasets.Dataset, dict[str, Any]]:
+        """Tokenize the raw `split` into Arrow files in `directory`; the dataset and what to remember."""
+        raw = self.raw_split(split)
+        self._check_split(split, raw)
+        train = split == self.splits["train"]
+        vocab_size = max(tokenizer.vocab_size for tokenizer in self._tokenizers.values())
+        joint = CorpusEncoder(self._tokenizers["src"])  # one per tokenizer: the same ids, reused chunks
+        encoders = {
+            side: joint if tokenizer is joint.tokenizer else CorpusEncoder(tokenizer)
+            for side, tokenizer in self._tokenizers.items()
+        }
+        dataset, too_long = prepare.tokenize_split(
+            raw,
+            lambda batch: self._encode(batch, encoders),
+            self._text_columns,
+            self._id_columns,
+            max_len=self.max_len,
+            drop_long=train,
+            dtype=prepare.ids_dtype(vocab_size),
+            directory=directory,
+            workers=self._tokenizing_workers(),
+            progress=f"Tokenizing {split}" if self.show_progress else None,
+        )
+        if train and len(dataset) == 0:
+            raise sources.DataError(f"split {split!r}: every example is longer than max_len={self.max_len}")
+        return dataset, {"too_long": too_long, "raw_rows": len(raw), **self._entry_meta()}
+
+    def _tokenizing_workers(self) -> int:
+        """Processes that tokenize a large split: one per core this process may use (README: Performance)."""
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+    def _check_split(self, split: str, raw: datasets.Dataset) -> None:
+        """Raise if `split` cannot be used for training or scoring (classification: unlabeled)."""
+
+    def _trainer_or_none(self) -> L.Trainer | None:
+        return self.trainer if getattr(self, "trainer", None) is not None else None
+
+    # -- checkpointing -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The tokenizer JSON(s): with them a checkpoint alone rebuilds the vocabulary."""
+        state: dict[str, Any] = {}
+        if self._tokenizers:
+            if self._tokenizers["src"] is self._tokenizers.get("tgt"):
+                state["tokenizers"] = {"joint": self._tokenizers["src"].to_json()}
+            else:
+                state["tokenizers"] = {side: tok.to_json() for side, tok in self._tokenizers.items()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the tokenizers (they then win over `cache_dir`)."""
+        if "tokenizers" in state_dict:
+            self._set_tokenizers(
+                {side: BPETokenizer.from_json(j) for side, j in state_dict["tokenizers"].items()}
+            )

@@ -1,0 +1,150 @@
+"""Translation: parallel text (synthetic task, Multi30k, `{split}.{lang}` files or the hub) -> batches of
+source and target token ids, with the raw sentences and references by example id."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+import numpy as np
+
+from data import sources, synthetic
+from data.batching import TranslationCollator
+from data.datamodules.base import TokenBudgetDataModule
+from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE
+from data.tokenization import BPETokenizer, CorpusEncoder
+
+
+class TranslationDataModule(TokenBudgetDataModule):
+    """Parallel text -> batches of src, src_padding_mask, tgt_in, tgt_out, tgt_padding_mask, id.
+
+    source: "synthetic" (built-in task, splits train/val/test), "multi30k" (`data_dir` in the official
+    `{split}.{lang}.gz` layout, or the hub when `data_dir` is None), "parallel" (`data_dir` with
+    `{split}.{lang}` files, plain or .gz) or "hub" (`hub_name`, `hub_config`, `hub_split_names`).
+    """
+
+    _text_columns = ("src", "tgt")
+    _id_columns = ("src_ids", "tgt_ids")
+
+    def __init__(
+        self,
+        source: Literal["synthetic", "multi30k", "parallel", "hub"] = "synthetic",
+        data_dir: str | Path | None = None,
+        src_lang: str = "en",
+        tgt_lang: str = "de",
+        train_split: str = "train",
+        val_split: str = "val",
+        test_split: str = "test",
+        hub_name: str | None = None,
+        hub_config: str | None = None,
+        hub_split_names: Mapping[str, str] | None = None,
+        synthetic_sizes: Mapping[str, int] | None = None,
+        vocab_size: int = 8000,
+        joint_vocab: bool = True,
+        min_frequency: int = 2,
+        max_tokens: int = 4096,
+        eval_max_tokens: int | None = None,
+        max_len: int = 256,
+        pool_size: int | None = None,
+        max_sentences: int | None = None,
+        num_workers: int = 0,
+        cache_dir: str | Path | None = None,
+        seed: int = 0,
+        show_progress: bool = True,
+        bpe_dropout: float = 0.0,
+        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
+    ) -> None:
+        super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
+        if source not in ("synthetic", "multi30k", "parallel", "hub"):
+            raise ValueError(f"source must be synthetic, multi30k, parallel or hub, got {source!r}")
+        if source == "parallel" and data_dir is None:
+            raise ValueError("source='parallel' needs data_dir (a directory of {split}.{lang}[.gz] files)")
+        if source == "hub" and not hub_name:
+            raise ValueError("source='hub' needs hub_name (a dataset on the HuggingFace hub)")
+        if src_lang == tgt_lang:
+            raise ValueError(f"src_lang and tgt_lang must differ, both are {src_lang!r}")
+        for split, size in (synthetic_sizes or {}).items():
+            if size < 1:
+                raise ValueError(f"synthetic_sizes.{split} must be >= 1, got {size}")
+        self.source, self.data_dir = source, data_dir
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.hub_name, self.hub_config = hub_name, hub_config
+        self.hub_split_names = dict(hub_split_names or {})
+        self.synthetic_sizes = None if synthetic_sizes is None else dict(synthetic_sizes)
+        self.joint_vocab = joint_vocab
+
+    def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
+        if self.source == "synthetic":
+            # Generating one split draws the others too (they are disjoint): keep them all.
+            everything = list(dict.fromkeys([*splits, *(self.synthetic_sizes or synthetic.DEFAULT_SIZES)]))
+            return sources.load_synthetic(everything, seed=self.seed, sizes=self.synthetic_sizes)
+        if self.source == "multi30k":
+            return sources.load_multi30k(self.data_dir, splits, self.src_lang, self.tgt_lang)
+        if self.source == "parallel":
+            return sources.load_parallel_dir(
+                self.data_dir, splits, self.src_lang, self.tgt_lang, "{split}.{lang}"
+            )
+        return sources.load_translation_hub(
+            self.hub_name, splits, self.src_lang, self.tgt_lang, self.hub_config, self.hub_split_names
+        )
+
+    def _tokenizer_columns(self) -> dict[str, list[str]]:
+        # joint: every source, then every target, as the vocabulary has always been trained
+        return {"joint": ["src", "tgt"]} if self.joint_vocab else {"src": ["src"], "tgt": ["tgt"]}
+
+    def _files(self, split: str) -> list[Path] | None:
+        if self.source == "multi30k" and self.data_dir is not None:
+            layout = sources.MULTI30K_LAYOUT
+        elif self.source == "parallel":
+            layout = "{split}.{lang}"
+        else:
+            return None
+        return list(sources.parallel_files(self.data_dir, split, self.src_lang, self.tgt_lang, layout))
+
+    def _settings(self) -> dict[str, Any]:
+        return {"source": self.source, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
+
+    def _cache_tag(self, side: str) -> str:
+        langs = (
+            f"{self.src_lang}-{self.tgt_lang}"
+            if side == "joint"
+            else (self.src_lang, self.tgt_lang)[side == "tgt"]
+        )
+        return f"{self.source}-{langs}-v{self.vocab_size_requested}"
+
+    def _encode(
+        self, batch: Mapping[str, list[Any]], encoders: Mapping[str, CorpusEncoder]
+    ) -> dict[str, list[Any]]:
+        return {
+            "src_ids": encoders["src"].encode_batch(batch["src"]),
+            "tgt_ids": encoders["tgt"].encode_batch(batch["tgt"]),
+        }
+
+    def _length(self, lengths: Mapping[str, np.ndarray]) -> np.ndarray:
+        # tgt_in / tgt_out are one shorter than tgt_ids; the budget bounds both padded tensors.
+        return np.maximum(lengths["src_len"], lengths["tgt_len"] - 1)
+
+    def _collator(self) -> TranslationCollator:
+        return TranslationCollator(self.pad_id)
+
+    @property
+    def tgt_tokenizer(self) -> BPETokenizer:
+        return self._tokenizer("tgt")
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.src_tokenizer.vocab_size
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt_tokenizer.vocab_size
+
+    def sources(self, split: str) -> list[str]:
+        """Raw source sentences of `split`, indexed by the batches' `id`."""
+        return self.raw_split(split)["src"][:]
+
+    def references(self, split: str) -> list[str]:
+        """Raw target sentences of `split` (detokenized references for sacreBLEU), indexed by `id`."""
+        return self.raw_split(split)["tgt"][:]
