@@ -53,6 +53,17 @@ def strip_compile_prefix(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {key.replace(COMPILE_PREFIX, ""): value for key, value in state_dict.items()}
 
 
+def state_dict_mismatch(expected: Mapping[str, Tensor], actual: Mapping[str, Tensor]) -> str | None:
+    """How the tensors `actual` differ from `expected` in names or shapes (None when they fit)."""
+    missing, unexpected = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
+    if missing or unexpected:
+        return f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+    for key, value in actual.items():
+        if value.shape != expected[key].shape:
+            return f"{key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}"
+    return None
+
+
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """Average the weights of several checkpoints of one run (Vaswani et al. 2017, section 6.1).
 
@@ -67,17 +78,12 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     sums: dict[str, Tensor] = {}
     for path, checkpoint in zip(paths, checkpoints):
         state_dict = checkpoint["state_dict"]
-        if state_dict.keys() != reference.keys():
-            missing = sorted(set(reference) ^ set(state_dict))[:3]
+        mismatch = state_dict_mismatch(reference, state_dict)
+        if mismatch:
             raise CheckpointError(
-                f"cannot average {path}: its parameters differ from {paths[-1]} ({missing})"
+                f"cannot average {path}: its parameters differ from {paths[-1]} ({mismatch})"
             )
         for key, value in state_dict.items():
-            if value.shape != reference[key].shape:
-                raise CheckpointError(
-                    f"cannot average {path}: {key} has shape {tuple(value.shape)}, "
-                    f"expected {tuple(reference[key].shape)}"
-                )
             if value.is_floating_point():
                 sums[key] = sums.get(key, 0) + value.double()
     averaged = dict(checkpoints[-1])

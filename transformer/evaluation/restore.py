@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from transformer.checkpoint import CheckpointError, load_checkpoint, strip_compile_prefix
+from transformer.checkpoint import CheckpointError, load_checkpoint, state_dict_mismatch, strip_compile_prefix
 from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
@@ -121,18 +121,9 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
         raise CheckpointError(f"checkpoint {path}: its model config cannot be built: {err}") from None
     weights = _model_weights(checkpoint)
     expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"checkpoint {path}: weights do not match its model config "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
-    for key, value in weights.items():
-        if value.shape != expected[key].shape:
-            raise CheckpointError(
-                f"checkpoint {path}: {key} has shape {tuple(value.shape)} but its model config "
-                f"gives {tuple(expected[key].shape)}"
-            )
+    mismatch = state_dict_mismatch(expected, weights)
+    if mismatch:
+        raise CheckpointError(f"checkpoint {path}: weights do not match its model config ({mismatch})")
     model.load_state_dict(weights)
     model.eval()
     config_dict = checkpoint.get("config")
