@@ -357,6 +357,66 @@ def test_ctranslate2_config_adds_the_special_tokens(ct2_dir: Path) -> None:
     assert config["decoder_start_token"] == "<s>" and config["eos_token"] == "</s>"
 
 
+def test_ctranslate2_separate_vocabularies_greedy_equals_ours(tmp_path: Path) -> None:
+    """A model trained with separate source and target tokenizers (`data.joint_vocab=false`: vocabularies
+    of different sizes, one id naming different subwords on each side): sources encoded with the export's
+    `source_tokenizer.json`, outputs read with its `target_tokenizer.json`, greedy search equal to ours
+    token for token and in text, and teacher-forced log-probabilities equal to ours."""
+    import tokenizers
+
+    pairs = _pairs(600, seed=1)
+    src_tokenizer = train_bpe([s for s, _ in pairs], 300)  # English
+    tgt_tokenizer = train_bpe([t for _, t in pairs], 360)  # German
+    config = TransformerConfig(
+        src_vocab_size=src_tokenizer.vocab_size,
+        tgt_vocab_size=tgt_tokenizer.vocab_size,
+        tie_embeddings="decoder",  # "all" needs one vocabulary
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=64,
+        dropout=0.0,
+        max_len=MAX_LEN,
+    )
+    assert config.src_vocab_size != config.tgt_vocab_size
+    model = _train(config, src_tokenizer, pairs, steps=250, tgt_tokenizer=tgt_tokenizer)
+    ckpt = save_checkpoint(
+        tmp_path / "m.ckpt", model, {"src": src_tokenizer.to_json(), "tgt": tgt_tokenizer.to_json()}
+    )
+    out = tmp_path / "ct2"
+    assert main([str(ckpt), "--to", "ctranslate2", "--output", str(out)]) == 0
+    assert not (out / "tokenizer.json").exists()
+    source = tokenizers.Tokenizer.from_file(str(out / "source_tokenizer.json"))
+    target = tokenizers.Tokenizer.from_file(str(out / "target_tokenizer.json"))
+    assert source.to_str() == src_tokenizer.to_json() and target.to_str() == tgt_tokenizer.to_json()
+    texts = [s for s, _ in _pairs(24, seed=2)]
+    translator = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
+    results = translator.translate_batch(
+        [source.encode(text, add_special_tokens=False).tokens for text in texts], beam_size=1, **CT2_LIMIT
+    )
+    theirs = [[target.token_to_id(token) for token in result.hypotheses[0]] for result in results]
+    ours = _hypotheses(greedy_search(model, _batch(src_tokenizer, texts), **LIMIT), tgt_tokenizer.eos_id)
+    assert sum(row[-1] == tgt_tokenizer.eos_id for row in ours) >= len(ours) - 2  # most end their sentence
+    assert theirs == _without_eos(ours, tgt_tokenizer.eos_id)
+    assert [target.decode(row) for row in theirs] == tgt_tokenizer.decode_batch(ours)
+    subwords = [token for result in results for token in result.hypotheses[0]]
+    assert [source.id_to_token(i) for row in theirs for i in row] != subwords  # ids differ between sides
+
+    tests = _pairs(6, seed=6)
+    src = _batch(src_tokenizer, [s for s, _ in tests])
+    tgt = _batch(tgt_tokenizer, [t for _, t in tests])
+    scores = translator.score_batch(
+        [source.encode(s, add_special_tokens=False).tokens for s, _ in tests],
+        [target.encode(t, add_special_tokens=False).tokens for _, t in tests],
+    )
+    with torch.no_grad():
+        log_probs = model(src, tgt[:, :-1]).log_softmax(-1)  # (B, T, V)
+    expected = log_probs.gather(-1, tgt[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T): each next token, then EOS
+    for row, score in zip(expected, scores):
+        assert (row[: len(score.log_probs)] - torch.tensor(score.log_probs)).abs().max().item() <= 1e-4
+
+
 # --- refusals: one error line, status 1, nothing written ---------------------------------------------------
 
 
