@@ -254,17 +254,10 @@ def _beam_search(
         last_tokens = prefixes[:, -1] if step else src.new_full((n,), config.bos_id)
         log_probs = _next_log_probs(model, last_tokens, memory, src_padding_mask, cache, at_max_length)
 
-        # 1. the 2K best candidates: each beam's top 2K tokens suffice for the top 2K overall; the stable
-        #    sort keeps a beam's own order on ties, so one beam reproduces greedy's argmax exactly
+        # 1. the 2K best candidates of each sentence: their scores, tokens and parent beams
         n_candidates = min(2 * beam_size, beams * per_beam)
-        top_log_probs, top_tokens = log_probs.topk(per_beam, dim=-1)  # (n * beams, 2K)
-        totals = scores.unsqueeze(-1) + top_log_probs.view(n, beams, per_beam)  # (n, beams, 2K)
-        cand_scores, order = totals.view(n, beams * per_beam).sort(dim=-1, descending=True, stable=True)
-        cand_scores, order = cand_scores[:, :n_candidates], order[:, :n_candidates]  # (n, 2K)
-        cand_tokens = top_tokens.view(n, beams * per_beam).gather(1, order)  # (n, 2K)
-        # the beam of its sentence that each candidate extends, and that beam's row of `prefixes`
-        cand_parents = order // per_beam  # (n, 2K)
-        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_parents  # (n, 2K)
+        cand_scores, cand_tokens, cand_parents = _candidates(log_probs, scores, per_beam, n_candidates)
+        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_parents  # (n, 2K) in prefixes
 
         # 2. EOS among the K best candidates ends a hypothesis (-inf ones are dead beams' leftovers)
         length = step + 1
@@ -272,19 +265,13 @@ def _beam_search(
         is_eos = cand_tokens == config.eos_id  # (n, 2K)
         ended = is_eos[:, :beam_size] & torch.isfinite(cand_scores[:, :beam_size])  # (n, K)
         for i, k in ended.nonzero().tolist():
-            sentence = int(sentences[i])
             tokens = torch.cat([prefixes[cand_rows[i, k]], cand_tokens[i, k : k + 1]])
-            finished[sentence].append((cand_scores[i, k].item() / normalizer, tokens))
-            if len(finished[sentence]) >= beam_size:  # the bar a live beam must clear: the K-th best
-                kth_best[sentence] = sorted(score for score, _ in finished[sentence])[-beam_size]
+            score = cand_scores[i, k].item() / normalizer
+            _finish(finished, kth_best, beam_size, int(sentences[i]), score, tokens)
 
-        # 3. the K best non-EOS candidates live on; should EOS ones have to fill the K slots (tiny
-        #    vocabularies), they stay as dead beams scored -inf
+        # 3. the K best non-EOS candidates live on
         beams = min(beam_size, n_candidates)
-        rank = torch.arange(n_candidates, device=device) + is_eos * n_candidates  # EOS ranked last
-        pick = rank.argsort(dim=-1, stable=True)[:, :beams]  # (n, K)
-        new_tokens = cand_tokens.gather(1, pick)  # (n, K)
-        scores = cand_scores.gather(1, pick).masked_fill(new_tokens == config.eos_id, -math.inf)
+        pick, new_tokens, scores = _survivors(cand_scores, cand_tokens, is_eos, beams)  # each (n, K)
 
         # 4. a sentence is done at its max length, or once K hypotheses ended and its best live beam,
         #    normalized at the current length, scores below the K-th of them (exact for
@@ -303,6 +290,52 @@ def _beam_search(
         cache.select_beams(cand_parents.gather(1, pick)[live], live)
         step += 1
     return _pack(finished, n_best, config.pad_id, device)
+
+
+def _candidates(
+    log_probs: Tensor, scores: Tensor, per_beam: int, n_candidates: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """log_probs (n * beams, V) of the next token, scores (n, beams) so far -> the `n_candidates` best
+    extensions of each sentence: (scores, tokens, index of the beam each extends), each (n, 2K).
+
+    Each beam's top 2K tokens suffice for the top 2K overall; the stable sort keeps a beam's own order
+    on ties, so one beam reproduces greedy search's argmax exactly.
+    """
+    n, beams = scores.shape
+    top_log_probs, top_tokens = log_probs.topk(per_beam, dim=-1)  # (n * beams, 2K)
+    totals = scores.unsqueeze(-1) + top_log_probs.view(n, beams, per_beam)  # (n, beams, 2K)
+    cand_scores, order = totals.view(n, beams * per_beam).sort(dim=-1, descending=True, stable=True)
+    cand_scores, order = cand_scores[:, :n_candidates], order[:, :n_candidates]  # (n, 2K)
+    cand_tokens = top_tokens.view(n, beams * per_beam).gather(1, order)  # (n, 2K)
+    return cand_scores, cand_tokens, order // per_beam
+
+
+def _survivors(
+    cand_scores: Tensor, cand_tokens: Tensor, is_eos: Tensor, beams: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The `beams` best non-EOS candidates of each sentence: (their index among the candidates, their
+    tokens, their scores). Should EOS ones have to fill the slots (tiny vocabularies), they stay as dead
+    beams scored -inf."""
+    n_candidates = cand_scores.size(1)
+    rank = torch.arange(n_candidates, device=cand_scores.device) + is_eos * n_candidates  # EOS ranked last
+    pick = rank.argsort(dim=-1, stable=True)[:, :beams]  # (n, K)
+    new_tokens = cand_tokens.gather(1, pick)  # (n, K)
+    return pick, new_tokens, cand_scores.gather(1, pick).masked_fill(is_eos.gather(1, pick), -math.inf)
+
+
+def _finish(
+    finished: list[list[tuple[float, Tensor]]],
+    kth_best: Tensor,
+    beam_size: int,
+    sentence: int,
+    score: float,
+    tokens: Tensor,
+) -> None:
+    """Record an ended hypothesis of `sentence`; once it has K (beam_size) of them, `kth_best` holds the
+    bar a live beam must clear: the K-th best normalized score."""
+    finished[sentence].append((score, tokens))
+    if len(finished[sentence]) >= beam_size:
+        kth_best[sentence] = sorted(score for score, _ in finished[sentence])[-beam_size]
 
 
 def _pack(
