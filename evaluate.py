@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from transformer.cli.errors import ConfigError
 from transformer.decoding import DecodingSettings
 from transformer.evaluation.plots import read_learning_curves
 from transformer.evaluation.reports import write_classification_outputs, write_translation_outputs
-from transformer.evaluation.restore import restore_model
+from transformer.evaluation.restore import RestoredModel, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding, score_classification, score_translation
 
 log = logging.getLogger("evaluate")
@@ -45,8 +46,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     evaluate_setup.check_options(cfg, restored, paths[-1])
     device = evaluate_setup.device_from_name(str(cfg.get("device") or "cpu"))
     restored.model.to(device)
-    show_progress = bool(cfg.get("progress", True))
-    datamodule = evaluate_setup.build_datamodule(restored, cfg.get("data") or {}, paths[-1], show_progress)
+    progress = bool(cfg.get("progress", True))
+    datamodule = evaluate_setup.build_datamodule(restored, cfg.get("data") or {}, paths[-1], progress)
     decoding = None
     if restored.task == "translation":
         saved = checkpoint_decoding(restored.hparams)
@@ -54,22 +55,34 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("translate", {}).get("input") is not None:
         text_io.translate_stream(cfg.translate, restored, datamodule, decoding, device)
         return {}
-
     out_dir = Path(cfg.paths.output_dir)
-    clashes = [name for name in _RESULT_FILES if (out_dir / name).exists()]
-    if clashes:
-        raise ConfigError(
-            f"output directory {out_dir} already holds {clashes}: evaluate writes only into a new one"
-        )
+    evaluate_setup.check_new_output_dir(out_dir, _RESULT_FILES)
     split = datamodule.splits["test"]
     loader = datamodule.test_dataloader()  # loads and tokenizes the split: unknown / unlabeled ones fail here
-    batches = text_io.progress(
-        text_io.on_device(loader, device), len(loader), f"Scoring {split}", show_progress
-    )
-    training_run = evaluate_setup.training_run_dir(restored, paths[-1])
+    batches = text_io.progress(text_io.on_device(loader, device), len(loader), f"Scoring {split}", progress)
+    info = evaluate_setup.run_info(cfg, restored, paths, datamodule, split, device)
+    metrics, files = score_and_write(cfg, restored, datamodule, split, batches, decoding, info, paths[-1])
+    text_io.log_to_loggers(cfg, metrics, files)
+    log.info("Wrote %s", ", ".join(sorted(p.name for p in files.values() if p.parent == out_dir)))
+    return metrics
+
+
+def score_and_write(
+    cfg: DictConfig,
+    restored: RestoredModel,
+    datamodule: Any,
+    split: str,
+    batches: Iterable[Mapping[str, Any]],
+    decoding: DecodingSettings | None,
+    info: dict[str, Any],
+    path: Path,
+) -> tuple[dict[str, float], dict[str, Path]]:
+    """Decode / classify `batches` of `split`, then write the outputs, the report and its plots."""
+    out_dir = Path(cfg.paths.output_dir)
+    training_run = evaluate_setup.training_run_dir(restored, path)
     tokenizer = datamodule.src_tokenizer
     outputs = {
-        "info": evaluate_setup.run_info(cfg, restored, paths, datamodule, split, device),
+        "info": info,
         "model": restored.model,
         "encode_source": lambda text: tokenizer.encode(text)[: datamodule.max_len],
         "curves": read_learning_curves(training_run) if training_run and cfg.report.learning_curves else {},
@@ -106,9 +119,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         )
         id_to_token = evaluate_setup.id_to_token(tokenizer)
         files = write_classification_outputs(out_dir, result, texts=texts, id_to_token=id_to_token, **outputs)
-    text_io.log_to_loggers(cfg, result.metrics, files)
-    log.info("Wrote %s", ", ".join(sorted(p.name for p in files.values() if p.parent == out_dir)))
-    return dict(result.metrics)
+    return dict(result.metrics), files
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +184,12 @@ def id_to_token(tokenizer: Any) -> Any:
     if backend is None:
         return str
     return lambda i: backend.id_to_token(i) or str(i)
+
+
+def check_new_output_dir(out_dir: Path, result_files: Iterable[str]) -> None:
+    """evaluate.py writes only into a directory that holds no earlier results."""
+    clashes = [name for name in result_files if (out_dir / name).exists()]
+    if clashes:
+        raise ConfigError(
+            f"output directory {out_dir} already holds {clashes}: evaluate writes only into a new one"
+        )
