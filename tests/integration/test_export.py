@@ -157,3 +157,50 @@ def test_model_card_has_the_runs_scores(run: dict) -> None:
         assert f"global step {run['source'].global_step}" in card
     generation = json.loads((run["hf"] / "generation_config.json").read_text())
     assert generation["num_beams"] == 4 and generation["length_penalty"] == 0.6
+
+
+# transformers 5 removed the "translation" pipeline (and "text2text-generation", "summarization"); the
+# newest 4.x is installed beside the environment for this test, with the hub client and tokenizers it pins
+TRANSFORMERS_4 = ["transformers>=4.40,<5", "huggingface_hub>=0.34,<1", "tokenizers>=0.22,<0.23"]
+PIPELINE = """
+import json, sys
+import transformers
+assert transformers.__version__.startswith("4."), transformers.__version__
+directory, texts, limit = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+translate = transformers.pipeline("translation", model=directory, device="cpu")
+greedy = [out["translation_text"] for out in translate(texts, num_beams=1, max_new_tokens=limit)]
+default = [out["translation_text"] for out in translate(texts, max_new_tokens=limit)]
+print(json.dumps({"version": transformers.__version__, "greedy": greedy, "default": default}))
+"""
+
+
+def test_pipeline_translation_with_transformers_4(
+    run: dict, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`pipeline("translation", model=DIR)` translates raw text under transformers 4 (pip-installed into a
+    directory of its own, the environment untouched, and run in a subprocess): greedy, its text is our
+    greedy search's; with the directory's generation_config.json (the checkpoint's beam 4, alpha 0.6), it
+    is what the installed transformers' `generate` gives."""
+    target = tmp_path_factory.mktemp("transformers4")
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]
+    install = subprocess.run([*pip, *TRANSFORMERS_4], capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, f"pip could not install {TRANSFORMERS_4}: {install.stderr[-2000:]}"
+    texts = run["texts"][:20]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(target), str(REPO)]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PIPELINE, str(run["hf"]), json.dumps(texts), str(LIMIT)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    from data.tokenization import BPETokenizer
+
+    tokenizer = BPETokenizer.from_json(run["source"].tgt_tokenizer_json)
+    ours = [tokenizer.decode(row) for row in _ours({**run, "texts": texts})]
+    assert result["greedy"] == ours and all(ours), result["version"]
+    assert result["default"] == _hf(run["hf"], texts)[1], result["version"]
