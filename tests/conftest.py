@@ -1,8 +1,13 @@
-"""Shared fixtures: seeded RNG, paths to the real datasets, GPU skipping."""
+"""Shared test fixtures and helpers: seeded RNG, one intra-op thread for tiny models, paths to the real
+datasets, GPU skipping, running the entry points as a user does, a planted malicious pickle, and a
+snapshot of a directory (to prove a refused command changed nothing)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,3 +61,57 @@ def multi30k_dir() -> Path:
 def sst2_dir() -> Path:
     """The SST-2 GLUE directory from $SST2_DIR."""
     return _data_dir("SST2_DIR")
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread; two threads on a busy 2-core machine spin for seconds.
+    A module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cli_env(**env: str) -> dict[str, str]:
+    """The environment of a command-line run: no inherited wandb settings, unbuffered, one-line errors."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    environ.update(PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", **env)
+    environ.pop("PROJECT_ROOT", None)  # the entry points find the repository themselves
+    return environ
+
+
+def run_script(
+    script: str | Path,
+    args: list[str],
+    *,
+    cwd: Path = REPO_ROOT,
+    stdin: str | None = None,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`python SCRIPT ARGS...` as a user runs it (a script of the repository, or any path)."""
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / script), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=cli_env() if env is None else env,
+        timeout=timeout,
+    )
+
+
+class MaliciousPickle:
+    """Unpickling this runs a shell command that creates `marker`: the classic malicious checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file below `directory` with its size and modification time."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()}

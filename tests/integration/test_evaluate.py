@@ -13,7 +13,6 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,11 +23,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from tests.conftest import REPO_ROOT, MaliciousPickle, run_script, snapshot
 from tests.unit.test_reports import assert_png, assert_valid_markdown
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 # The quickstart experiment, shrunk: a few dozen steps of a tiny model. Decoding is capped at
 # source length + 2 tokens (saved in the checkpoint, so evaluation decodes the same way).
 TINY_QUICKSTART = [
@@ -51,16 +50,8 @@ CLOSE = ("test/loss", "test/nll", "test/ppl", "test/token_acc")
 
 
 def _run(script: str, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PROJECT_ROOT": str(REPO), "WANDB_MODE": "offline"}
-    return subprocess.run(
-        [sys.executable, str(REPO / script), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=900,
-    )
+    env = {**os.environ, "PROJECT_ROOT": str(REPO_ROOT), "WANDB_MODE": "offline"}
+    return run_script(script, args, stdin=stdin, env=env)
 
 
 def _train(run_dir: Path, cache: Path, overrides: list[str], trainer: str = "cpu") -> Path:
@@ -205,17 +196,13 @@ def _macro_f1(gold: list[str], predicted: list[str]) -> float:
     return sum(scores) / len(scores)
 
 
-def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()}
-
-
 @pytest.fixture
 def compose_eval(monkeypatch: pytest.MonkeyPatch) -> Iterator:
     """`evaluate(cfg)` in this process (no interpreter start-up): compose configs/eval.yaml with overrides."""
-    monkeypatch.setenv("PROJECT_ROOT", str(REPO))
+    monkeypatch.setenv("PROJECT_ROOT", str(REPO_ROOT))
 
     def make(out_dir: Path, *overrides: str) -> DictConfig:
-        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
             return compose("eval", overrides=[f"paths.output_dir={out_dir}", "progress=false", *overrides])
 
     yield make
@@ -225,7 +212,7 @@ def compose_eval(monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
 
 def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_path: Path) -> None:
-    before = _snapshot(translation_run)
+    before = snapshot(translation_run)
     out = tmp_path / "eval"
     result = _run("evaluate.py", [f"ckpt_path={_best(translation_run)}", f"hydra.run.dir={out}"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -261,7 +248,7 @@ def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_pat
         assert f"]({picture})" in text
         assert_png(out / picture)
     assert len(list((out / "attention").glob("*cross*.png"))) == 2
-    assert _snapshot(translation_run) == before  # nothing in the training run was touched
+    assert snapshot(translation_run) == before  # nothing in the training run was touched
 
 
 def test_classification_scores_equal_the_training_runs_test_step(
@@ -505,16 +492,6 @@ def test_gpu_bf16_training_run_then_cpu_evaluation(tmp_path: Path, compose_eval)
 # --- bad input: one line on stderr, exit status 1 ----------------------------------------------------------
 
 
-class _Payload:
-    """Unpickling this runs a shell command (the classic malicious checkpoint)."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _error_cases(root: Path, translation: Path, classification: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (evaluate.py arguments, text the error line must contain)."""
     best, cls_best = _best(translation), _best(classification)
@@ -522,9 +499,9 @@ def _error_cases(root: Path, translation: Path, classification: Path) -> dict[st
     data = best.read_bytes()
     truncated.write_bytes(data[: len(data) // 2])
     evil = root / "evil.ckpt"
-    torch.save({"state_dict": {}, "payload": _Payload(root / "pwned")}, evil)
+    torch.save({"state_dict": {}, "payload": MaliciousPickle(root / "pwned")}, evil)
     raw_evil = root / "evil_raw.ckpt"
-    raw_evil.write_bytes(pickle.dumps({"state_dict": {}, "payload": _Payload(root / "pwned")}))
+    raw_evil.write_bytes(pickle.dumps({"state_dict": {}, "payload": MaliciousPickle(root / "pwned")}))
     # translation weights and hyperparameters under a classification run's config
     mixed = root / "mixed.ckpt"
     t, c = (torch.load(p, map_location="cpu", weights_only=True) for p in (best, cls_best))

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.integration.test_train import TINY, cli_env
+from tests.conftest import REPO_ROOT, run_script
+from tests.integration.test_train import TINY
 
 pytestmark = pytest.mark.slow
 
@@ -39,13 +38,7 @@ def _old_tree(destination: Path) -> Path:
 
 
 def _run(tree: Path, script: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, str(tree / script), *args],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        env=cli_env(PROJECT_ROOT=str(tree)),
-    )
+    done = run_script(tree / script, args, cwd=tree)  # the old scripts find their own tree
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

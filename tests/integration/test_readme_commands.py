@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.integration.test_train import cli_env
+from tests.conftest import REPO_ROOT, cli_env
 
 pytestmark = pytest.mark.slow
 

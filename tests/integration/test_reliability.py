@@ -25,9 +25,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, MaliciousPickle, cli_env, snapshot
 from tests.integration.test_train import TINY as TRAIN_TINY
-from tests.integration.test_train import cli_env
 from transformer.training import checkpoint_io
 from transformer.training.callbacks import NonFiniteLossGuard
 from transformer.training.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
@@ -487,18 +486,6 @@ def test_cli_nan_loss_skip_and_stop(tmp_path: Path) -> None:
 # --- hostile input: one line, non-zero exit, nothing written over --------------------------------------
 
 
-def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()}
-
-
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("finished") / "run"
@@ -512,8 +499,10 @@ def _hostile_cases(root: Path, run: Path) -> dict[str, tuple[list[str], str]]:
     last = run / "checkpoints" / "last.ckpt"
     data = last.read_bytes()
     (root / "truncated.ckpt").write_bytes(data[: len(data) // 2])
-    torch.save({"state_dict": {}, "payload": _Payload(root / "pwned")}, root / "evil.ckpt")
-    (root / "evil_raw.ckpt").write_bytes(pickle.dumps({"state_dict": {}, "x": _Payload(root / "pwned")}))
+    torch.save({"state_dict": {}, "payload": MaliciousPickle(root / "pwned")}, root / "evil.ckpt")
+    (root / "evil_raw.ckpt").write_bytes(
+        pickle.dumps({"state_dict": {}, "x": MaliciousPickle(root / "pwned")})
+    )
     classification = _load(last)
     classification["config"]["model"]["_target_"] = "transformer.training.ClassificationTask"
     torch.save(classification, root / "classification.ckpt")
@@ -557,7 +546,7 @@ def _hostile_cases(root: Path, run: Path) -> dict[str, tuple[list[str], str]]:
 def hostile_runs(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hostile")
     cases = _hostile_cases(root, finished_run)
-    before = _snapshot(finished_run)
+    before = snapshot(finished_run)
     results = _parallel({name: (root / name, args) for name, (args, _) in cases.items()})
     return {"root": root, "cases": cases, "results": results, "before": before, "run": finished_run}
 
@@ -596,7 +585,7 @@ def test_hostile_input_is_one_line_nonzero_and_writes_nothing(
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert not (hostile_runs["root"] / "pwned").exists()  # the planted payload never ran
     assert not list((hostile_runs["root"] / case).rglob("*.ckpt"))  # nothing trained, nothing saved
-    assert _snapshot(hostile_runs["run"]) == hostile_runs["before"]  # the finished run is untouched
+    assert snapshot(hostile_runs["run"]) == hostile_runs["before"]  # the finished run is untouched
 
 
 @pytest.mark.slow

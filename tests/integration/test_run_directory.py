@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
-from tests.integration.test_train import TINY, cli_env
+from tests.conftest import REPO_ROOT, cli_env
+from tests.integration.test_train import TINY
 from transformer.training.loggers import CSVLogger
 from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, cli_env
 from tests.unit.test_configs import compose_train_cfg
 from train import train
 from transformer.cli.errors import ConfigError
@@ -44,14 +43,6 @@ TINY = [
     "callbacks.model_summary=null",
 ]
 IN_PROCESS = ["tune_malloc=false"]  # leave the test process's allocator alone
-
-
-def cli_env(**env: str) -> dict[str, str]:
-    """The environment of a command-line run: no inherited wandb settings, unbuffered, one-line errors."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    environ.update(PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", **env)
-    environ.pop("PROJECT_ROOT", None)  # train.py finds the repository itself
-    return environ
 
 
 def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

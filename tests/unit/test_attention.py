@@ -18,16 +18,10 @@ from transformer import KVCache, MultiHeadAttention, make_causal_mask
 E, H = 8, 2  # tiny: the suite runs thousands of forward passes
 KDIM, VDIM = 6, 10
 # torch warns when key_padding_mask and attn_mask have different dtypes; mixing them is tested on purpose
-pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine lose a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Support for mismatched"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 def _pair(seed: int = 0, embed_dim: int = E, num_heads: int = H, **kwargs) -> tuple[nn.Module, nn.Module]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import MaliciousPickle
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, strip_compile_prefix
 
 
@@ -16,16 +16,6 @@ def _save(path: Path, scale: float = 1.0) -> Path:
     state_dict = {"w": torch.full((2, 3), scale), "step": torch.tensor(7)}
     torch.save({"state_dict": state_dict, "config": {"task": "translation"}}, path)
     return path
-
-
-class _Payload:
-    """Unpickling this runs `os.system`: the classic malicious-pickle pattern."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
 
 
 def test_loads_plain_checkpoint(tmp_path: Path) -> None:
@@ -37,13 +27,13 @@ def test_loads_plain_checkpoint(tmp_path: Path) -> None:
 def test_malicious_pickle_is_refused_and_never_executed(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.ckpt"
-    torch.save({"state_dict": {}, "payload": _Payload(marker)}, path)
+    torch.save({"state_dict": {}, "payload": MaliciousPickle(marker)}, path)
     with pytest.raises(CheckpointError, match="refusing to load"):
         load_checkpoint(path)
     assert not marker.exists()
     # The same payload as a raw (non-zip) pickle file is refused too.
     raw = tmp_path / "evil_raw.ckpt"
-    raw.write_bytes(pickle.dumps({"state_dict": {}, "payload": _Payload(marker)}))
+    raw.write_bytes(pickle.dumps({"state_dict": {}, "payload": MaliciousPickle(marker)}))
     with pytest.raises(CheckpointError):
         load_checkpoint(raw)
     assert not marker.exists()

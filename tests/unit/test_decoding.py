@@ -2,7 +2,6 @@
 recomputation, results do not depend on batch size or padding, scores follow the length penalty."""
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,13 +15,7 @@ PAD, BOS, EOS = 0, 1, 2
 VOCAB = 14  # 4 specials (pad, bos, eos, unk) + 10 symbols
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; two threads on a busy 2-core machine spin for seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one intra-op thread
 
 
 def _reverse_task(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,7 +1,6 @@
 """Seq2SeqTransformer / Encoder / TransformerClassifier: torch.nn parity, masking, caching, tying."""
 
 import re
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,13 +13,7 @@ PAD = 0
 POSITIONALS = ["sinusoidal", "learned", "rope"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; two threads on a busy 2-core machine spin for seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one intra-op thread
 
 
 def _config(**overrides: object) -> TransformerConfig:
