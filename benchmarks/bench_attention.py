@@ -43,6 +43,60 @@ def _step(module: nn.Module, case: dict, need_weights: bool) -> float:
     return elapsed
 
 
+# (name, length, key padding, causal, need_weights)
+CASES = [
+    ("L=32", 32, False, False, False),
+    ("L=32 pad", 32, True, False, False),
+    ("L=32 causal", 32, False, True, False),
+    ("L=32 weights", 32, False, False, True),
+    ("L=256", 256, False, False, False),
+    ("L=256 pad", 256, True, False, False),
+    ("L=256 causal", 256, False, True, False),
+    ("L=256 weights", 256, False, False, True),
+]
+
+
+def _time_case(
+    ours: nn.Module, theirs: nn.Module, case: dict, need_weights: bool, warmup: int, repeats: int
+) -> tuple[float, float]:
+    """Median forward+backward milliseconds of ours and torch's, interleaved (alternating which goes first),
+    after checking that both give the same output."""
+    with torch.no_grad():  # same numbers first, so the timing compares like with like
+        a = ours(case["x"], case["x"], case["x"], need_weights=need_weights, **case["kwargs"])[0]
+        b = theirs(case["x"], case["x"], case["x"], need_weights=need_weights, **case["kwargs"])[0]
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    times: dict[str, list[float]] = {"ours": [], "torch": []}
+    for rep in range(warmup + repeats):
+        order = [("ours", ours), ("torch", theirs)]
+        if rep % 2:
+            order.reverse()
+        for label, module in order:
+            elapsed = _step(module, case, need_weights)
+            if rep >= warmup:
+                times[label].append(elapsed)
+    return 1e3 * statistics.median(times["ours"]), 1e3 * statistics.median(times["torch"])
+
+
+def _report(rows: list[dict], batch: int, embed_dim: int, heads: int, repeats: int) -> None:
+    """The table, then one JSON line."""
+    print(
+        f"N={batch} E={embed_dim} H={heads}, forward+backward, median of {repeats}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
+    print(f"{'case':<16}{'ours ms':>10}{'torch ms':>10}{'speedup':>9}")
+    for row in rows:
+        print(f"{row['case']:<16}{row['ours_ms']:>10.2f}{row['torch_ms']:>10.2f}{row['speedup']:>9.3f}")
+    print(
+        json.dumps(
+            {
+                "speedup_torch_over_ours": {r["case"]: round(r["speedup"], 3) for r in rows},
+                "ours_ms": {r["case"]: round(r["ours_ms"], 2) for r in rows},
+                "torch_ms": {r["case"]: round(r["torch_ms"], 2) for r in rows},
+            }
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -62,57 +116,13 @@ def main() -> None:
     ours.train()
     theirs.train()  # dropout 0: train mode only keeps torch's inference fast path out of the comparison
 
-    # (name, length, key padding, causal, need_weights)
-    cases = [
-        ("L=32", 32, False, False, False),
-        ("L=32 pad", 32, True, False, False),
-        ("L=32 causal", 32, False, True, False),
-        ("L=32 weights", 32, False, False, True),
-        ("L=256", 256, False, False, False),
-        ("L=256 pad", 256, True, False, False),
-        ("L=256 causal", 256, False, True, False),
-        ("L=256 weights", 256, False, False, True),
-    ]
-    if args.quick:
-        cases = [c for c in cases if c[1] == 32]
-    cases = [c for c in cases if args.only in c[0]]
-
+    cases = [c for c in CASES if c[1] == 32] if args.quick else CASES
     rows = []
-    for name, length, padding, causal, need_weights in cases:
+    for name, length, padding, causal, need_weights in [c for c in cases if args.only in c[0]]:
         case = _make_case(batch, length, embed_dim, heads, padding, causal)
-        with torch.no_grad():  # same numbers first, so the timing compares like with like
-            a = ours(case["x"], case["x"], case["x"], need_weights=need_weights, **case["kwargs"])[0]
-            b = theirs(case["x"], case["x"], case["x"], need_weights=need_weights, **case["kwargs"])[0]
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-        times: dict[str, list[float]] = {"ours": [], "torch": []}
-        for rep in range(args.warmup + args.repeats):
-            order = [("ours", ours), ("torch", theirs)]
-            if rep % 2:
-                order.reverse()
-            for label, module in order:
-                elapsed = _step(module, case, need_weights)
-                if rep >= args.warmup:
-                    times[label].append(elapsed)
-        ours_ms = 1e3 * statistics.median(times["ours"])
-        torch_ms = 1e3 * statistics.median(times["torch"])
+        ours_ms, torch_ms = _time_case(ours, theirs, case, need_weights, args.warmup, args.repeats)
         rows.append({"case": name, "ours_ms": ours_ms, "torch_ms": torch_ms, "speedup": torch_ms / ours_ms})
-
-    print(
-        f"N={batch} E={embed_dim} H={heads}, forward+backward, median of {args.repeats}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
-    )
-    print(f"{'case':<16}{'ours ms':>10}{'torch ms':>10}{'speedup':>9}")
-    for row in rows:
-        print(f"{row['case']:<16}{row['ours_ms']:>10.2f}{row['torch_ms']:>10.2f}{row['speedup']:>9.3f}")
-    print(
-        json.dumps(
-            {
-                "speedup_torch_over_ours": {r["case"]: round(r["speedup"], 3) for r in rows},
-                "ours_ms": {r["case"]: round(r["ours_ms"], 2) for r in rows},
-                "torch_ms": {r["case"]: round(r["torch_ms"], 2) for r in rows},
-            }
-        )
-    )
+    _report(rows, batch, embed_dim, heads, args.repeats)
 
 
 if __name__ == "__main__":
