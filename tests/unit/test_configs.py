@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import REPO_ROOT
+from transformer.decoding import DecodingSettings
 
 CONFIGS = REPO_ROOT / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
@@ -156,3 +157,17 @@ def test_architecture_keys_live_under_model_config(fresh_hydra, tmp_path) -> Non
     _fake_data_fields(cfg)
     config = TransformerConfig.from_dict(OmegaConf.to_container(cfg.model.config))
     assert (config.d_model, config.n_heads) == (96, 3)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIGS / "decode").glob("*.yaml")))
+def test_every_decode_config_is_a_decoding_settings(name: str) -> None:
+    """configs/decode/ sets the fields of the one decoding-settings type (null: the checkpoint's own)."""
+    values = OmegaConf.to_container(OmegaConf.load(CONFIGS / "decode" / f"{name}.yaml"))
+    assert set(values) == set(DecodingSettings())
+    DecodingSettings.from_values(values, prefix="decode.")
+
+
+def test_the_model_configs_decode_with_the_types_defaults() -> None:
+    """The translation model's validation decoding in configs/ is DecodingSettings' defaults, spelled out."""
+    model = OmegaConf.load(CONFIGS / "model" / "translation.yaml")
+    assert DecodingSettings.from_values(OmegaConf.to_container(model.decoding)) == DecodingSettings()
