@@ -32,7 +32,7 @@ def set_matmul_precision(cfg: DictConfig, trainer: L.Trainer) -> None:
 
 def _tune_malloc() -> None:
     """glibc: serve large tensors from the heap and never trim it, so that the big activation buffers
-    are reused across steps instead of being unmapped and page-faulted in again (shared/PERF.md)."""
+    are reused across steps instead of being unmapped and page-faulted in again."""
     if not sys.platform.startswith("linux"):
         return
     try:
