@@ -9,7 +9,7 @@ what its training run reported. No Hydra, no files, no `data/` here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -17,6 +17,7 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics import Metric
 from torchmetrics.classification import (
     MulticlassAccuracy,
     MulticlassCalibrationError,
@@ -136,10 +137,6 @@ def score_signatures() -> dict[str, str]:
     return {name: str(scorer.get_signature()) for name, scorer in SCORERS.items()}
 
 
-def _sums() -> dict[str, float]:
-    return {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
-
-
 def score_translation(
     model: Seq2SeqTransformer,
     batches: Iterable[Batch],
@@ -157,46 +154,21 @@ def score_translation(
     `decode_batch`); `sources` / `references` are the raw texts of the split, indexed by `batch["id"]`.
     """
     model.eval()
-    pad_id = model.config.pad_id
-    sums = _sums()
+    sums = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     hypotheses: dict[int, tuple[str, list[int]]] = {}
+    eos_id, pad_id = model.config.eos_id, model.config.pad_id
     with torch.no_grad():
         for batch in batches:
-            src, tgt_out = batch["src"], batch["tgt_out"]
-            keep = tgt_out.ne(pad_id)  # (B, T)
-            # as the training task: the layers and the (D x V) projection run on the non-pad positions only
-            hidden = model(src, batch["tgt_in"], return_hidden=True, positions=keep)  # (N, D)
-            logits = model.output_projection(hidden)  # (N, V)
-            out = label_smoothed_cross_entropy(
-                logits, tgt_out[keep], ignore_index=pad_id, label_smoothing=label_smoothing
-            )
-            n = float(out.n_tokens)
-            sums["loss"] += float(out.loss) * n  # token-weighted, as the task's MeanMetric
-            sums["nll"] += float(out.nll) * n
-            sums["correct"] += float(out.n_correct)
-            sums["tokens"] += n
-            ids = [_until_eos(row, model.config.eos_id, pad_id) for row in decode(model, src, decoding)]
+            _add_teacher_forced(sums, model, batch, label_smoothing)
+            ids = [_until_eos(row, eos_id, pad_id) for row in decode(model, batch["src"], decoding)]
             for index, text, row in zip(batch["id"].tolist(), decode_ids(ids), ids):
                 hypotheses[index] = (text, row)
-    missing = sorted(set(range(len(references))) - set(hypotheses))
-    if missing:
-        raise RuntimeError(
-            f"the batches skipped {len(missing)} examples of the split (ids {missing[:5]} ...)"
-        )
+    _check_every_example(hypotheses, len(references))
     hyps = [hypotheses[i][0] for i in range(len(references))]
     refs = list(references)
-    tokens = max(sums["tokens"], 1.0)
-    nll = sums["nll"] / tokens
-    metrics = {
-        f"{stage}/loss": sums["loss"] / tokens,
-        f"{stage}/nll": nll,
-        f"{stage}/ppl": math.exp(nll),
-        f"{stage}/token_acc": sums["correct"] / tokens,
-        **{f"{stage}/{name}": value for name, value in corpus_scores(hyps, refs).items()},
-    }
     sentence = sacrebleu.BLEU(effective_order=True)  # sentence BLEU needs effective order
     return TranslationResult(
-        metrics=metrics,
+        metrics=_translation_metrics(sums, hyps, refs, stage),
         signatures=score_signatures(),
         sources=list(sources),
         references=refs,
@@ -204,6 +176,49 @@ def score_translation(
         hypothesis_ids=[hypotheses[i][1] for i in range(len(references))],
         sentence_bleu=[sentence.sentence_score(h, [r]).score for h, r in zip(hyps, refs)],
     )
+
+
+def _add_teacher_forced(
+    sums: dict[str, float], model: Seq2SeqTransformer, batch: Batch, label_smoothing: float
+) -> None:
+    """Adds one batch's token-weighted loss and NLL, correct tokens and tokens to `sums`."""
+    pad_id = model.config.pad_id
+    tgt_out = batch["tgt_out"]
+    keep = tgt_out.ne(pad_id)  # (B, T)
+    # as the training task: the layers and the (D x V) projection run on the non-pad positions only
+    hidden = model(batch["src"], batch["tgt_in"], return_hidden=True, positions=keep)  # (N, D)
+    logits = model.output_projection(hidden)  # (N, V)
+    out = label_smoothed_cross_entropy(
+        logits, tgt_out[keep], ignore_index=pad_id, label_smoothing=label_smoothing
+    )
+    n = float(out.n_tokens)
+    sums["loss"] += float(out.loss) * n  # token-weighted, as the task's MeanMetric
+    sums["nll"] += float(out.nll) * n
+    sums["correct"] += float(out.n_correct)
+    sums["tokens"] += n
+
+
+def _translation_metrics(
+    sums: Mapping[str, float], hypotheses: list[str], references: list[str], stage: str
+) -> dict[str, float]:
+    tokens = max(sums["tokens"], 1.0)
+    nll = sums["nll"] / tokens
+    return {
+        f"{stage}/loss": sums["loss"] / tokens,
+        f"{stage}/nll": nll,
+        f"{stage}/ppl": math.exp(nll),
+        f"{stage}/token_acc": sums["correct"] / tokens,
+        **{f"{stage}/{name}": value for name, value in corpus_scores(hypotheses, references).items()},
+    }
+
+
+def _check_every_example(seen: Collection[int], num_examples: int) -> None:
+    """Every example id of the split (0 .. num_examples - 1) came through the batches."""
+    missing = sorted(set(range(num_examples)) - set(seen))
+    if missing:
+        raise RuntimeError(
+            f"the batches skipped {len(missing)} examples of the split (ids {missing[:5]} ...)"
+        )
 
 
 def _until_eos(row: Tensor, eos_id: int, pad_id: int) -> list[int]:
@@ -265,6 +280,11 @@ class ClassificationResult:
     predictions: list[int]
     probabilities: list[list[float]] = field(repr=False)
 
+    @property
+    def confidence(self) -> list[float]:
+        """The probability of the predicted class, per example."""
+        return [p[pred] for p, pred in zip(self.probabilities, self.predictions)]
+
 
 def score_classification(
     model: TransformerClassifier,
@@ -279,15 +299,7 @@ def score_classification(
     """Loss, accuracy (micro), macro-F1 as the task logs them, plus per-class scores and calibration error."""
     model.eval()
     C = len(class_names)
-    metrics = {
-        "acc": MulticlassAccuracy(C, average="micro"),
-        "f1": MulticlassF1Score(C, average="macro"),
-        "precision": MulticlassPrecision(C, average=None),
-        "recall": MulticlassRecall(C, average=None),
-        "f1_per_class": MulticlassF1Score(C, average=None),
-        "confusion": MulticlassConfusionMatrix(C),
-        "ece": MulticlassCalibrationError(C, n_bins=calibration_bins, norm="l1"),
-    }
+    metrics = _classification_metrics(C, calibration_bins)
     loss_sum, count = 0.0, 0
     rows: dict[int, tuple[int, list[float]]] = {}
     labels: dict[int, int] = {}
@@ -303,22 +315,9 @@ def score_classification(
             for index, label, p in zip(batch["id"].tolist(), gold.tolist(), probs.tolist()):
                 rows[index] = (int(max(range(C), key=p.__getitem__)), p)
                 labels[index] = label
-    missing = sorted(set(range(num_examples)) - set(rows))
-    if missing:
-        raise RuntimeError(
-            f"the batches skipped {len(missing)} examples of the split (ids {missing[:5]} ...)"
-        )
+    _check_every_example(rows, num_examples)
     values = {name: metric.compute() for name, metric in metrics.items()}
     confusion = values["confusion"].tolist()
-    per_class = {
-        name: {
-            "precision": float(values["precision"][c]),
-            "recall": float(values["recall"][c]),
-            "f1": float(values["f1_per_class"][c]),
-            "support": float(sum(confusion[c])),
-        }
-        for c, name in enumerate(class_names)
-    }
     return ClassificationResult(
         metrics={
             f"{stage}/loss": loss_sum / max(count, 1),
@@ -327,12 +326,40 @@ def score_classification(
             f"{stage}/ece": float(values["ece"]),
         },
         class_names=list(class_names),
-        per_class=per_class,
+        per_class=_per_class(values, confusion, class_names),
         confusion=confusion,
         labels=[labels[i] for i in range(num_examples)],
         predictions=[rows[i][0] for i in range(num_examples)],
         probabilities=[rows[i][1] for i in range(num_examples)],
     )
+
+
+def _classification_metrics(C: int, calibration_bins: int) -> dict[str, Metric]:
+    """The torchmetrics behind the scores; each is updated with (probabilities, gold labels)."""
+    return {
+        "acc": MulticlassAccuracy(C, average="micro"),
+        "f1": MulticlassF1Score(C, average="macro"),
+        "precision": MulticlassPrecision(C, average=None),
+        "recall": MulticlassRecall(C, average=None),
+        "f1_per_class": MulticlassF1Score(C, average=None),
+        "confusion": MulticlassConfusionMatrix(C),
+        "ece": MulticlassCalibrationError(C, n_bins=calibration_bins, norm="l1"),
+    }
+
+
+def _per_class(
+    values: Mapping[str, Tensor], confusion: list[list[int]], class_names: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """Class name -> precision, recall, F1 and support (gold examples, the confusion matrix's row sum)."""
+    return {
+        name: {
+            "precision": float(values["precision"][c]),
+            "recall": float(values["recall"][c]),
+            "f1": float(values["f1_per_class"][c]),
+            "support": float(sum(confusion[c])),
+        }
+        for c, name in enumerate(class_names)
+    }
 
 
 # --- attention ----------------------------------------------------------------------------------------
