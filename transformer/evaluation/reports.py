@@ -23,7 +23,12 @@ from transformer.evaluation.report_sections import (
     write_classification_report,
     write_translation_report,
 )
-from transformer.evaluation.scoring import ClassificationResult, TranslationResult, bleu_by_length
+from transformer.evaluation.scoring import (
+    ClassificationResult,
+    LengthBucket,
+    TranslationResult,
+    bleu_by_length,
+)
 
 __all__ = [
     "MarkdownReport",
@@ -76,6 +81,33 @@ def write_translation_outputs(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     buckets = bleu_by_length(result.sources, result.hypotheses, result.references, options.length_buckets)
+    files = _write_translation_files(out_dir, result, buckets, info, decoding)
+    if options.enabled:
+        files |= write_translation_report(
+            out_dir,
+            result,
+            buckets,
+            info=info,
+            decoding=decoding,
+            model=model,
+            encode_source=encode_source,
+            id_to_token=id_to_token,
+            source_id_to_token=source_id_to_token or id_to_token,
+            curves=curves,
+            curves_source=curves_source,
+            options=options,
+        )
+    return files
+
+
+def _write_translation_files(
+    out_dir: Path,
+    result: TranslationResult,
+    buckets: Sequence[LengthBucket],
+    info: Mapping[str, Any],
+    decoding: Mapping[str, Any],
+) -> dict[str, Path]:
+    """metrics.json, hypotheses.txt (one line per example) and predictions.tsv."""
     metrics = {
         **_finite(result.metrics),
         **{f"{name}_signature": signature for name, signature in result.signatures.items()},
@@ -98,21 +130,6 @@ def write_translation_outputs(
         ),
     }
     files["hypotheses"].write_text("".join(one_line(h) + "\n" for h in result.hypotheses), encoding="utf-8")
-    if options.enabled:
-        files |= write_translation_report(
-            out_dir,
-            result,
-            buckets,
-            info=info,
-            decoding=decoding,
-            model=model,
-            encode_source=encode_source,
-            id_to_token=id_to_token,
-            source_id_to_token=source_id_to_token or id_to_token,
-            curves=curves,
-            curves_source=curves_source,
-            options=options,
-        )
     return files
 
 
@@ -135,25 +152,7 @@ def write_classification_outputs(
     """metrics.json, predictions.tsv and (options.enabled) report.md + PNGs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = result.class_names
-    metrics = {
-        **_finite(result.metrics),
-        "per_class": result.per_class,
-        "confusion_matrix": {"classes": names, "rows_gold_columns_predicted": result.confusion},
-        **info,
-    }
-    rows = zip(texts, result.labels, result.predictions, result.confidence, result.probabilities)
-    files = {
-        "metrics": _write_json(out_dir / "metrics.json", metrics),
-        "predictions": _write_tsv(
-            out_dir / "predictions.tsv",
-            ["id", "text", "label", "prediction", "confidence", *[f"p({name})" for name in names]],
-            [
-                [i, text, names[gold], names[pred], f"{conf:.4f}", *[f"{p:.4f}" for p in probs]]
-                for i, (text, gold, pred, conf, probs) in enumerate(rows)
-            ],
-        ),
-    }
+    files = _write_classification_files(out_dir, result, texts, info)
     if options.enabled:
         files |= write_classification_report(
             out_dir,
@@ -168,3 +167,28 @@ def write_classification_outputs(
             options=options,
         )
     return files
+
+
+def _write_classification_files(
+    out_dir: Path, result: ClassificationResult, texts: Sequence[str], info: Mapping[str, Any]
+) -> dict[str, Path]:
+    """metrics.json (with per-class scores and the confusion matrix) and predictions.tsv."""
+    names = result.class_names
+    metrics = {
+        **_finite(result.metrics),
+        "per_class": result.per_class,
+        "confusion_matrix": {"classes": names, "rows_gold_columns_predicted": result.confusion},
+        **info,
+    }
+    rows = zip(texts, result.labels, result.predictions, result.confidence, result.probabilities)
+    return {
+        "metrics": _write_json(out_dir / "metrics.json", metrics),
+        "predictions": _write_tsv(
+            out_dir / "predictions.tsv",
+            ["id", "text", "label", "prediction", "confidence", *[f"p({name})" for name in names]],
+            [
+                [i, text, names[gold], names[pred], f"{conf:.4f}", *[f"{p:.4f}" for p in probs]]
+                for i, (text, gold, pred, conf, probs) in enumerate(rows)
+            ],
+        ),
+    }
