@@ -20,7 +20,8 @@ rotates every step) and medians reported. Tokens/s counts non-pad source + targe
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_train.py [--cases d256,d512] [--steps 5]
         [--models ours,torch,marian] [--baseline REV] [--skip e2e,rss,profile] [--quick]
 
-Prints a table, then one JSON line.
+Prints a table, then one JSON line. The competitors are built in train_runners.py, the end-to-end
+sentences in train_epoch.py, malloc tuning and peak RSS in train_memory.py, the tables in train_report.py.
 """
 
 from __future__ import annotations
@@ -30,51 +31,24 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: no spinning under load
 
 import argparse
-import ctypes
 import json
-import math
 import platform
 import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from references import (
-    PAD,
-    Batch,
-    MarianReference,
-    TorchReference,
-    batch_from_ids,
-    load_revision,
-    make_batches,
-    matmul_flops,
-    measure_matmul_peak,
-    model_flops,
-    profile_split,
-)
+from references import Batch, load_revision, make_batches, measure_matmul_peak, model_flops, profile_split
+from train_epoch import e2e_schedules, multi30k_pairs
+from train_memory import measure_rss, rss_child, tune_malloc
+from train_report import print_e2e, print_padded, print_profile, print_summary, rounded
+from train_runners import CASES, VARIANTS, VOCAB, Runner, build_runner
 
-from transformer import losses as our_losses
 from transformer.config import TransformerConfig
-from transformer.layers import Dropout
-from transformer.model import Seq2SeqTransformer
 
-CASES = {
-    "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
-    "d512": {"d_model": 512, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6, "d_ff": 2048},
-}
-VOCAB = 10_000
-LABEL_SMOOTHING = 0.1
 # Peak dense bf16 tensor-core TFLOP/s by device name (vendor data sheets), for GPU MFU.
 GPU_BF16_PEAK_TFLOPS = {
     "H100 80GB HBM3": 989.4,  # SXM
@@ -86,160 +60,6 @@ GPU_BF16_PEAK_TFLOPS = {
     "L4": 121.0,
     "A10G": 125.0,
 }
-
-
-def tune_malloc() -> None:
-    """glibc: no mmap / no trim for large buffers, as train.py's `tune_malloc: true` (shared/PERF.md)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-4, 0)  # M_MMAP_MAX
-        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD
-
-
-# --- the competitors -------------------------------------------------------------------------------
-
-
-def ours_token_loss(model: nn.Module, batch: Batch, loss_fn: Callable[..., Tensor]) -> Tensor:
-    """Our training loss, as TranslationTask computes it (only non-pad target positions are projected)."""
-    keep = batch.tgt_out.ne(PAD)  # (B, T)
-    if hasattr(model, "pack_tokens"):
-        hidden = model(batch.src, batch.tgt_in, return_hidden=True, positions=keep)  # (N, D)
-    else:  # revisions before `positions`
-        hidden = model(batch.src, batch.tgt_in, return_hidden=True)[keep]  # (N, D)
-    logits = model.output_projection(hidden)  # (N, V)
-    return loss_fn(logits, batch.tgt_out[keep], ignore_index=PAD, label_smoothing=LABEL_SMOOTHING).loss
-
-
-def autograd_token_loss(logits: Tensor, target: Tensor, *, ignore_index: int, label_smoothing: float) -> Any:
-    """The label-smoothed loss and accuracy written with autograd ops (log-softmax, gather, mean, argmax):
-    what transformer/losses.py computed before its fused version; for the `ours:autogradloss` variant."""
-    lprobs = F.log_softmax(logits, dim=-1)  # (N, V)
-    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (N,)
-    loss = ((1 - label_smoothing) * nll - label_smoothing * lprobs.mean(dim=-1)).mean()
-    with torch.no_grad():
-        n_correct = (logits.argmax(dim=-1) == target).sum()
-    return our_losses.TokenLoss(loss, nll.mean(), n_correct, torch.tensor(target.numel()))
-
-
-def reference_loss(model: nn.Module, batch: Batch) -> Tensor:
-    """Logits at every position, then torch's label-smoothed cross entropy ignoring pads."""
-    logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-    return F.cross_entropy(
-        logits.reshape(-1, logits.size(-1)),
-        batch.tgt_out.reshape(-1),
-        ignore_index=PAD,
-        label_smoothing=LABEL_SMOOTHING,
-    )
-
-
-class TorchDropout(nn.Module):
-    """torch's dropout behind our `Dropout`'s interface, for the `ours:torchdropout` variant."""
-
-    def __init__(self, p: float) -> None:
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        dropped = F.dropout(x, self.p, self.training)
-        return dropped if residual is None else residual + dropped
-
-
-@dataclass
-class Runner:
-    """One competitor: a model, its optimizer and its loss; where its matmuls skip padding (for HFU)."""
-
-    name: str
-    model: nn.Module
-    loss_fn: Callable[[Batch], Tensor]
-    packed: bool  # linear layers on non-pad tokens only
-    packed_logits: bool  # vocabulary projection on non-pad target positions only
-    optimizer: torch.optim.Optimizer = field(init=False)
-    autocast: torch.dtype | None = None
-    fused_adamw: bool = True
-
-    def __post_init__(self) -> None:
-        params = list(self.model.parameters())
-        self.optimizer = torch.optim.AdamW(
-            params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=self.fused_adamw, foreach=not self.fused_adamw
-        )
-
-    def step(self, batch: Batch) -> float:
-        device = batch.src.device
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=self.autocast or torch.bfloat16, enabled=bool(self.autocast)):
-            loss = self.loss_fn(batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        if not math.isfinite(loss.item()):
-            raise RuntimeError(f"{self.name}: non-finite loss")
-        return elapsed
-
-    def matmul_flops(self, config: TransformerConfig, batch: Batch) -> float:
-        return matmul_flops(config, batch, packed=self.packed, packed_logits=self.packed_logits)
-
-
-# ours with one lever reverted, or (compiled) torch.compile(dynamic=True) added on the padded layout
-VARIANTS = ("pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled")
-
-
-def build_runner(
-    name: str,
-    config: TransformerConfig,
-    revisions: dict[str, dict[str, ModuleType]],
-    device: torch.device = torch.device("cpu"),  # noqa: B008
-) -> Runner:
-    """ours, ours:VARIANT (one optimization reverted or forced), ours@REV (an earlier revision), torch or
-    marian, for training on `device` (ours packs tokens by default on the CPU only)."""
-    torch.manual_seed(0)
-    if name == "ours" or name.startswith("ours:"):
-        variant = name.partition(":")[2]
-        if variant and variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
-        model = Seq2SeqTransformer(config)
-        if variant in ("pack", "nopack", "compiled"):  # packing's shapes depend on the data: not compiled
-            model.pack_tokens = variant == "pack"
-        if variant == "compiled":
-            model.compile(dynamic=True)
-        if variant == "torchdropout":
-            for module in list(model.modules()):
-                for child_name, child in module.named_children():
-                    if isinstance(child, Dropout):
-                        setattr(module, child_name, TorchDropout(child.p))
-        loss_fn = (
-            autograd_token_loss if variant == "autogradloss" else our_losses.label_smoothed_cross_entropy
-        )
-        return Runner(
-            name,
-            model,
-            lambda b: ours_token_loss(model, b, loss_fn),
-            model._packing_on(device),
-            True,
-            fused_adamw=variant != "foreachadamw",
-        )
-    if name.startswith("ours@"):
-        modules = revisions[name.split("@", 1)[1]]
-        old_config = modules["config"].TransformerConfig(**vars(config))
-        model = modules["model"].Seq2SeqTransformer(old_config)
-        packs = (
-            model._packing_on(device)
-            if hasattr(model, "_packing_on")
-            else bool(getattr(model, "pack_tokens", False))
-        )
-        loss_fn = modules["losses"].label_smoothed_cross_entropy
-        return Runner(name, model, lambda b: ours_token_loss(model, b, loss_fn), packs, True)
-    if name == "torch":
-        model = TorchReference(config)
-        return Runner(name, model, lambda b: reference_loss(model, b), False, False)
-    if name == "marian":
-        model = MarianReference(config)
-        return Runner(name, model, lambda b: reference_loss(model, b), False, False)
-    raise ValueError(f"unknown model {name!r}; expected ours, ours:VARIANT, ours@REV, torch or marian")
 
 
 # --- measurements ----------------------------------------------------------------------------------
@@ -302,92 +122,6 @@ def epoch_throughput(times: list[tuple[Batch, float]]) -> dict[str, float]:
     }
 
 
-def multi30k_pairs(data_dir: str | None, n: int, seed: int) -> tuple[list[tuple[list[int], list[int]]], str]:
-    """`n` random training pairs as token ids [BOS .. EOS] per side, and where their lengths come from."""
-    rng = np.random.default_rng(seed)
-    if data_dir and Path(data_dir).is_dir():
-        from data.sources import load_multi30k
-        from data.tokenization import train_bpe
-
-        train = load_multi30k(data_dir, ["train"], "de", "en")["train"]
-        sources, targets = train["src"][:], train["tgt"][:]
-        tokenizer = train_bpe(sources + targets, VOCAB)
-        pick = rng.choice(len(sources), size=n, replace=False).tolist()
-        src_ids = tokenizer.encode_batch([sources[i] for i in pick])
-        tgt_ids = tokenizer.encode_batch([targets[i] for i in pick])
-        return list(zip(src_ids, tgt_ids)), f"Multi30k train de-en, joint BPE {tokenizer.vocab_size}"
-    # stand-in: lengths like Multi30k's under BPE (mean ~15-16, long right tail), random ids
-    lengths = np.clip(rng.gamma(6.0, 2.6, size=(n, 2)).round().astype(int) + 3, 5, 60)
-    pairs = [
-        (
-            [1, *rng.integers(4, VOCAB, size=s - 2).tolist(), 2],
-            [1, *rng.integers(4, VOCAB, size=t - 2).tolist(), 2],
-        )
-        for s, t in lengths
-    ]
-    return pairs, "synthetic Multi30k-like lengths (no MULTI30K_DIR): gamma(6, 2.6) + 3"
-
-
-def e2e_schedules(
-    pairs: list[tuple[list[int], list[int]]], max_tokens: int, batch_size: int, seed: int
-) -> tuple[list[Batch], list[Batch]]:
-    """The same sentences as bucketed token-budget batches (ours) and as random batches of `batch_size`."""
-    from data.batching import TokenBudgetBatchSampler
-
-    # the datamodule's length of a pair: max(source, target input) (data/batching.py)
-    lengths = [max(len(s), len(t) - 1) for s, t in pairs]
-    sampler = TokenBudgetBatchSampler(lengths, max_tokens, shuffle=True, seed=seed)
-    bucketed = [batch_from_ids([pairs[i] for i in indices]) for indices in sampler]
-    order = np.random.default_rng(seed).permutation(len(pairs)).tolist()
-    random_batches = [
-        batch_from_ids([pairs[i] for i in order[start : start + batch_size]])
-        for start in range(0, len(order), batch_size)
-    ]
-    return bucketed, random_batches
-
-
-def rss_child(name: str, case: str, steps: int, baseline: str | None) -> None:
-    """Subprocess body: build one model, run training steps on fixed batches, print peak RSS as JSON."""
-    tune_malloc()
-    config = TransformerConfig(src_vocab_size=VOCAB, max_len=128, **CASES[case])  # type: ignore[arg-type]
-    revisions = {baseline: load_revision(baseline)} if baseline else {}
-    batches = make_batches(steps, 128, VOCAB, torch.Generator().manual_seed(0))
-    runner = build_runner(name, config, revisions)
-    built_mb = _status_mb("VmRSS")
-    for batch in batches:
-        runner.step(batch)
-    peak_mb = _status_mb("VmHWM")  # not ru_maxrss: Linux carries that over from the parent across exec
-    print(json.dumps({"model": name, "built_rss_mb": built_mb, "peak_rss_mb": peak_mb}))
-
-
-def _status_mb(field: str) -> float:
-    """A memory field of /proc/self/status (VmRSS: now, VmHWM: peak) in MiB."""
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def measure_rss(
-    names: list[str], case: str, steps: int, baseline: str | None, threads: int
-) -> dict[str, dict]:
-    results = {}
-    for name in names:
-        command = [sys.executable, __file__, "--rss-child", name, "--cases", case, "--threads", str(threads)]
-        command += ["--rss-steps", str(steps)] + (["--baseline", baseline] if baseline else [])
-        out = subprocess.run(
-            command, capture_output=True, text=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        )
-        if out.returncode:
-            raise RuntimeError(f"RSS subprocess for {name} failed:\n{out.stderr[-2000:]}")
-        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    return results
-
-
-# --- main ------------------------------------------------------------------------------------------
-
-
 def _peak(device: torch.device, bf16: bool) -> dict[str, float]:
     """Measured matmul ceiling in GFLOP/s (bf16 on GPUs, where the data-sheet peak is used if known)."""
     peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
@@ -400,63 +134,73 @@ def _peak(device: torch.device, bf16: bool) -> dict[str, float]:
     return peak
 
 
-def _print_padded(
-    case: str, rows: dict[str, dict[str, float]], ratios: dict[str, float], steps: int, batch_size: int
-) -> None:
-    print(f"\n[{case}] padded batches of {batch_size} pairs, median of {steps} interleaved steps")
-    print(f"{'model':18} {'tok/s':>8} {'step s':>7} {'MFU %':>6} {'HFU %':>6} {'pad %':>6} {'ours/it':>8}")
-    print("  (ours/it: median over steps of its step time / ours, on the same batch)")
-    for name, row in rows.items():
-        rel = ratios.get(f"{case}_padded_ours_vs_{name}", 1.0 if name == "ours" else float("nan"))
-        print(
-            f"{name:18} {row['tok_s']:8.0f} {row['step_s']:7.2f} {row['mfu_pct']:6.1f} "
-            f"{row['hfu_pct']:6.1f} {row['pad_pct']:6.1f} {rel:8.2f}"
-        )
+# --- one case: padded batches, profile, end to end --------------------------------------------------
 
 
-def _print_profile(case: str, splits: dict[str, dict[str, float]], steps: int) -> None:
-    print(f"[{case}] where the time goes: % of self CPU time by op category ({steps} step(s) each)")
-    categories = list(next(iter(splits.values())))
-    print(f"{'model':18} " + " ".join(f"{c:>12}" for c in categories))
-    for name, split in splits.items():
-        print(f"{name:18} " + " ".join(f"{split[c]:12.1f}" for c in categories))
+def build_runners(
+    case: str,
+    args: argparse.Namespace,
+    names: list[str],
+    revisions: dict[str, dict[str, ModuleType]],
+    device: torch.device,
+) -> tuple[TransformerConfig, dict[str, Runner]]:
+    """Every competitor at the size of `case`, in training mode on `device` (bf16 autocast, compiled)."""
+    config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
+    runners = {name: build_runner(name, config, revisions, device) for name in names}
+    for runner in runners.values():
+        runner.model.to(device).train()
+        runner.autocast = torch.bfloat16 if args.bf16 else None
+        if args.compile:
+            if hasattr(runner.model, "pack_tokens"):
+                runner.model.pack_tokens = False  # data-dependent shapes would break the graphs
+                runner.packed = False
+            runner.model.compile(dynamic=True)
+    return config, runners
 
 
-def _print_e2e(case: str, rows: dict[str, dict[str, float]], source: str, max_tokens: int, size: int) -> None:
-    print(f"\n[{case}] end to end, one epoch over the same sentences ({source})")
-    print(f"  bucketed: TokenBudgetBatchSampler(max_tokens={max_tokens}); random: {size} sentences per batch")
-    print(f"{'model, batches':24} {'tok/s':>8} {'epoch s':>8} {'batches':>8} {'pad %':>6} {'ours/it':>8}")
-    best = rows.get("ours bucketed", {}).get("tok_s", float("nan"))
-    for name, row in rows.items():
-        print(
-            f"{name:24} {row['tok_s']:8.0f} {row['seconds']:8.1f} {row['batches']:8d} "
-            f"{row['pad_pct']:6.1f} {best / row['tok_s']:8.2f}"
-        )
+def measure_padded(
+    case: str,
+    args: argparse.Namespace,
+    config: TransformerConfig,
+    runners: dict[str, Runner],
+    batches: list[Batch],
+    peak: float,
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Interleaved steps on the same padded batches: (rounded rows per model, ratios against ours)."""
+    times = interleaved(runners, {name: batches for name in runners}, args.warmup)
+    rows = {name: summarize(runners[name], config, times[name], peak) for name in runners}
+    ratios = {}
+    for name in rows:
+        if name != "ours" and "ours" in rows:
+            # per step, the same batch ran seconds apart: the median of these ratios shrugs off drift
+            paired = [theirs / mine for (_, mine), (_, theirs) in zip(times["ours"], times[name])]
+            ratios[f"{case}_padded_ours_vs_{name}"] = statistics.median(paired)
+    print_padded(case, rows, ratios, args.steps, args.batch_size)
+    return rounded(rows), ratios
 
 
-def _print_summary(result: dict[str, object], ratios: dict[str, float], rescale: float) -> None:
-    """One table of the padded-batch results with MFU/HFU against the best measured peak (updated in
-    `result` too), and the end-to-end ratios."""
-    print(f"\n{'case':5} {'model':18} {'tok/s':>8} {'MFU %':>6} {'HFU %':>6} {'ours/it':>8}")
-    for key, rows in result.items():
-        if not key.endswith("_padded") or not isinstance(rows, dict):
-            continue
-        case = key.removesuffix("_padded")
-        for name, row in rows.items():
-            row["mfu_pct"], row["hfu_pct"] = (
-                round(row["mfu_pct"] * rescale, 1),
-                round(row["hfu_pct"] * rescale, 1),
-            )
-            rel = ratios.get(f"{case}_padded_ours_vs_{name}", 1.0 if name == "ours" else float("nan"))
-            mfu, hfu = row["mfu_pct"], row["hfu_pct"]
-            print(f"{case:5} {name:18} {row['tok_s']:8.0f} {mfu:6.1f} {hfu:6.1f} {rel:8.2f}")
-    for key, value in ratios.items():
-        if "_e2e_" in key or key.startswith("rss_"):
-            print(f"{key:60} {value:6.2f}")
-
-
-def _rounded(table: dict[str, dict[str, float]], digits: int = 2) -> dict[str, dict[str, float]]:
-    return {name: {k: round(v, digits) for k, v in row.items()} for name, row in table.items()}
+def measure_e2e(
+    case: str, args: argparse.Namespace, runners: dict[str, Runner], device: torch.device
+) -> tuple[dict[str, object], dict[str, float]]:
+    """One epoch over the same sentences: ours bucketed and every model in random batches; (rows, ratios)."""
+    pairs, source = multi30k_pairs(args.data_dir, args.e2e_sentences, seed=0)
+    bucketed, random_batches = e2e_schedules(pairs, args.e2e_max_tokens, args.batch_size, seed=0)
+    bucketed = [batch.to(device) for batch in bucketed]
+    random_batches = [batch.to(device) for batch in random_batches]
+    e2e = {f"{name} random": runners[name] for name in runners}
+    e2e.update({f"{name} bucketed": runners[name] for name in runners if name.startswith("ours")})
+    schedule = {key: bucketed if key.endswith("bucketed") else random_batches for key in e2e}
+    for runner in runners.values():  # one untimed step on real-data shapes first
+        runner.step(random_batches[0])
+    times = interleaved(e2e, schedule, warmup=0)
+    rows = {name: epoch_throughput(t) for name, t in times.items()}
+    print_e2e(case, rows, source, args.e2e_max_tokens, args.batch_size)
+    ratios = {}
+    for name in rows:
+        if name != "ours bucketed" and "ours bucketed" in rows:
+            key = f"{case}_e2e_ours_bucketed_vs_{name.replace(' ', '_')}"
+            ratios[key] = rows["ours bucketed"]["tok_s"] / rows[name]["tok_s"]
+    return {"lengths": source, **rounded(rows)}, ratios
 
 
 def run_case(
@@ -468,53 +212,22 @@ def run_case(
     peak: float,
 ) -> tuple[dict[str, object], dict[str, float]]:
     """Padded batches, profile and end to end for one model size; (JSON results, ratios)."""
-    config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
-    runners = {name: build_runner(name, config, revisions, device) for name in names}
-    for runner in runners.values():
-        runner.model.to(device).train()
-        runner.autocast = torch.bfloat16 if args.bf16 else None
-        if args.compile:
-            if hasattr(runner.model, "pack_tokens"):
-                runner.model.pack_tokens = False  # data-dependent shapes would break the graphs
-                runner.packed = False
-            runner.model.compile(dynamic=True)
+    config, runners = build_runners(case, args, names, revisions, device)
     result: dict[str, object] = {}
     ratios: dict[str, float] = {}
     skip = set(filter(None, args.skip.split(",")))
     batches = make_batches(args.warmup + args.steps, args.batch_size, VOCAB, torch.Generator().manual_seed(0))
     batches = [batch.to(device) for batch in batches]
     if "padded" not in skip:
-        times = interleaved(runners, {name: batches for name in runners}, args.warmup)
-        rows = {name: summarize(runners[name], config, times[name], peak) for name in runners}
-        result[f"{case}_padded"] = _rounded(rows)
-        for name in rows:
-            if name != "ours" and "ours" in rows:
-                # per step, the same batch ran seconds apart: the median of these ratios shrugs off drift
-                paired = [theirs / mine for (_, mine), (_, theirs) in zip(times["ours"], times[name])]
-                ratios[f"{case}_padded_ours_vs_{name}"] = statistics.median(paired)
-        _print_padded(case, rows, ratios, args.steps, args.batch_size)
+        result[f"{case}_padded"], padded_ratios = measure_padded(case, args, config, runners, batches, peak)
+        ratios.update(padded_ratios)
     if "profile" not in skip and device.type == "cpu":
         splits = {name: profile_runner(r, batches[: args.profile_steps]) for name, r in runners.items()}
-        _print_profile(case, splits, args.profile_steps)
-        result[f"{case}_profile"] = _rounded(splits, 1)
+        print_profile(case, splits, args.profile_steps)
+        result[f"{case}_profile"] = rounded(splits, 1)
     if "e2e" not in skip and case in args.e2e_cases.split(","):
-        pairs, source = multi30k_pairs(args.data_dir, args.e2e_sentences, seed=0)
-        bucketed, random_batches = e2e_schedules(pairs, args.e2e_max_tokens, args.batch_size, seed=0)
-        bucketed = [batch.to(device) for batch in bucketed]
-        random_batches = [batch.to(device) for batch in random_batches]
-        e2e = {f"{name} random": runners[name] for name in runners}
-        e2e.update({f"{name} bucketed": runners[name] for name in runners if name.startswith("ours")})
-        schedule = {key: bucketed if key.endswith("bucketed") else random_batches for key in e2e}
-        for runner in runners.values():  # one untimed step on real-data shapes first
-            runner.step(random_batches[0])
-        times = interleaved(e2e, schedule, warmup=0)
-        rows = {name: epoch_throughput(t) for name, t in times.items()}
-        _print_e2e(case, rows, source, args.e2e_max_tokens, args.batch_size)
-        result[f"{case}_e2e"] = {"lengths": source, **_rounded(rows)}
-        for name in rows:
-            if name != "ours bucketed" and "ours bucketed" in rows:
-                key = f"{case}_e2e_ours_bucketed_vs_{name.replace(' ', '_')}"
-                ratios[key] = rows["ours bucketed"]["tok_s"] / rows[name]["tok_s"]
+        result[f"{case}_e2e"], e2e_ratios = measure_e2e(case, args, runners, device)
+        ratios.update(e2e_ratios)
     if args.compile or any(name.endswith(":compiled") for name in names):
         from torch._dynamo.utils import counters
 
@@ -525,7 +238,10 @@ def run_case(
     return result, ratios
 
 
-def main() -> None:
+# --- main ------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="d256,d512", help="comma-separated subset of " + ",".join(CASES))
     parser.add_argument(
@@ -552,24 +268,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.rss_child:
-        rss_child(args.rss_child, args.cases.split(",")[0], args.rss_steps, args.baseline)
-        return
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if not args.rss_child and args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, but torch.cuda.is_available() is False here")
-    device = torch.device(args.device)
-    args.bf16 = args.bf16 or device.type == "cuda"
-    if not args.no_tune_malloc and device.type == "cpu":
-        tune_malloc()
-    if args.quick:
-        args.steps, args.batch_size, args.e2e_sentences, args.rss_steps = 1, 16, 96, 1
-    skip = set(filter(None, args.skip.split(",")))
-    names = args.models.split(",") + ([f"ours@{args.baseline}"] if args.baseline else [])
-    revisions = {args.baseline: load_revision(args.baseline)} if args.baseline else {}
-    peak = _peak(device, args.bf16)
+    return args
+
+
+def describe_run(args: argparse.Namespace, device: torch.device) -> dict[str, object]:
+    """Print the run's setting (torch, device, threads, malloc, dtype, load); its JSON fields."""
     load = os.getloadavg()
     where = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu"
     print(
@@ -579,7 +284,7 @@ def main() -> None:
         f"load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}",
         flush=True,
     )
-    result: dict[str, object] = {
+    return {
         "benchmark": "bench_train",
         "torch": torch.__version__,
         "device": where,
@@ -587,24 +292,48 @@ def main() -> None:
         "dtype": "bf16" if args.bf16 else "fp32",
         "load_start": load[0],
     }
+
+
+def rss_part(args: argparse.Namespace, names: list[str]) -> tuple[dict[str, int], dict[str, float]]:
+    """Peak RSS of each model's training steps in a fresh process: (MB per model, ratios against ours)."""
+    rss_case = "d256" if args.quick else "d512"
+    rss = measure_rss(names, rss_case, args.rss_steps, args.baseline, torch.get_num_threads())
+    print(f"\n[{rss_case}] peak RSS (VmHWM) over {args.rss_steps} training steps, one fresh process each")
+    for name, row in rss.items():
+        print(f"{name:18} after building {row['built_rss_mb']:7.0f} MB, peak {row['peak_rss_mb']:7.0f} MB")
+    ratios = {
+        f"rss_ours_vs_{name}": rss["ours"]["peak_rss_mb"] / rss[name]["peak_rss_mb"]
+        for name in rss
+        if name != "ours" and "ours" in rss
+    }
+    return {name: round(row["peak_rss_mb"]) for name, row in rss.items()}, ratios
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.rss_child:
+        rss_child(args.rss_child, args.cases.split(",")[0], args.rss_steps, args.baseline)
+        return
+    device = torch.device(args.device)
+    args.bf16 = args.bf16 or device.type == "cuda"
+    if not args.no_tune_malloc and device.type == "cpu":
+        tune_malloc()
+    if args.quick:
+        args.steps, args.batch_size, args.e2e_sentences, args.rss_steps = 1, 16, 96, 1
+    names = args.models.split(",") + ([f"ours@{args.baseline}"] if args.baseline else [])
+    revisions = {args.baseline: load_revision(args.baseline)} if args.baseline else {}
+    peak = _peak(device, args.bf16)
+    result = describe_run(args, device)
     ratios: dict[str, float] = {}
     for case in args.cases.split(","):
         case_result, case_ratios = run_case(case, args, names, revisions, device, peak["peak"])
         result.update(case_result)
         ratios.update(case_ratios)
-
-    if "rss" not in skip and device.type == "cpu":
-        rss_case = "d256" if args.quick else "d512"
-        rss = measure_rss(names, rss_case, args.rss_steps, args.baseline, torch.get_num_threads())
-        print(f"\n[{rss_case}] peak RSS (VmHWM) over {args.rss_steps} training steps, one fresh process each")
-        for name, row in rss.items():
-            print(
-                f"{name:18} after building {row['built_rss_mb']:7.0f} MB, peak {row['peak_rss_mb']:7.0f} MB"
-            )
-        result["rss_mb"] = {name: round(row["peak_rss_mb"]) for name, row in rss.items()}
-        for name in rss:
-            if name != "ours" and "ours" in rss:
-                ratios[f"rss_ours_vs_{name}"] = rss["ours"]["peak_rss_mb"] / rss[name]["peak_rss_mb"]
+    if "rss" not in args.skip.split(",") and device.type == "cpu":
+        result["rss_mb"], rss_ratios = rss_part(args, names)
+        ratios.update(rss_ratios)
 
     end_peak = _peak(device, args.bf16)  # the ceiling again: on a shared machine one look can be unlucky
     best = max(peak["peak"], end_peak["peak"])
@@ -614,7 +343,7 @@ def main() -> None:
         + "); the tables above use the start value, the summary below the best"
     )
     result["peak_gflops"] = {"start": round(peak["peak"], 1), "end": round(end_peak["peak"], 1)}
-    _print_summary(result, ratios, peak["peak"] / best)
+    print_summary(result, ratios, peak["peak"] / best)
     result["load_end"] = os.getloadavg()[0]
     result["ratios"] = {key: round(value, 3) for key, value in ratios.items()}
     print(json.dumps(result))
