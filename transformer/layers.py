@@ -62,6 +62,7 @@ class _SublayerConnections(nn.Module):
 
     norm_first: bool
     dropout: Dropout
+    feed_forward: FeedForward
 
     def _sublayer(self, norm: nn.LayerNorm, x: Tensor, sublayer: Sublayer) -> tuple[Tensor, Tensor | None]:
         """Post-LN (the paper): norm(x + dropout(sublayer(x))); pre-LN: x + dropout(sublayer(norm(x))).
