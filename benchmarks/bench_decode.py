@@ -457,7 +457,7 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
         f"load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
         f"{args.export_ckpt}: {len(texts)} sentences of {args.split} in batches of {step}, "
-        f"decoding {source.decoding}; sentences/s (median of {args.repeats})"
+        f"decoding {dict(source.decoding)}; sentences/s (median of {args.repeats})"
     )
     with tempfile.TemporaryDirectory() as tmp:
         methods = _deploy_methods(source, batches, Path(tmp), threads)
@@ -495,7 +495,7 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
     print(json.dumps({
         "benchmark": "bench_decode_export", "checkpoint": str(args.export_ckpt), "split": args.split,
         "sentences": len(texts), "threads": threads, "torch": torch.__version__, "load_start": load[0],
-        "load_end": os.getloadavg()[0], "decoding": source.decoding, "methods": rows,
+        "load_end": os.getloadavg()[0], "decoding": dict(source.decoding), "methods": rows,
     }))  # fmt: skip
 
 
