@@ -9,7 +9,9 @@ non-empty output, truncated or unsafe files) are one `error:` line, status 1, no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import pickle
@@ -402,6 +404,15 @@ def test_ctranslate2_separate_vocabularies_greedy_equals_ours(tmp_path: Path) ->
     assert [target.decode(row) for row in theirs] == tgt_tokenizer.decode_batch(ours)
     subwords = [token for result in results for token in result.hypotheses[0]]
     assert [source.id_to_token(i) for row in theirs for i in row] != subwords  # ids differ between sides
+
+    # the model card's usage example, run as printed (on this directory and a sentence that ours ends)
+    code = (out / "README.md").read_text().split("```python\n")[1].split("```")[0]
+    k = next(k for k, row in enumerate(ours) if row[-1] == tgt_tokenizer.eos_id)
+    code = code.replace("path/to/this/directory", str(out)).replace("A dog runs.", texts[k])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {})
+    assert printed.getvalue().strip() == tgt_tokenizer.decode(ours[k])
 
     tests = _pairs(6, seed=6)
     src = _batch(src_tokenizer, [s for s, _ in tests])

@@ -40,14 +40,16 @@ import ctranslate2
 from tokenizers import Tokenizer
 
 translator = ctranslate2.Translator("{dir}")
-tokenizer = Tokenizer.from_file("{dir}/{src_tokenizer}")
-tokens = tokenizer.encode("{example}", add_special_tokens=False).tokens
+source = Tokenizer.from_file("{dir}/{src_tokenizer}")
+target = Tokenizer.from_file("{dir}/{tgt_tokenizer}")
+tokens = source.encode("{example}", add_special_tokens=False).tokens
 result = translator.translate_batch([tokens], beam_size={beam_size}, length_penalty={length_penalty})
-print(Tokenizer.from_file("{dir}/{tgt_tokenizer}").decode(
-    [tokenizer.token_to_id(t) for t in result[0].hypotheses[0]]))
+print(target.decode([target.token_to_id(t) for t in result[0].hypotheses[0]]))
 ```
 
-The model adds `<s>` and `</s>` to the source and starts the decoder from `<s>` itself.""",
+The model adds `<s>` and `</s>` to the source and starts the decoder from `<s>` itself. On a CPU with
+several cores, `ctranslate2.Translator(..., inter_threads=cores, intra_threads=1)` and
+`translate_batch(..., max_batch_size=64)` decode that many batches at once.""",
 }
 
 
