@@ -21,6 +21,7 @@ each corpus and version with its own empty cache dir:
         [--ddp-size 1000000] [--corpora-dir DIR] [--steps 5] [--quick]
 
 Prints a table, then one JSON line. The baseline is a `git worktree` of `--baseline` in a temporary directory.
+Each measured process runs train.py through the probe in data_probe.py.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data_probe import run_child
+
 REPO = Path(__file__).resolve().parents[1]
 CHILD = "BENCH_DATA_CHILD"  # set in the environment of measured processes: this file then runs train.py
 RECIPE = "join 1-3 random Multi30k training pairs per line, numpy default_rng(0)"
@@ -53,102 +57,6 @@ class Corpus:
     experiment: str
     path: Path
     pairs: int
-
-
-# -- inside a measured process ------------------------------------------------------------------------
-def _process_start() -> float:
-    """When this process started (epoch seconds), from /proc; now where /proc is missing."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-def _run_child() -> None:
-    """Run train.py of the repository in $BENCH_DATA_REPO, counting tokenizer work; write a JSON report."""
-    import atexit
-    import resource
-    import types
-
-    start = _process_start()
-    out_dir, repo = Path(os.environ["BENCH_DATA_OUT"]), os.environ["BENCH_DATA_REPO"]
-    sys.path.insert(0, repo)
-    import lightning.pytorch as pl
-
-    first_step: list[float] = []
-
-    class FirstStepTimer(pl.Callback):
-        """Notes when the first training batch starts (added to the run with a Hydra override)."""
-
-        def on_train_batch_start(self, *args: Any) -> None:
-            first_step[:] = first_step or [time.time()]
-
-    counts = {"tokenized": 0, "tokenizers_trained": 0}  # examples tokenized, tokenizers trained
-    _count_calls(counts)
-
-    def report() -> None:
-        status = Path("/proc/self/status").read_text() if Path("/proc/self/status").exists() else ""
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        anon_kb = int(fields.get("RssAnon", "0 kB").split()[0])
-        result = {
-            "rank": int(os.environ.get("LOCAL_RANK", "0")),
-            "data_package": str(Path(sys.modules["data"].__file__).parent),
-            "pid": os.getpid(),
-            "first_step_s": first_step[0] - start if first_step else None,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_anon_mb": anon_kb / 1024,
-            **counts,
-        }
-        (out_dir / f"rank{result['rank']}-{os.getpid()}.json").write_text(json.dumps(result))
-
-    atexit.register(report)
-    # train.py runs as __main__ (Hydra finds its configs next to it; `__main__.FirstStepTimer` resolves),
-    # while sys.argv[0] stays this file: Lightning starts the DDP ranks with it (runpy would change it)
-    path = Path(repo) / "train.py"
-    main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=str(path), __spec__=None, FirstStepTimer=FirstStepTimer)
-    sys.modules["__main__"] = main
-    sys.argv = [str(Path(__file__).resolve()), *sys.argv[1:]]
-    exec(compile(path.read_text(), str(path), "exec"), main.__dict__)
-
-
-def _count_calls(counts: dict[str, int]) -> None:
-    """Count the examples this process tokenizes and the tokenizers it trains (ours and older revisions)."""
-    import datasets
-
-    import data.datamodules
-    import data.tokenization
-
-    # (not `import data.prepare`: for an older revision, the editable install would find ours)
-    prepare = getattr(data.datamodules, "prepare", None)
-    if prepare is not None:
-        tokenize_split = prepare.tokenize_split
-
-        def counting_tokenize(raw: Any, *args: Any, **kwargs: Any) -> Any:
-            counts["tokenized"] += len(raw)
-            return tokenize_split(raw, *args, **kwargs)
-
-        prepare.tokenize_split = counting_tokenize
-    else:
-        dataset_map = datasets.Dataset.map
-
-        def counting_map(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if str(kwargs.get("desc", "")).startswith("Tokenizing"):
-                counts["tokenized"] += len(self)
-            return dataset_map(self, *args, **kwargs)
-
-        datasets.Dataset.map = counting_map  # before the prepared-data cache: Dataset.map tokenized
-    for module in (data.tokenization, data.datamodules):
-        if hasattr(module, "train_bpe"):
-            train_bpe = module.train_bpe
-
-            def counting_train(*args: Any, _train: Any = train_bpe, **kwargs: Any) -> Any:
-                counts["tokenizers_trained"] += 1
-                return _train(*args, **kwargs)
-
-            module.train_bpe = counting_train
 
 
 # -- the benchmark --------------------------------------------------------------------------------------
@@ -353,10 +261,7 @@ def print_table(
         print(f"\nddp_cpu, {d['corpus']}, {d['version']} (empty cache, wall {d['wall_s']:.0f} s): {ranks}")
 
 
-def main() -> None:
-    if os.environ.get(CHILD):
-        _run_child()
-        return
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--multi30k-dir", type=Path, default=os.environ.get("MULTI30K_DIR"))
     parser.add_argument("--sst2-dir", type=Path, default=os.environ.get("SST2_DIR"), help="adds SST-2 rows")
@@ -375,42 +280,57 @@ def main() -> None:
         raise SystemExit("error: --multi30k-dir (or $MULTI30K_DIR) must point at Multi30k's data/task1/raw")
     args.multi30k_dir = args.multi30k_dir.resolve()  # the runs start in the baseline's directory too
     args.sst2_dir = args.sst2_dir and args.sst2_dir.resolve()
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    baseline_sizes = [int(s) for s in args.baseline_sizes.split(",") if s]
-    ddp_size = args.ddp_size
+    args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    args.baseline_sizes = [int(s) for s in args.baseline_sizes.split(",") if s]
     if args.quick:
-        sizes, baseline_sizes, ddp_size = [10_000, 30_000], [10_000], 10_000
+        args.sizes, args.baseline_sizes, args.ddp_size = [10_000, 30_000], [10_000], 10_000
         args.tokenize_pairs = min(args.tokenize_pairs, 10_000)
+    return args
+
+
+def run_all(
+    args: argparse.Namespace, versions: dict[str, Path], work: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
+    """Build the corpora, then every measurement: (corpus rows, DDP rows, tokenizer comparison)."""
+    corpora = args.corpora_dir or work / "corpora"
+    corpora_list = [
+        Corpus("Multi30k", "multi30k_de_en", args.multi30k_dir, MULTI30K_PAIRS),
+        *([Corpus("SST-2", "sst2", args.sst2_dir, SST2_EXAMPLES)] if args.sst2_dir else []),
+    ]
+    rows, ddp, tokenize = [], [], None
+    for pairs in sorted(set(args.sizes) | set(args.baseline_sizes) | ({args.ddp_size} - {0})):
+        start = time.time()
+        path = build_corpus(args.multi30k_dir, pairs, corpora / f"pairs-{pairs}")
+        print(f"corpus of {pairs} pairs: {path} ({time.time() - start:.0f} s)", flush=True)
+        corpora_list.append(Corpus(_size(pairs), "multi30k_de_en", path, pairs))
+    if args.tokenize_pairs:
+        source = next(c for c in corpora_list[::-1] if c.pairs >= args.tokenize_pairs)
+        tokenize = bench_tokenize(args.multi30k_dir, source.path, args.tokenize_pairs)
+    for corpus in corpora_list:
+        for name, repo in versions.items():
+            wanted = args.sizes if name == "ours" else args.baseline_sizes
+            if corpus.pairs in wanted or corpus.name in ("Multi30k", "SST-2"):
+                rows.append(bench_corpus(name, repo, corpus, work, args.steps))
+            if corpus.pairs == args.ddp_size and corpus.name not in ("Multi30k", "SST-2"):
+                ddp.append(bench_ddp(name, repo, corpus, work, args.steps))
+    return rows, ddp, tokenize
+
+
+def main() -> None:
+    if os.environ.get(CHILD):
+        run_child(Path(__file__).resolve())
+        return
+    args = parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_data-") as tmp:
         work = Path(tmp)
-        corpora = args.corpora_dir or work / "corpora"
         versions = {"ours": REPO}
         if args.baseline:
             base = work / "baseline"
             add = ["git", "worktree", "add", "--detach", str(base), args.baseline]
             subprocess.run(add, cwd=REPO, check=True, capture_output=True)
             versions["baseline"] = base
-        corpora_list = [
-            Corpus("Multi30k", "multi30k_de_en", args.multi30k_dir, MULTI30K_PAIRS),
-            *([Corpus("SST-2", "sst2", args.sst2_dir, SST2_EXAMPLES)] if args.sst2_dir else []),
-        ]
-        rows, ddp, tokenize = [], [], None
         try:
-            for pairs in sorted(set(sizes) | set(baseline_sizes) | ({ddp_size} - {0})):
-                start = time.time()
-                path = build_corpus(args.multi30k_dir, pairs, corpora / f"pairs-{pairs}")
-                print(f"corpus of {pairs} pairs: {path} ({time.time() - start:.0f} s)", flush=True)
-                corpora_list.append(Corpus(_size(pairs), "multi30k_de_en", path, pairs))
-            if args.tokenize_pairs:
-                source = next(c for c in corpora_list[::-1] if c.pairs >= args.tokenize_pairs)
-                tokenize = bench_tokenize(args.multi30k_dir, source.path, args.tokenize_pairs)
-            for corpus in corpora_list:
-                for name, repo in versions.items():
-                    wanted = sizes if name == "ours" else baseline_sizes
-                    if corpus.pairs in wanted or corpus.name in ("Multi30k", "SST-2"):
-                        rows.append(bench_corpus(name, repo, corpus, work, args.steps))
-                    if corpus.pairs == ddp_size and corpus.name not in ("Multi30k", "SST-2"):
-                        ddp.append(bench_ddp(name, repo, corpus, work, args.steps))
+            rows, ddp, tokenize = run_all(args, versions, work)
         finally:
             if args.baseline:
                 subprocess.run(["git", "worktree", "remove", "--force", str(work / "baseline")], cwd=REPO)
