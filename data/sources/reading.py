@@ -58,7 +58,7 @@ def arrow_dataset(rows: Iterable[Sequence[Any]], features: datasets.Features) ->
     rows = iter(rows)
     with ArrowWriter(features=features, path=str(path), writer_batch_size=CHUNK_ROWS) as writer:
         while chunk := list(itertools.islice(rows, CHUNK_ROWS)):
-            writer.write_batch({column: list(values) for column, values in zip(columns, zip(*chunk))})
+            writer.write_batch({column: [row[i] for row in chunk] for i, column in enumerate(columns)})
         writer.finalize()
     return datasets.Dataset.from_file(str(path))
 
