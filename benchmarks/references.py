@@ -287,7 +287,11 @@ def profile_split(prof: torch.profiler.profile) -> dict[str, float]:
 
 # --- our model at an earlier revision -------------------------------------------------------------------
 
-_REVISION_FILES = ("config", "attention", "positional", "layers", "model", "losses", "decoding")
+# the torch-only core, in every layout it has had (one a revision lacks is skipped)
+_REVISION_FILES = (
+    *("config", "kernels", "packing", "cache", "attention_paths", "attention", "dropout", "positional"),
+    *("layers", "embedding", "stacks", "model", "encoder_only", "losses", "decoding"),
+)
 
 
 def load_revision(revision: str) -> dict[str, ModuleType]:
