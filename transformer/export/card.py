@@ -81,16 +81,8 @@ def _signatures() -> dict[str, str]:
     return score_signatures()
 
 
-def model_card(
-    source: ExportSource, target: Literal["hf", "ctranslate2"], tokenizer_files: dict[str, str]
-) -> str:
-    """The card's Markdown text."""
-    config, run = source.config, source.run_config
-    data = run.get("data") or {}
-    src_lang, tgt_lang = data.get("src_lang", "src"), data.get("tgt_lang", "tgt")
-    validation = source.hparams.get("decoding") or {}
-    trainer = {key: value for key, value in (run.get("trainer") or {}).items() if key in _TRAINER_KEYS}
-    lines = [
+def _header(source: ExportSource, target: str, src_lang: str, tgt_lang: str) -> list[str]:
+    return [
         f"# aiayn Transformer, {src_lang} -> {tgt_lang}",
         "",
         "An encoder-decoder Transformer (Vaswani et al., 2017) trained with the aiayn project and exported "
@@ -98,6 +90,13 @@ def model_card(
         f"`aiayn-export {source.path.name} --to {target}`, which checks that the export computes what the "
         'checkpoint computes (see the project\'s README, "Export and deploy").',
         "",
+    ]
+
+
+def _model_section(source: ExportSource) -> list[str]:
+    """Architecture, vocabulary and size."""
+    config = source.config
+    return [
         "## Model",
         "",
         f"- {config.n_encoder_layers} encoder + {config.n_decoder_layers} decoder layers, d_model "
@@ -108,10 +107,19 @@ def model_card(
         f"source / {config.tgt_vocab_size} target tokens; embeddings tied: {config.tie_embeddings}",
         f"- {sum(p.numel() for p in source.model.parameters()):,} parameters",
         "",
-        "## Data",
-        "",
-        *[f"- `data.{key}`: {data[key]}" for key in _DATA_KEYS if key in data],
-        "",
+    ]
+
+
+def _data_section(data: Mapping[str, Any]) -> list[str]:
+    return ["## Data", "", *[f"- `data.{key}`: {data[key]}" for key in _DATA_KEYS if key in data], ""]
+
+
+def _recipe_section(source: ExportSource) -> list[str]:
+    """Tags, seed, the checkpoint's place in training, optimization and both decodings."""
+    run = source.run_config
+    validation = source.hparams.get("decoding") or {}
+    trainer = {key: value for key, value in (run.get("trainer") or {}).items() if key in _TRAINER_KEYS}
+    return [
         "## Recipe",
         "",
         f"- experiment tags: {', '.join(map(str, run.get('tags') or [])) or 'none'}; seed {run.get('seed')}",
@@ -125,25 +133,34 @@ def model_card(
         f"- validation decoding: {_decoding_text({**validation, 'search': 'auto'})}; test decoding: "
         f"{_decoding_text(source.decoding)}",
         "",
-        "## Scores of this checkpoint",
-        "",
     ]
-    if source.scores:
-        lines += ["| metric | value |", "|---|---|"]
-        lines += [f"| `{name}` | {value:.4g} |" for name, value in sorted(source.scores.items())]
-        lines += [
-            "",
-            f"Validation metrics with the validation decoding, test metrics (split "
-            f"`{data.get('test_split', 'test')}`) with the test decoding, both by this project's own search "
-            "(the exported model's decoders differ slightly, see the README). sacreBLEU signatures: "
-            + "; ".join(f"{name} `{signature}`" for name, signature in _signatures().items()),
-        ]
-    else:
-        lines.append(
-            "No scores are stored with this checkpoint (score it with `python evaluate.py ckpt_path=...`)."
-        )
+
+
+def _scores_section(source: ExportSource, data: Mapping[str, Any]) -> list[str]:
+    """The checkpoint's stored metrics as a table with their sacreBLEU signatures, or how to get them."""
+    heading = ["## Scores of this checkpoint", ""]
+    if not source.scores:
+        how = "score it with `python evaluate.py ckpt_path=...`"
+        return [*heading, f"No scores are stored with this checkpoint ({how})."]
+    return [
+        *heading,
+        "| metric | value |",
+        "|---|---|",
+        *[f"| `{name}` | {value:.4g} |" for name, value in sorted(source.scores.items())],
+        "",
+        f"Validation metrics with the validation decoding, test metrics (split "
+        f"`{data.get('test_split', 'test')}`) with the test decoding, both by this project's own search "
+        "(the exported model's decoders differ slightly, see the README). sacreBLEU signatures: "
+        + "; ".join(f"{name} `{signature}`" for name, signature in _signatures().items()),
+    ]
+
+
+def _usage_section(
+    source: ExportSource, target: Literal["hf", "ctranslate2"], tokenizer_files: dict[str, str], src_lang: str
+) -> list[str]:
+    """How to load and run the export, and how its length penalty differs from ours."""
     beam_size = int(source.decoding.get("beam_size", 1))
-    lines += [
+    return [
         "",
         "## Usage",
         "",
@@ -161,6 +178,22 @@ def model_card(
         "((5 + length) / 6) ** alpha; transformers and CTranslate2 divide by length ** alpha. The same alpha "
         "is written here, so beam search can rank hypotheses of different lengths differently.",
         "",
+    ]
+
+
+def model_card(
+    source: ExportSource, target: Literal["hf", "ctranslate2"], tokenizer_files: dict[str, str]
+) -> str:
+    """The card's Markdown text: header, model, data, recipe, scores, usage."""
+    data = source.run_config.get("data") or {}
+    src_lang, tgt_lang = data.get("src_lang", "src"), data.get("tgt_lang", "tgt")
+    lines = [
+        *_header(source, target, src_lang, tgt_lang),
+        *_model_section(source),
+        *_data_section(data),
+        *_recipe_section(source),
+        *_scores_section(source, data),
+        *_usage_section(source, target, tokenizer_files, src_lang),
     ]
     return "\n".join(lines)
 
