@@ -26,11 +26,14 @@ one thread each (`inter_threads=threads, intra_threads=1`: its workers share not
 with cores where one batch on all threads waits at every layer); int8 also runs one batch at a time
 on all threads (`intra_threads=threads`), for comparison. Ours decodes one batch at a time on all
 threads (torch's intra-op threads), as evaluate.py does: the same thread total. Each float32 export's
-beam-search differences from ours are sorted by cause (`_explain_differences`). Tokenization is
-outside the timed calls; each method gets token ids or subword strings in and gives them back.
+beam-search differences from ours are sorted by cause (`decode_report.explain_differences`). Tokenization
+is outside the timed calls; each method gets token ids or subword strings in and gives them back.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_decode.py --export-ckpt CKPT \
-        --data-dir ../shared/data/multi30k [--split test_2016_flickr] [--repeats 3] [--threads 2]
+        --data-dir $MULTI30K_DIR [--split test_2016_flickr] [--repeats 3] [--threads 2]
+
+The parts: decode_timing.py (interleaved rounds, paired ratios), decode_deploy.py (the runners of
+--export-ckpt: ours, CTranslate2, transformers), decode_report.py (its table).
 """
 
 from __future__ import annotations
@@ -44,19 +47,25 @@ import json
 import math
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_deploy import deploy_methods
+from decode_report import deploy_table
+from decode_timing import interleaved, paired_ratio
 from references import BOS, EOS, PAD, MarianReference, load_revision, make_batches
 
 from transformer.config import TransformerConfig
 from transformer.decoding import beam_search, greedy_search
 from transformer.model import Seq2SeqTransformer
+
+if TYPE_CHECKING:
+    from transformer.export.source import ExportSource
 
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
@@ -130,65 +139,74 @@ def _methods(
     return methods
 
 
-def interleaved(
-    methods: dict[str, Callable[[], Tensor]],
-    repeats: int,
-    device: torch.device = torch.device("cpu"),  # noqa: B008
-) -> tuple[dict[str, list[float]], dict[str, Tensor]]:
-    """Seconds of each method in each of `repeats` rounds (the order rotates), and its last output;
-    on a GPU each call is timed from an idle device to the end of its last kernel."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    names = list(methods)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    outputs: dict[str, Tensor] = {}
-    for i in range(repeats):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            sync()
-            start = time.perf_counter()
-            outputs[name] = methods[name]()
-            sync()
-            times[name].append(time.perf_counter() - start)
-    return times, outputs
-
-
-def paired_ratio(times: dict[str, list[float]], faster: str, slower: str) -> float:
-    """Median over rounds of slower/faster time: each round's pair ran minutes apart at most, so a
-    change of load between rounds cancels out."""
-    return statistics.median(s / f for f, s in zip(times[faster], times[slower]))
-
-
 def mean_length(tokens: Tensor) -> float:
     """Mean tokens per hypothesis up to and including the first EOS (pads after it not counted)."""
     ended = tokens.eq(EOS).int().cumsum(1)  # (B, L): 1 from the first EOS on
     return float((ended.eq(0) | (ended.eq(1) & tokens.eq(EOS))).sum(1).float().mean())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="d256,d512", help="comma-separated subset of " + ",".join(CASES))
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--length", type=int, default=40, help="target tokens per sentence, EOS included")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--baseline", default=None, help="git revision of our code to time alongside")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--bf16", action="store_true", help="both models in bfloat16 (for GPUs)")
-    parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
-    parser.add_argument("--export-ckpt", default=None, help="a translation checkpoint: time its exports")
-    parser.add_argument("--data-dir", default=None, help="with --export-ckpt: a Multi30k data/task1/raw dir")
-    parser.add_argument("--split", default="test_2016_flickr", help="with --export-ckpt: the split to decode")
-    parser.add_argument("--sentences-per-batch", type=int, default=64, help="with --export-ckpt")
-    args = parser.parse_args()
-    if args.export_ckpt:
-        if not args.data_dir:
-            parser.error("--export-ckpt needs --data-dir (a Multi30k data/task1/raw directory)")
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        deploy_benchmark(args)
-        return
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda needs a CUDA GPU, but torch.cuda.is_available() is False here")
+# --- random models of the same architecture (the default) ---------------------------------------------------
+
+
+def _models(
+    case: str, device: torch.device, dtype: torch.dtype, revision: dict | None, baseline: str | None
+) -> tuple[Seq2SeqTransformer, MarianReference, tuple | None]:
+    """Ours and Marian for `case`, and (revision, model, decoding module) of our code at `baseline`,
+    with the same weights as ours."""
+    config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    ours = Seq2SeqTransformer(config).eval().to(device, dtype)
+    marian = MarianReference(config).eval().to(device, dtype)
+    before = None
+    if revision is not None:
+        old_config = revision["config"].TransformerConfig(**vars(config))
+        torch.manual_seed(0)  # the same weights as `ours`
+        before = (
+            baseline,
+            revision["model"].Seq2SeqTransformer(old_config).eval().to(device, dtype),
+            revision["decoding"],
+        )
+    return ours, marian, before
+
+
+def _pairs(baseline: str | None) -> dict[str, tuple[str, str]]:
+    """The paired ratios reported per case: key -> (faster, slower) method."""
+    pairs = {
+        "beam4_ours_vs_marian": ("ours beam4 (KV cache)", "marian generate beam4"),
+        "greedy_cached_vs_recompute": ("ours greedy (KV cache)", "ours greedy recompute"),
+        "greedy_ours_vs_marian": ("ours greedy (KV cache)", "marian generate greedy"),
+    }
+    if baseline is not None:
+        pairs["beam4_ours_vs_before"] = ("ours beam4 (KV cache)", f"ours@{baseline} beam4")
+        pairs["greedy_ours_vs_before"] = ("ours greedy (KV cache)", f"ours@{baseline} greedy")
+    return pairs
+
+
+def _case(
+    case: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, revision: dict | None
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Time one case, print its rows and paired ratios; return the rows and the ratios (keys `case_pair`)."""
+    ours, marian, before = _models(case, device, dtype, revision, args.baseline)
+    src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src.to(device)
+    times, outputs = interleaved(_methods(ours, marian, src, args.length, before), args.repeats, device)
+    cached, recomputed = outputs["ours greedy (KV cache)"], outputs["ours greedy recompute"]
+    if not torch.equal(cached, recomputed[:, : cached.size(1)]):
+        raise RuntimeError("KV-cached greedy search and recomputation disagree")
+    rows = {}
+    for name, seconds in times.items():
+        sent_s = args.batch_size / statistics.median(seconds)
+        rows[name] = {"sent_s": sent_s, "mean_length": mean_length(outputs[name])}
+        print(f"{case:6} {name:24} {sent_s:8.2f} {rows[name]['mean_length']:9.1f}")
+    pairs = _pairs(args.baseline if before is not None else None)
+    ratios = {f"{case}_{key}": paired_ratio(times, faster, slower) for key, (faster, slower) in pairs.items()}
+    print("  paired ratios (median over rounds): " + ", ".join(
+        f"{key} {ratios[f'{case}_{key}']:.2f}" for key in pairs
+    ))  # fmt: skip
+    return rows, ratios
+
+
+def synthetic_benchmark(args: argparse.Namespace) -> None:
+    """The default: ours vs Marian and cached vs recomputed greedy on random models (see the top)."""
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     revision = load_revision(args.baseline) if args.baseline else None
@@ -211,42 +229,8 @@ def main() -> None:
     ratios: dict[str, float] = {}
     print(f"{'case':6} {'method':24} {'sent/s':>8} {'mean len':>9}")
     for case in args.cases.split(","):
-        config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
-        torch.manual_seed(0)
-        ours = Seq2SeqTransformer(config).eval().to(device, dtype)
-        marian = MarianReference(config).eval().to(device, dtype)
-        src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src.to(device)
-        before = None
-        if revision is not None:
-            old_config = revision["config"].TransformerConfig(**vars(config))
-            torch.manual_seed(0)  # the same weights as `ours`
-            before = (
-                args.baseline,
-                revision["model"].Seq2SeqTransformer(old_config).eval().to(device, dtype),
-                revision["decoding"],
-            )
-        times, outputs = interleaved(_methods(ours, marian, src, args.length, before), args.repeats, device)
-        cached, recomputed = outputs["ours greedy (KV cache)"], outputs["ours greedy recompute"]
-        if not torch.equal(cached, recomputed[:, : cached.size(1)]):
-            raise RuntimeError("KV-cached greedy search and recomputation disagree")
-        rows = {}
-        for name, seconds in times.items():
-            sent_s = args.batch_size / statistics.median(seconds)
-            rows[name] = {"sent_s": sent_s, "mean_length": mean_length(outputs[name])}
-            print(f"{case:6} {name:24} {sent_s:8.2f} {rows[name]['mean_length']:9.1f}")
-        pairs = {
-            "beam4_ours_vs_marian": ("ours beam4 (KV cache)", "marian generate beam4"),
-            "greedy_cached_vs_recompute": ("ours greedy (KV cache)", "ours greedy recompute"),
-            "greedy_ours_vs_marian": ("ours greedy (KV cache)", "marian generate greedy"),
-        }
-        if before is not None:
-            pairs["beam4_ours_vs_before"] = ("ours beam4 (KV cache)", f"ours@{args.baseline} beam4")
-            pairs["greedy_ours_vs_before"] = ("ours greedy (KV cache)", f"ours@{args.baseline} greedy")
-        for key, (faster, slower) in pairs.items():
-            ratios[f"{case}_{key}"] = paired_ratio(times, faster, slower)
-        print("  paired ratios (median over rounds): " + ", ".join(
-            f"{key} {ratios[f'{case}_{key}']:.2f}" for key in pairs
-        ))  # fmt: skip
+        rows, case_ratios = _case(case, args, device, dtype, revision)
+        ratios.update(case_ratios)
         result[case] = {name: {k: round(v, 2) for k, v in row.items()} for name, row in rows.items()}
     result["load_end"] = os.getloadavg()[0]
     result["ratios"] = {key: round(value, 3) for key, value in ratios.items()}
@@ -256,200 +240,30 @@ def main() -> None:
 # --- a trained checkpoint and its exports (--export-ckpt) ---------------------------------------------------
 
 
-def _deploy_methods(source, batches, tmp: Path, threads: int) -> dict[str, Callable[..., list[list[int]]]]:
-    """The decoders to time on `batches` (lists of (index, text) of similar length), each returning the
-    token ids (no BOS / EOS) of every sentence in split order; called with `first=k`, only the first k
-    batches are decoded (a warm-up)."""
-    import ctranslate2
-    import tokenizers
-    from transformers import AutoModelForSeq2SeqLM
-    from transformers.utils import logging as hf_logging
+def _load_split(source: ExportSource, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The split's source texts and references (the first 16 with --quick, which also sets 1 repeat)."""
+    from data.sources import load_multi30k
 
-    from transformer.export.ctranslate2 import export_ctranslate2
-    from transformer.export.hf import export_hf
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    config, decoding = source.config, source.decoding
-    beam, alpha = int(decoding["beam_size"]), float(decoding["length_penalty"])
-    a, b = float(decoding["max_len_a"]), float(decoding["max_len_b"])
-    tokenizer = tokenizers.Tokenizer.from_str(source.src_tokenizer_json)
-    n = sum(len(batch) for batch in batches)
-    prepared = []  # per batch: sentence indices, padded ids (B, S), subword strings, the batch's length limit
-    for batch in batches:
-        encodings = [tokenizer.encode(text) for _, text in batch]  # <s> ... </s>, as our datamodule
-        ids = [torch.tensor(e.ids) for e in encodings]
-        src = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=config.pad_id)
-        strings = [e.tokens[1:-1] for e in encodings]  # plain subwords: CTranslate2 adds <s> and </s>
-        # ours stops each sentence at floor(a * S + b) tokens (EOS included, S counting <s> and </s>);
-        # transformers and CTranslate2 take one limit per call: the batch's longest
-        limit = min(max(math.floor(a * len(i) + b) for i in ids), config.max_len)
-        prepared.append(([i for i, _ in batch], src, strings, limit))
-    eos, pad = config.eos_id, config.pad_id
-
-    def collect(rows_per_batch: list[tuple[list[int], list[list[int]]]]) -> list[list[int]]:
-        out: list[list[int]] = [[] for _ in range(n)]
-        for indices, rows in rows_per_batch:
-            for i, row in zip(indices, rows):
-                out[i] = [t for t in (row[: row.index(eos)] if eos in row else row) if t != pad]
-        return out
-
-    def ours(k: int) -> Callable[..., list[list[int]]]:
-        def run(first: int | None = None) -> list[list[int]]:
-            results = []
-            for indices, src, _, _ in prepared[:first]:
-                if k == 1:
-                    tokens = greedy_search(source.model, src, max_len_a=a, max_len_b=b)
-                else:
-                    tokens = beam_search(
-                        source.model, src, beam_size=k, length_penalty=alpha, max_len_a=a, max_len_b=b
-                    )[0][:, 0]
-                results.append((indices, tokens.tolist()))
-            return collect(results)
-
-        return run
-
-    export_ctranslate2(source, tmp / "ct2")
-    export_ctranslate2(source, tmp / "ct2_int8", quantization="int8")
-    export_hf(source, tmp / "hf")
-    vocabulary = {token: i for i, token in enumerate(source.vocabulary("tgt"))}
-    translators: dict[tuple[str, int], ctranslate2.Translator] = {}
-
-    def ct2(directory: str, compute_type: str, k: int, parallel: int = 1) -> Callable[..., list[list[int]]]:
-        """CTranslate2 with `threads` threads in all: one batch at a time on all of them, or `parallel`
-        batches at once (its inter_threads) on threads / parallel each."""
-        if (directory, parallel) not in translators:
-            translators[directory, parallel] = ctranslate2.Translator(
-                str(tmp / directory),
-                device="cpu",
-                compute_type=compute_type,
-                inter_threads=parallel,
-                intra_threads=max(threads // parallel, 1),
-            )
-        translator = translators[directory, parallel]
-
-        def run(first: int | None = None) -> list[list[int]]:
-            pending = [
-                (
-                    indices,
-                    translator.translate_batch(
-                        strings,
-                        beam_size=k,
-                        length_penalty=alpha,
-                        max_decoding_length=limit - 1,
-                        asynchronous=True,
-                    ),
-                )
-                for indices, _, strings, limit in prepared[:first]
-            ]  # queued: with inter_threads > 1, that many batches run at once
-            return collect(
-                [
-                    (indices, [[vocabulary[t] for t in r.result().hypotheses[0]] for r in out])
-                    for indices, out in pending
-                ]
-            )
-
-        return run
-
-    marian = AutoModelForSeq2SeqLM.from_pretrained(tmp / "hf").eval()
-
-    def hf(k: int) -> Callable[..., list[list[int]]]:
-        def run(first: int | None = None) -> list[list[int]]:
-            results = []
-            with torch.no_grad():
-                for indices, src, _, limit in prepared[:first]:
-                    generated = marian.generate(
-                        input_ids=src, attention_mask=src.ne(pad), num_beams=k, length_penalty=alpha,
-                        max_new_tokens=limit,
-                    )  # fmt: skip
-                    results.append((indices, generated[:, 1:].tolist()))  # without the decoder start token
-            return collect(results)
-
-        return run
-
-    return {
-        f"ours beam{beam}": ours(beam),
-        # CTranslate2 as deployed on `threads` cores: that many batches at once, one thread each
-        f"ctranslate2 float32 beam{beam}": ct2("ct2", "float32", beam, parallel=threads),
-        f"ctranslate2 int8 beam{beam}": ct2("ct2_int8", "int8", beam, parallel=threads),
-        # one batch at a time on every thread (intra_threads=threads)
-        f"ctranslate2 int8 beam{beam}, 1x{threads} thr": ct2("ct2_int8", "int8", beam),
-        f"transformers generate beam{beam}": hf(beam),
-        "ours greedy": ours(1),
-        "ctranslate2 float32 greedy": ct2("ct2", "float32", 1, parallel=threads),
-        "transformers generate greedy": hf(1),
-    }
-
-
-def _sequence_log_probs(
-    model: Seq2SeqTransformer, src_ids: list[Tensor], hypotheses: list[list[int]]
-) -> list[float]:
-    """Our model's summed log-probability of each hypothesis (token ids + EOS) given its source."""
-    config = model.config
-    totals = []
-    with torch.no_grad():
-        for start in range(0, len(hypotheses), 64):
-            src = torch.nn.utils.rnn.pad_sequence(src_ids[start : start + 64], True, config.pad_id)
-            tgt = [torch.tensor([config.bos_id, *h, config.eos_id]) for h in hypotheses[start : start + 64]]
-            tgt = torch.nn.utils.rnn.pad_sequence(tgt, batch_first=True, padding_value=config.pad_id)
-            log_probs = model(src, tgt[:, :-1]).float().log_softmax(-1)  # (B, T, V)
-            picked = log_probs.gather(-1, tgt[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T)
-            totals += picked.masked_fill(tgt[:, 1:].eq(config.pad_id), 0.0).sum(1).tolist()
-    return totals
-
-
-def _explain_differences(
-    model: Seq2SeqTransformer, src_ids: list[Tensor], ours: list[list[int]], theirs: list[list[int]],
-    alpha: float, counts_eos: bool,
-) -> dict[str, int]:  # fmt: skip
-    """Sort the sentences where `theirs` (a beam search scoring length ** alpha) differs from `ours`
-    (GNMT's ((5 + length) / 6) ** alpha), both scored by our float32 model: "length penalty" = each is at
-    least as good as the other under its own formula; "their search" / "our search" = that search ended
-    with a hypothesis that the other found and that its own formula ranks higher (beam search is
-    approximate, and the three stop differently)."""
-    differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
-    if not differ:
-        return {"differ": 0}
-    picked = [src_ids[i] for i in differ]
-    s_ours = _sequence_log_probs(model, picked, [ours[i] for i in differ])
-    s_theirs = _sequence_log_probs(model, picked, [theirs[i] for i in differ])
-    result = {"differ": len(differ), "length penalty": 0, "their search": 0, "our search": 0}
-    for k, i in enumerate(differ):
-        length_ours, length_theirs = len(ours[i]) + 1, len(theirs[i]) + 1  # EOS counted
-        gnmt_ours = s_ours[k] / ((5 + length_ours) / 6) ** alpha
-        gnmt_theirs = s_theirs[k] / ((5 + length_theirs) / 6) ** alpha
-        shift = 0 if counts_eos else 1
-        len_ours = s_ours[k] / max(length_ours - shift, 1) ** alpha
-        len_theirs = s_theirs[k] / max(length_theirs - shift, 1) ** alpha
-        if gnmt_theirs > gnmt_ours:
-            result["our search"] += 1
-        elif len_ours > len_theirs:
-            result["their search"] += 1
-        else:
-            result["length penalty"] += 1
-    return result
+    data = source.run_config.get("data") or {}
+    split = load_multi30k(args.data_dir, [args.split], data.get("src_lang", "de"), data.get("tgt_lang", "en"))
+    texts, references = split[args.split]["src"][:], split[args.split]["tgt"][:]
+    if args.quick:
+        texts, references, args.repeats = texts[:16], references[:16], 1
+    return texts, references
 
 
 def deploy_benchmark(args: argparse.Namespace) -> None:
     """--export-ckpt: ours vs CTranslate2 float32 / int8 vs transformers on a real split (see the top)."""
     import tempfile
 
-    from data.sources import load_multi30k
-    from data.tokenization import BPETokenizer
-    from transformer.evaluation.scoring import corpus_scores
     from transformer.export.source import load_source
 
     source = load_source(args.export_ckpt)
-    data = source.run_config.get("data") or {}
-    split = load_multi30k(args.data_dir, [args.split], data.get("src_lang", "de"), data.get("tgt_lang", "en"))
-    texts, references = split[args.split]["src"][:], split[args.split]["tgt"][:]
-    if args.quick:
-        texts, references, args.repeats = texts[:16], references[:16], 1
+    texts, references = _load_split(source, args)
     threads = torch.get_num_threads()
     order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))  # similar lengths batched together
     step = args.sentences_per_batch
     batches = [[(i, texts[i]) for i in order[k : k + step]] for k in range(0, len(order), step)]
-    tgt_tokenizer = BPETokenizer.from_json(source.tgt_tokenizer_json)
     load = os.getloadavg()
     print(
         f"torch {torch.__version__}, cpu, float32, {threads} threads (CTranslate2: inter_threads={threads}, "
@@ -460,43 +274,52 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
         f"decoding {dict(source.decoding)}; sentences/s (median of {args.repeats})"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        methods = _deploy_methods(source, batches, Path(tmp), threads)
+        methods = deploy_methods(source, batches, Path(tmp), threads)
         for method in methods.values():
             method(first=1)  # warm-up: first-call allocations, lazy initialization
         times, outputs = interleaved(methods, args.repeats)
-    beam_reference = next(iter(methods))  # ours with the checkpoint's beam; greedy rows: ours greedy
-    tokenizer = BPETokenizer.from_json(source.src_tokenizer_json)
-    src_ids = [torch.tensor(ids) for ids in tokenizer.encode_batch(texts)]
-    alpha = float(source.decoding["length_penalty"])
-    rows = {}
-    print("x ours, = ours: against ours with the same search (beam or greedy)")
-    print(f"{'method':32} {'sent/s':>8} {'x ours':>7} {'BLEU':>6} {'= ours':>7}")
-    for name, seconds in times.items():
-        reference = "ours greedy" if name.endswith("greedy") else beam_reference  # the same search
-        sent_s = len(texts) / statistics.median(seconds)
-        hypotheses = [tgt_tokenizer.decode(ids) for ids in outputs[name]]
-        same = sum(a == b for a, b in zip(outputs[name], outputs[reference])) / len(texts)
-        rows[name] = {
-            "sent_s": round(sent_s, 2),
-            "speedup": round(paired_ratio(times, name, reference), 3),
-            "bleu": round(corpus_scores(hypotheses, references)["bleu"], 2),
-            "same_as_ours": round(same, 4),
-        }
-        float32_export = name.startswith(("ctranslate2 float32", "transformers"))
-        if float32_export and reference == beam_reference:  # int8: quantization changes scores
-            rows[name]["differences"] = _explain_differences(
-                source.model, src_ids, outputs[reference], outputs[name], alpha, counts_eos=name[0] == "t"
-            )
-        row = rows[name]
-        print(f"{name:32} {sent_s:8.2f} {row['speedup']:7.2f} {row['bleu']:6.2f} {100 * same:6.1f}%")
-    for name, row in rows.items():
-        if "differences" in row:
-            print(f"  {name} vs ours: " + ", ".join(f"{k} {v}" for k, v in row["differences"].items()))
+    rows = deploy_table(source, texts, references, times, outputs)
     print(json.dumps({
         "benchmark": "bench_decode_export", "checkpoint": str(args.export_ckpt), "split": args.split,
         "sentences": len(texts), "threads": threads, "torch": torch.__version__, "load_start": load[0],
         "load_end": os.getloadavg()[0], "decoding": dict(source.decoding), "methods": rows,
     }))  # fmt: skip
+
+
+# --- command line -------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="d256,d512", help="comma-separated subset of " + ",".join(CASES))
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--length", type=int, default=40, help="target tokens per sentence, EOS included")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--baseline", default=None, help="git revision of our code to time alongside")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--bf16", action="store_true", help="both models in bfloat16 (for GPUs)")
+    parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
+    parser.add_argument("--export-ckpt", default=None, help="a translation checkpoint: time its exports")
+    parser.add_argument("--data-dir", default=None, help="with --export-ckpt: a Multi30k data/task1/raw dir")
+    parser.add_argument("--split", default="test_2016_flickr", help="with --export-ckpt: the split to decode")
+    parser.add_argument("--sentences-per-batch", type=int, default=64, help="with --export-ckpt")
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    if args.export_ckpt:
+        if not args.data_dir:
+            parser.error("--export-ckpt needs --data-dir (a Multi30k data/task1/raw directory)")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        deploy_benchmark(args)
+        return
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU, but torch.cuda.is_available() is False here")
+    synthetic_benchmark(args)
 
 
 if __name__ == "__main__":

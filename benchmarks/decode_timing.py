@@ -1,0 +1,38 @@
+"""How bench_decode.py times: interleaved rounds (the order rotates) and paired ratios of their times."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def interleaved(
+    methods: dict[str, Callable[[], Any]],
+    repeats: int,
+    device: torch.device = torch.device("cpu"),  # noqa: B008
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds of each method in each of `repeats` rounds (the order rotates), and its last output;
+    on a GPU each call is timed from an idle device to the end of its last kernel."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    names = list(methods)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    outputs: dict[str, Any] = {}
+    for i in range(repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            sync()
+            start = time.perf_counter()
+            outputs[name] = methods[name]()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return times, outputs
+
+
+def paired_ratio(times: dict[str, list[float]], faster: str, slower: str) -> float:
+    """Median over rounds of slower/faster time: each round's pair ran minutes apart at most, so a
+    change of load between rounds cancels out."""
+    return statistics.median(s / f for f, s in zip(times[faster], times[slower]))
