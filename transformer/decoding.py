@@ -229,25 +229,20 @@ def _beam_search(
     max_len_b: float,
     n_best: int,
 ) -> tuple[Tensor, Tensor]:
-    config = model.config
-    device = src.device
-    batch = src.size(0)
+    config, device, batch = model.config, src.device, src.size(0)
     max_lengths = _max_lengths(model, src, max_len_a, max_len_b)  # (B,)
-    sentence_padding_mask = model.padding_mask(src)  # (B, S)
-    src_padding_mask = sentence_padding_mask  # (n, S): the beams of a sentence share its memory row
-    memory = model.encode(src)  # (B, S, D)
-    cache = model.new_cache()  # one row per live sentence, shared by its beams (DecoderCache.select_beams)
-    cache.reserve(1 + (int(max_lengths.max()) - 1) * beam_size if batch else 0)  # BOS, then K keys per step
+    # (B, S), then (n, S) for the live sentences: the beams of a sentence share its memory row
+    sentence_padding_mask = src_padding_mask = model.padding_mask(src)
+    memory, cache = _encode(model, src, max_lengths, beam_size)
     finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]  # per sentence: (score, tokens)
     kth_best = torch.full((batch,), -math.inf, device=device)  # K-th best finished score, once there are K
 
     # The live state: n sentences, each with `beams` rows (1 at the first step: all beams would be equal).
     sentences = torch.arange(batch, device=device)  # (n,) original index of each live sentence
-    beams = 1
+    beams, step = 1, 0
     scores = torch.zeros(batch, 1, device=device)  # (n, beams) summed log-probabilities
     prefixes = src.new_empty(batch, 0)  # (n * beams, t) tokens generated so far
     per_beam = min(2 * beam_size, config.tgt_vocab_size)  # tokens considered per beam
-    step = 0
     while sentences.numel():
         n = sentences.numel()
         at_max_length = (max_lengths[sentences] == step + 1).repeat_interleave(beams)  # (n * beams,)
@@ -281,15 +276,25 @@ def _beam_search(
         if not live.numel():
             break
         rows = cand_rows.gather(1, pick)[live].view(-1)  # (n' * K,) parent rows of the new beams
-        scores = scores[live]  # (n', K)
         prefixes = torch.cat([prefixes[rows], new_tokens[live].view(-1, 1)], dim=1)  # (n' * K, t + 1)
+        sentences, scores = sentences[live], scores[live]  # (n',), (n', K)
         # a beam's parent is a beam of the same sentence: the caches (one row per sentence) only lose
         # the sentences that are done, and each new beam points at its parent's keys
-        sentences = sentences[live]
         src_padding_mask = sentence_padding_mask[sentences]  # (n', S)
         cache.select_beams(cand_parents.gather(1, pick)[live], live)
         step += 1
     return _pack(finished, n_best, config.pad_id, device)
+
+
+def _encode(
+    model: Seq2SeqTransformer, src: Tensor, max_lengths: Tensor, beam_size: int
+) -> tuple[Tensor, DecoderCache]:
+    """The encoder memory (B, S, D) and a decoder cache with room for the longest search: one row per
+    sentence, shared by its beams (`DecoderCache.select_beams`); BOS, then K keys per step."""
+    memory = model.encode(src)
+    cache = model.new_cache()
+    cache.reserve(1 + (int(max_lengths.max()) - 1) * beam_size if src.size(0) else 0)
+    return memory, cache
 
 
 def _candidates(
