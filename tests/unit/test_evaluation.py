@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from transformer.checkpoint import CheckpointError
+from transformer.cli.text_io import stream_lines
 from transformer.decoding import DecodingSettings, decode
 from transformer.evaluation.restore import last_checkpoints, restore_model, task_of
 from transformer.evaluation.scoring import (
@@ -26,7 +27,6 @@ from transformer.evaluation.scoring import (
     checkpoint_decoding,
     score_classification,
     score_translation,
-    stream_lines,
 )
 from transformer.training import ClassificationTask, TranslationTask
 

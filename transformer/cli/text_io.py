@@ -6,9 +6,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import hydra
 import torch
@@ -18,7 +18,6 @@ from tqdm import tqdm
 from transformer.cli.errors import ConfigError
 from transformer.decoding import decode
 from transformer.evaluation.restore import RestoredModel
-from transformer.evaluation.scoring import stream_lines
 
 log = logging.getLogger("evaluate")
 
@@ -79,3 +78,42 @@ def log_to_loggers(cfg: DictConfig, metrics: Mapping[str, float], files: Mapping
             logger.finalize("success")
         if name == "wandb" and hasattr(logger, "experiment"):
             logger.experiment.finish()
+
+
+def stream_lines(
+    reader: Iterable[str],
+    writer: TextIO,
+    translate_texts: Callable[[list[str]], list[str]],
+    *,
+    chunk_lines: int,
+) -> int:
+    """Translate `reader`'s lines in chunks, writing one output line per input line (flushed per chunk).
+
+    Blank lines stay blank without reaching `translate_texts`; chunk_lines=1 answers each line as
+    soon as it is read (interactive use). Returns the number of lines written.
+    """
+    if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int) or chunk_lines < 1:
+        raise ValueError(f"translate.chunk_lines must be an integer >= 1, got {chunk_lines!r}")
+    written = 0
+
+    def flush(lines: list[str]) -> None:
+        nonlocal written
+        texts = [line.strip() for line in lines]
+        wanted = [i for i, text in enumerate(texts) if text]
+        outputs = [""] * len(lines)
+        if wanted:
+            for i, text in zip(wanted, translate_texts([texts[i] for i in wanted]), strict=True):
+                outputs[i] = " ".join(text.splitlines())  # one line out per line in
+        writer.write("".join(f"{text}\n" for text in outputs))
+        writer.flush()
+        written += len(outputs)
+
+    lines: list[str] = []
+    for line in reader:
+        lines.append(line.rstrip("\r\n"))
+        if len(lines) >= chunk_lines:
+            flush(lines)
+            lines = []
+    if lines:
+        flush(lines)
+    return written

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import sacrebleu
 import torch
@@ -42,7 +42,6 @@ __all__ = [
     "score_classification",
     "score_signatures",
     "score_translation",
-    "stream_lines",
 ]
 
 Batch = Mapping[str, Tensor]
@@ -51,45 +50,6 @@ Batch = Mapping[str, Tensor]
 def checkpoint_decoding(hparams: Mapping[str, Any]) -> DecodingSettings:
     """The decoding settings a translation task's test step used: `test_decoding` over `decoding`."""
     return DecodingSettings.from_values(hparams.get("test_decoding"), hparams.get("decoding"))
-
-
-def stream_lines(
-    reader: Iterable[str],
-    writer: TextIO,
-    translate_texts: Callable[[list[str]], list[str]],
-    *,
-    chunk_lines: int,
-) -> int:
-    """Translate `reader`'s lines in chunks, writing one output line per input line (flushed per chunk).
-
-    Blank lines stay blank without reaching `translate_texts`; chunk_lines=1 answers each line as
-    soon as it is read (interactive use). Returns the number of lines written.
-    """
-    if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int) or chunk_lines < 1:
-        raise ValueError(f"translate.chunk_lines must be an integer >= 1, got {chunk_lines!r}")
-    written = 0
-
-    def flush(lines: list[str]) -> None:
-        nonlocal written
-        texts = [line.strip() for line in lines]
-        wanted = [i for i, text in enumerate(texts) if text]
-        outputs = [""] * len(lines)
-        if wanted:
-            for i, text in zip(wanted, translate_texts([texts[i] for i in wanted]), strict=True):
-                outputs[i] = " ".join(text.splitlines())  # one line out per line in
-        writer.write("".join(f"{text}\n" for text in outputs))
-        writer.flush()
-        written += len(outputs)
-
-    lines: list[str] = []
-    for line in reader:
-        lines.append(line.rstrip("\r\n"))
-        if len(lines) >= chunk_lines:
-            flush(lines)
-            lines = []
-    if lines:
-        flush(lines)
-    return written
 
 
 # --- translation ------------------------------------------------------------------------------------
