@@ -25,7 +25,11 @@ from transformer.cli import errors, evaluate_setup, results, text_io
 from transformer.cli.errors import ConfigError
 from transformer.decoding import DecodingSettings
 from transformer.evaluation.plots import read_learning_curves
-from transformer.evaluation.reports import write_classification_outputs, write_translation_outputs
+from transformer.evaluation.reports import (
+    ReportOptions,
+    write_classification_outputs,
+    write_translation_outputs,
+)
 from transformer.evaluation.restore import RestoredModel, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding, score_classification, score_translation
 
@@ -39,7 +43,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Score `cfg.ckpt_path` on a split (or translate `cfg.translate.input`); returns the metrics."""
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
         raise ConfigError("ckpt_path is required: python evaluate.py ckpt_path=PATH/TO/checkpoint.ckpt")
-    evaluate_setup.report_options(cfg.report)  # every option checked before the checkpoint is even read
+    options = evaluate_setup.report_options(cfg.report)  # checked before the checkpoint is even read
     evaluate_setup.check_translate(cfg.get("translate"))
     checkpoint, paths = evaluate_setup.load_checkpoints(cfg)
     restored = restore_model(checkpoint, paths[-1])
@@ -61,7 +65,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     loader = datamodule.test_dataloader()  # loads and tokenizes the split: unknown / unlabeled ones fail here
     batches = text_io.progress(text_io.on_device(loader, device), len(loader), f"Scoring {split}", progress)
     info = evaluate_setup.run_info(cfg, restored, paths, datamodule, split, device)
-    metrics, files = score_and_write(cfg, restored, datamodule, split, batches, decoding, info, paths[-1])
+    metrics, files = score_and_write(
+        cfg, restored, datamodule, split, batches, decoding, info, options, paths[-1]
+    )
     text_io.log_to_loggers(cfg, metrics, files)
     log.info("Wrote %s", ", ".join(sorted(p.name for p in files.values() if p.parent == out_dir)))
     return metrics
@@ -75,6 +81,7 @@ def score_and_write(
     batches: Iterable[Mapping[str, Any]],
     decoding: DecodingSettings | None,
     info: dict[str, Any],
+    options: ReportOptions,
     path: Path,
 ) -> tuple[dict[str, float], dict[str, Path]]:
     """Decode / classify `batches` of `split`, then write the outputs, the report and its plots."""
@@ -87,7 +94,7 @@ def score_and_write(
         "encode_source": lambda text: tokenizer.encode(text)[: datamodule.max_len],
         "curves": read_learning_curves(training_run) if training_run and cfg.report.learning_curves else {},
         "curves_source": str(training_run) if training_run else None,
-        "options": evaluate_setup.report_options(cfg.report),
+        "options": options,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     if restored.task == "translation":
