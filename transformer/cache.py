@@ -154,19 +154,23 @@ class DecoderCache:
         self._reorder(self.self_attn, index)
         self._reorder(self.cross_attn, index if memory_index is None else memory_index)
 
-    def select_beams(self, parents: Tensor, sentences: Tensor) -> None:
-        """The next step's beams: for each kept sentence i (`sentences` (n',) rows of the current ones),
-        new beam j extends the current beam `parents[i, j]` ((n', g') long, in 0 .. beams - 1).
+    def select_beams(self, parents: Tensor, sentences: Tensor | None = None) -> None:
+        """The next step's beams: for each kept sentence i (`sentences` (n',) rows of the current ones;
+        None: all of them, in order), new beam j extends the current beam `parents[i, j]` ((n', g')
+        long, in 0 .. beams - 1). Only index tensors move: nothing is read back to the host.
 
         The first call turns a cache of one hypothesis per row into the beam layout."""
         if self.key_paths is None:
             held = len(self.self_attn[0])
             rows = 0 if self.self_attn[0].key is None else self.self_attn[0].key.shape[0]
             self.key_paths = torch.arange(held, device=parents.device).expand(rows, 1, held)
-        paths = self.key_paths.index_select(0, sentences)  # (n', g, t)
+        paths = (
+            self.key_paths if sentences is None else self.key_paths.index_select(0, sentences)
+        )  # (n', g, t)
         self.key_paths = paths.gather(1, parents.unsqueeze(-1).expand(-1, -1, paths.shape[-1]))  # (n', g', t)
-        self._reorder(self.self_attn, sentences)
-        self._reorder(self.cross_attn, sentences)
+        if sentences is not None:
+            self._reorder(self.self_attn, sentences)
+            self._reorder(self.cross_attn, sentences)
 
     def step_mask(self, heads: int) -> Tensor | None:
         """In the beam layout, start a step: each beam's new key goes after the cached ones, and the
@@ -198,9 +202,6 @@ class DecoderCache:
 
     @staticmethod
     def _reorder(caches: list[KVCache], index: Tensor) -> None:
-        held = 0 if caches[0].key is None else caches[0].key.shape[0]
-        if index.numel() == held and bool((index == torch.arange(held, device=index.device)).all()):
-            return  # the same rows in the same order: nothing to copy
         for cache in caches:
             cache.reorder(index)
 

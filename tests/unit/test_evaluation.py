@@ -167,9 +167,10 @@ def test_the_test_steps_own_decoding_settings_are_used() -> None:
     """A task may validate with greedy search and test with beam search: evaluation follows the test."""
     task = TranslationTask(_config(), decoding=SHORT, test_decoding={"beam_size": 3, "length_penalty": 1.0})
     saved = checkpoint_decoding(task.hparams)
-    assert dict(saved) == {"search": "auto", **SHORT, "beam_size": 3, "length_penalty": 1.0}
-    # checkpoints from before test_decoding
-    assert dict(checkpoint_decoding({"decoding": SHORT})) == {"search": "auto", **SHORT}
+    defaults = dict(DecodingSettings())  # search "auto", one hypothesis, no sampling or constraints
+    assert dict(saved) == {**defaults, **SHORT, "beam_size": 3, "length_penalty": 1.0}
+    # checkpoints from before test_decoding (and before sampling, n-best and the constraints)
+    assert dict(checkpoint_decoding({"decoding": SHORT})) == {**defaults, **SHORT}
     examples = _examples(12, seed=5)
     batches = _translation_batches(examples, list(range(12)), 4)
     references = [_text(e) for e in examples]
@@ -245,7 +246,7 @@ def test_beam_search_of_width_one_is_greedy() -> None:
 def test_decoding_settings() -> None:
     saved = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10}
     assert DecodingSettings.from_values({"beam_size": None, "search": None}, saved, "decode.") == {
-        "search": "auto",
+        **DecodingSettings(),
         **saved,
     }
     assert DecodingSettings.from_values({"beam_size": 4}, saved, "decode.")["beam_size"] == 4
@@ -259,6 +260,20 @@ def test_decoding_settings() -> None:
         DecodingSettings.from_values({"search": "sampling"}, saved, "decode.")
     with pytest.raises(ValueError, match=r"decode\.max_len_b must be >= 0"):
         DecodingSettings.from_values({"max_len_b": -1}, saved, "decode.")
+    bad_values = {
+        "top_p": [0, -0.5, 1.5, float("nan")],
+        "top_k": [-1, 2.5],
+        "temperature": [0, -1.0, float("inf")],
+        "n_best": [0, 2],  # 2 > beam_size 1 outside sampling
+        "min_len": [-1],
+        "no_repeat_ngram_size": [-2],
+    }
+    for key, values in bad_values.items():
+        for value in values:
+            with pytest.raises(ValueError, match=rf"decode\.{key} must be"):
+                DecodingSettings.from_values({key: value}, saved, "decode.")
+    sampling = DecodingSettings.from_values({"search": "sample", "n_best": 5, "top_p": 0.9}, saved)
+    assert sampling.sampling and sampling.n_best == 5 and not sampling.greedy
 
 
 def test_stream_lines_keeps_one_output_line_per_input_line() -> None:

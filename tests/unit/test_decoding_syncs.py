@@ -1,0 +1,183 @@
+"""Decoding keeps its bookkeeping on the device: every search reads back at most 2 values per step,
+whatever the batch and beam size (counted on the CPU through a TorchFunctionMode that sees every
+call that would make a GPU wait), and a CUDA run under torch's sync debug mode agrees."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from transformer.config import TransformerConfig
+from transformer.decoding import DecodingSettings, search
+from transformer.ensemble import Ensemble
+from transformer.model import Seq2SeqTransformer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 24
+# Calls that copy a device value to the host (or need its value to size a result).
+_SYNC_METHODS = {
+    "item",
+    "tolist",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "unique_consecutive",
+    "cpu",
+    "numpy",
+}
+
+
+def _is_sync(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    name = getattr(func, "__name__", "")
+    if name in _SYNC_METHODS:
+        return True
+    if name in ("__getitem__", "__setitem__"):  # boolean-mask indexing sizes its result on the host
+        index = args[1] if len(args) > 1 else None
+        indices = index if isinstance(index, tuple) else (index,)
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+    if name == "repeat_interleave":  # tensor repeats: the output size is their sum
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+        return isinstance(repeats, torch.Tensor)
+    if name == "to" and any(str(a) == "cpu" for a in args[1:]):
+        return True
+    return False
+
+
+class _SyncCounter(TorchFunctionMode):
+    """Counts host syncs between decoding steps (a step starts at each `decode` of the model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_step = [0]  # [before the first step, step 1, step 2, ...]
+
+    def step(self) -> None:
+        self.per_step.append(0)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if _is_sync(func, args, kwargs):
+            self.per_step[-1] += 1
+        return func(*args, **kwargs)
+
+
+def _model(seed: int, d_model: int = 32, layers: int = 2) -> Seq2SeqTransformer:
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        src_vocab_size=VOCAB,
+        tgt_vocab_size=VOCAB,
+        d_model=d_model,
+        n_heads=4,
+        n_encoder_layers=layers,
+        n_decoder_layers=layers,
+        d_ff=2 * d_model,
+        dropout=0.0,
+        max_len=64,
+    )
+    model = Seq2SeqTransformer(config).eval()
+    model.pack_tokens = False  # the GPU's encoder path (the CPU's packed one reads back once per search)
+    with torch.no_grad():
+        model.output_projection.weight.mul_(3.0)  # peaked distributions: sentences end at many lengths
+    return model
+
+
+def _sources(batch: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.zeros(batch, 14, dtype=torch.long)
+    for row in range(batch):
+        length = int(torch.randint(1, 12, (1,), generator=generator))
+        src[row, 0], src[row, length + 1] = 1, 2
+        src[row, 1 : length + 1] = torch.randint(4, VOCAB, (length,), generator=generator)
+    return src
+
+
+def _count(model: Any, src: torch.Tensor, settings: DecodingSettings) -> list[int]:
+    counter = _SyncCounter()
+    decode_step = model.decode
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        counter.step()
+        return decode_step(*args, **kwargs)
+
+    model.decode = counted
+    try:
+        with counter:
+            search(model, src, settings)
+    finally:
+        del model.decode
+    return counter.per_step
+
+
+SEARCHES = {
+    "greedy": {"beam_size": 1},
+    "beam4": {"beam_size": 4, "n_best": 4},
+    "sample": {"search": "sample", "top_k": 5, "top_p": 0.9, "n_best": 2},
+    "constrained_beam": {"beam_size": 4, "min_len": 3, "no_repeat_ngram_size": 2},
+}
+
+
+@pytest.mark.parametrize("batch", [8, 64])
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_at_most_two_host_reads_per_decoding_step(name: str, batch: int) -> None:
+    per_step = _count(_model(0), _sources(batch), DecodingSettings(max_len_b=20, **SEARCHES[name]))
+    before, steps, after = per_step[0], per_step[1:-1], per_step[-1]
+    assert len(steps) >= 5, "the search should run several steps"
+    # the contract is at most 2; the loops read exactly one number per step (how many rows still decode)
+    assert set(steps) == {1}, f"host reads per step: {steps}"
+    assert before == 1 and after <= 2, (before, after)  # the longest length; at the end the n-best length
+
+
+def test_an_ensemble_reads_back_no_more() -> None:
+    ensemble = Ensemble([_model(0), _model(1, d_model=16, layers=1)])
+    per_step = _count(ensemble, _sources(16), DecodingSettings(beam_size=4, max_len_b=20))
+    assert set(per_step[1:-1]) == {1}, per_step
+
+
+def test_the_counter_sees_the_reads_it_must_see() -> None:
+    """The counter is not blind: the syncing idioms the old loop used are counted."""
+    counter = _SyncCounter()
+    ended = torch.tensor([[True, False], [False, True]])
+    with counter:
+        ended.nonzero().tolist()
+        _ = ended[0, 0].item(), bool(ended.any()), int(ended.sum())
+        _ = torch.arange(2)[ended[0]]
+        torch.arange(2).repeat_interleave(torch.tensor([1, 2]))
+    assert counter.per_step == [7]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_cuda_decoding_syncs_at_most_twice_per_step(name: str) -> None:
+    """On a GPU, torch's own sync detector: at most 2 synchronizing calls per decoder step."""
+    model = _model(0).cuda()
+    src = _sources(64).cuda()
+    settings = DecodingSettings(max_len_b=20, **SEARCHES[name])
+    steps = []
+    decode_step = model.decode
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        steps.append(1)
+        return decode_step(*args, **kwargs)
+
+    model.decode = counted
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            search(model, src, settings)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        del model.decode
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 2 * len(steps) + 3, f"{len(syncs)} syncs in {len(steps)} steps"

@@ -1,0 +1,164 @@
+"""The one decoding step every search shares: a new position through the cached decoder(s), the
+log-probabilities of the next token, and the rules that constrain it (special tokens, length limits,
+n-gram blocking). Plus the choice of the next token in sampling (temperature, top-k, nucleus).
+
+Nothing here reads the device back into Python: a step is a fixed sequence of tensor operations, so
+a search that calls it once per step syncs only where it decides itself (`transformer.decoding`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from transformer.config import TransformerConfig
+
+
+class Searchable(Protocol):
+    """What a search needs of a model: `Seq2SeqTransformer`, or an `Ensemble` of them."""
+
+    config: TransformerConfig
+    training: bool
+
+    def padding_mask(self, tokens: Tensor) -> Tensor: ...
+    def encode(self, src: Tensor) -> object: ...
+    def new_cache(self) -> object: ...
+    def decode(self, tgt_in: Tensor, memory: object, src_padding_mask: Tensor, cache: object) -> Tensor: ...
+    def train(self, mode: bool = True) -> nn.Module: ...
+
+
+@contextmanager
+def eval_mode(model: Searchable) -> Iterator[None]:
+    """Decode without dropout and gradients, then restore the model's training flag."""
+    was_training = model.training
+    model.train(False)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def max_lengths(config: TransformerConfig, src: Tensor, max_len_a: float, max_len_b: float) -> Tensor:
+    """Per sentence (B,) long: at most floor(a * src_len + b) tokens, EOS included (src_len = non-pad).
+
+    Capped so that BOS plus every token fed back fits in the model's max_len positions.
+    """
+    src_lengths = src.ne(config.pad_id).sum(dim=1)  # (B,)
+    limit = (src_lengths.double() * max_len_a + max_len_b).floor().long()  # float64: 1.2 * 10 stays 12
+    return limit.clamp(min=1, max=config.max_len)
+
+
+def length_normalizer(length: Tensor | int, length_penalty: float) -> Tensor | float:
+    """The GNMT length penalty ((5 + len) / 6) ** alpha (Wu et al., 2016); len counts EOS."""
+    if isinstance(length, Tensor):
+        return ((5.0 + length.double()) / 6.0).pow(length_penalty).float()
+    return ((5.0 + length) / 6.0) ** length_penalty
+
+
+@dataclass(frozen=True)
+class StepRules:
+    """What every step of a search forbids or forces, the same for greedy, beam and sampling.
+
+    pad and BOS are never emitted (they would break the output layout); EOS is banned before
+    `min_len` tokens (fairseq's --min-len) and forced at a sentence's maximum length; with
+    `no_repeat_ngram_size` n > 0 no n-gram occurs twice in a hypothesis (fairseq's meaning: the
+    n-grams of BOS + the tokens so far); `temperature` divides the logits before the softmax.
+    """
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    min_len: int = 0
+    no_repeat_ngram_size: int = 0
+    temperature: float = 1.0
+
+
+def next_log_probs(
+    model: Searchable,
+    last_tokens: Tensor,
+    memory: object,
+    src_padding_mask: Tensor,
+    cache: object,
+    rules: StepRules,
+    step: int,
+    at_max_length: Tensor,
+    history: Tensor | None = None,
+) -> Tensor:
+    """The shared search step: last_tokens (N,) -> log-probabilities of the next token (N, V), float32.
+
+    `step` counts the tokens already generated; `at_max_length` (N,) bool rows may only produce EOS
+    (keeping its real log-probability); `history` (N, t) holds BOS and the tokens so far, needed only
+    for n-gram blocking. Banned tokens get -inf; the rest keep their log-probabilities (no
+    renormalization, as in fairseq), so scores are the model's own.
+    """
+    logits = model.decode(last_tokens.unsqueeze(1), memory, src_padding_mask, cache)[:, -1]  # (N, V)
+    if rules.temperature != 1.0:
+        logits = logits.float() / rules.temperature
+    log_probs = logits.float().log_softmax(dim=-1)  # (N, V)
+    vocab = torch.arange(log_probs.shape[-1], device=log_probs.device)  # (V,)
+    log_probs = log_probs.masked_fill((vocab == rules.pad_id) | (vocab == rules.bos_id), -math.inf)
+    is_eos = vocab == rules.eos_id  # (V,)
+    forced = torch.where(is_eos, log_probs, -math.inf)  # (N, V) only EOS, at its real log-probability
+    if step < rules.min_len:
+        log_probs = log_probs.masked_fill(is_eos, -math.inf)
+    if rules.no_repeat_ngram_size and history is not None:
+        log_probs = log_probs.masked_fill(
+            repeated_ngram_ends(history, rules.no_repeat_ngram_size, vocab), -math.inf
+        )
+    return torch.where(at_max_length.unsqueeze(1), forced, log_probs)
+
+
+def repeated_ngram_ends(history: Tensor, n: int, vocab: Tensor) -> Tensor:
+    """history (N, t) -> (N, V) bool: the tokens that would complete an n-gram already in the row.
+
+    An n-gram of the history whose first n - 1 tokens equal the history's last n - 1 tokens bans its
+    last token; all on the device (windows compared at once), so no per-row Python loop.
+    """
+    rows, length = history.shape
+    banned = torch.zeros(rows, vocab.numel(), device=history.device)  # (N, V)
+    if length < n:
+        return banned.bool()
+    windows = history.unfold(1, n, 1)  # (N, W, n), W = t - n + 1
+    suffix = history[:, length - n + 1 :].unsqueeze(1)  # (N, 1, n - 1)
+    matches = (windows[..., :-1] == suffix).all(dim=-1)  # (N, W); n = 1: every window matches
+    # 0/1 counts added up: exact in any order, so the result is deterministic on any device
+    return banned.scatter_add_(1, windows[..., -1], matches.float()) > 0
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Sampling the next token: top-k (0 = no cut), then nucleus top-p (1.0 = no cut), from the
+    step's (temperature-scaled) distribution; `generator` fixes the draws (None: torch's global RNG)."""
+
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    def __call__(self, log_probs: Tensor) -> Tensor:
+        """log_probs (N, V) -> sampled tokens (N,) long. Exponential race (argmax of p / E with E ~
+        Exp(1)): a draw from p with no host sync, unlike torch.multinomial's checks."""
+        log_probs = self._truncate(log_probs)
+        noise = torch.empty_like(log_probs).exponential_(generator=self.generator)  # (N, V)
+        return (log_probs.exp() / noise).max(dim=-1).indices
+
+    def _truncate(self, log_probs: Tensor) -> Tensor:
+        """-inf outside the top-k tokens and outside the smallest set of most likely tokens whose
+        probability reaches top_p (the first token always stays)."""
+        if 0 < self.top_k < log_probs.shape[-1]:
+            kth = log_probs.topk(self.top_k, dim=-1).values[:, -1:]  # (N, 1)
+            log_probs = log_probs.masked_fill(log_probs < kth, -math.inf)
+        if self.top_p < 1.0:
+            sorted_log_probs, order = log_probs.sort(dim=-1, descending=True)  # (N, V)
+            probs = sorted_log_probs.softmax(dim=-1)
+            mass_before = probs.cumsum(dim=-1) - probs  # (N, V) probability of the tokens ranked above
+            sorted_outside = mass_before >= self.top_p  # (N, V) in sorted order
+            outside = torch.empty_like(sorted_outside).scatter_(1, order, sorted_outside)  # vocabulary order
+            log_probs = log_probs.masked_fill(outside, -math.inf)
+        return log_probs
