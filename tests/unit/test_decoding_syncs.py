@@ -49,9 +49,7 @@ def _is_sync(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     if name == "repeat_interleave":  # tensor repeats: the output size is their sum
         repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
         return isinstance(repeats, torch.Tensor)
-    if name == "to" and any(str(a) == "cpu" for a in args[1:]):
-        return True
-    return False
+    return name == "to" and any(str(a) == "cpu" for a in args[1:])
 
 
 class _SyncCounter(TorchFunctionMode):
