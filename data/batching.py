@@ -67,9 +67,13 @@ class TokenBudgetBatchSampler(DistributedSampler):
 
     With several replicas every rank computes the same batch list and takes every `num_replicas`-th
     batch; the list is first padded by repeating its first batches (or cut, with drop_last) so that all
-    ranks get the same count. It subclasses `DistributedSampler` so that Lightning calls `set_epoch`
-    and never wraps it; pass it as `DataLoader(dataset, sampler=..., batch_size=None)` (the dataset is
-    then indexed with a list of indices) or as `batch_sampler=`.
+    ranks get the same count. `even_batches=False` (evaluation under DDP) repeats and drops nothing: the
+    ranks' counts may differ by one, which only a loop without a collective per step tolerates
+    (validation, test); a list with fewer batches than ranks has its largest batches halved first, and a
+    rank still left without one (fewer examples than ranks) repeats the last batch. It subclasses
+    `DistributedSampler` so that Lightning calls `set_epoch` and never wraps it; pass it as
+    `DataLoader(dataset, sampler=..., batch_size=None)` (the dataset is then indexed with a list of
+    indices) or as `batch_sampler=`.
 
     `epoch_lengths(epoch)`, when given, replaces `lengths` in that epoch: for examples whose
     tokens change every epoch (BPE-dropout), so that the budget holds for what is actually batched.
@@ -88,6 +92,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
         drop_last: bool = False,
         max_sentences: int | None = None,
         epoch_lengths: Callable[[int], Sequence[int]] | None = None,
+        even_batches: bool = True,
     ) -> None:
         self.lengths = _compact(np.asarray(lengths, dtype=np.int64))
         self.epoch_lengths = epoch_lengths
@@ -116,6 +121,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
             drop_last,
         )
         self.max_tokens, self.pool_size, self.max_sentences = max_tokens, pool_size, max_sentences
+        self.even_batches = even_batches
         self.epoch = 0
         self._resume_from = 0  # batches of `self.epoch` already consumed before a restart
         self._yielded = 0  # batches of `self.epoch` handed out by the current/last iterator
@@ -182,7 +188,9 @@ class TokenBudgetBatchSampler(DistributedSampler):
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         batches = self._all_batches(epoch)
-        if self.num_replicas > 1:
+        if self.num_replicas > 1 and not self.even_batches:
+            batches = _deal(batches, self.num_replicas, self.rank)
+        elif self.num_replicas > 1:
             picks = np.arange(len(batches))
             if self.drop_last:
                 picks = picks[: len(picks) - len(picks) % self.num_replicas]
@@ -223,6 +231,23 @@ class TokenBudgetBatchSampler(DistributedSampler):
         """The next iterator skips the batches of `state["epoch"]` that were already yielded."""
         self.epoch = int(state["epoch"])
         self._resume_from = self._yielded = int(state["batches_yielded"])
+
+
+def _deal(batches: BatchList, num_replicas: int, rank: int) -> BatchList:
+    """Rank `rank`'s share of `batches` without repeats: every `num_replicas`-th batch. An unshuffled list
+    with fewer batches than ranks has each batch cut into ceil(ranks / batches) near-equal parts first (a
+    part of a batch fits the budget); with fewer examples than ranks a rank left without a batch gets the
+    last one again."""
+    if len(batches) < num_replicas and np.array_equal(batches.picks, np.arange(len(batches.bounds) - 1)):
+        parts = -(-num_replicas // len(batches))
+        starts = [
+            start + np.arange(min(parts, end - start)) * (end - start) // min(parts, end - start)
+            for start, end in zip(batches.bounds[:-1], batches.bounds[1:])
+        ]
+        bounds = np.concatenate([*starts, batches.bounds[-1:]]).astype(np.int64)
+        batches = BatchList(batches.order, bounds)
+    picks = np.arange(rank, len(batches), num_replicas)
+    return batches.select(picks if len(picks) else np.array([len(batches) - 1]))
 
 
 def _compact(lengths: np.ndarray) -> np.ndarray:

@@ -84,8 +84,17 @@ class TokenBudgetDataModule(TokenizedDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         dataset = self.tokenized(split)
-        # Sorted by length: fast and deterministic; the "id" column restores file order.
-        sampler = TokenBudgetBatchSampler(self._lengths(dataset), self.eval_max_tokens, shuffle=False)
+        # Sorted by length: fast and deterministic; the "id" column restores file order. Under DDP each
+        # rank takes every world_size-th batch of that list, none repeated (the tasks gather by "id").
+        trainer = self._trainer_or_none()
+        sampler = TokenBudgetBatchSampler(
+            self._lengths(dataset),
+            self.eval_max_tokens,
+            shuffle=False,
+            num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0,
+            even_batches=False,
+        )
         return self._loader(dataset, sampler)
 
     def val_dataloader(self) -> DataLoader:

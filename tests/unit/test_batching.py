@@ -222,3 +222,35 @@ def test_dataloader_with_sampler_yields_each_example_once(num_workers: int) -> N
     assert IndexedBatches([{"id": 5}, {"id": 6}])[1] == [{"id": 6}]
     fixed = IndexedBatches([{"id": 5}, {"id": 6}, {"id": 7}], batches=[[2, 0], [1]])
     assert len(fixed) == 2 and fixed[0] == [{"id": 7}, {"id": 5}]
+
+
+@pytest.mark.parametrize(("world", "max_tokens"), [(2, 400), (3, 400), (4, 10_000), (3, 100_000)])
+def test_evaluation_deals_batches_to_ranks_without_repeats(world: int, max_tokens: int) -> None:
+    """even_batches=False (validation and test under DDP): rank r gets batches r, r + N, ... of the
+    one-process list, every example exactly once, counts within one of each other; with fewer batches
+    than ranks the batches are cut (within the budget) so that every rank gets one."""
+    single = list(TokenBudgetBatchSampler(LENGTHS, max_tokens, shuffle=False))
+    per_rank = [
+        list(
+            TokenBudgetBatchSampler(
+                LENGTHS, max_tokens, shuffle=False, num_replicas=world, rank=r, even_batches=False
+            )
+        )
+        for r in range(world)
+    ]
+    assert sorted(_flat([b for batches in per_rank for b in batches])) == list(range(len(LENGTHS)))
+    assert max(map(len, per_rank)) - min(map(len, per_rank)) <= 1 and min(map(len, per_rank)) >= 1
+    for batches in per_rank:
+        assert all(len(b) * max(LENGTHS[i] for i in b) <= max_tokens for b in batches)
+    if len(single) >= world:  # exactly the one-process batches, dealt round robin
+        assert all(per_rank[r] == single[r::world] for r in range(world))
+    shares = [len(_flat(batches)) / len(LENGTHS) for batches in per_rank]
+    assert max(shares) < 1.5 / world  # each rank about 1/N of the sentences
+
+
+def test_evaluation_with_fewer_examples_than_ranks_repeats_only_the_last() -> None:
+    per_rank = [
+        list(TokenBudgetBatchSampler([5, 7], 100, shuffle=False, num_replicas=3, rank=r, even_batches=False))
+        for r in range(3)
+    ]
+    assert per_rank == [[[0]], [[1]], [[1]]]  # every rank one batch (an empty one would skip the loop)

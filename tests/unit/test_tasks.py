@@ -214,11 +214,10 @@ def test_exact_match_and_bleu_of_perfect_hypotheses(tmp_path) -> None:
     trainer = _trainer(tmp_path)
     task.trainer = trainer
     trainer.datamodule = data  # what fit/test set; here the scoring is checked on its own
-    task._hypotheses = dict(enumerate(data.references("test")))
-    scores = task._score("test")
+    scores = task._score_hypotheses("test", dict(enumerate(data.references("test"))))
     assert scores["exact_match"] == 100.0 and scores["bleu"] == pytest.approx(100.0)
-    task._hypotheses = {0: "zzz", **{i: r for i, r in enumerate(data.references("test")) if i}}
-    assert task._score("test")["exact_match"] == pytest.approx(100.0 * 7 / 8)
+    hypotheses = {0: "zzz", **{i: r for i, r in enumerate(data.references("test")) if i}}
+    assert task._score_hypotheses("test", hypotheses)["exact_match"] == pytest.approx(100.0 * 7 / 8)
 
 
 def test_val_bleu_every_n_epochs(tmp_path) -> None:

@@ -108,7 +108,10 @@ class MaskedLMTask(TaskBase):
         return loss
 
     def _eval_step(self, stage: str, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        generator = torch.Generator(device=batch["src"].device).manual_seed(batch_idx)
+        # seeded by the batch's place in the whole split (under DDP rank r evaluates batches r, r + N, ...):
+        # the same masks as one process
+        seed = batch_idx * self.trainer.world_size + self.trainer.global_rank
+        generator = torch.Generator(device=batch["src"].device).manual_seed(seed)
         loss, acc, n = self._loss(batch, generator)
         if n:
             self.metrics[f"{stage}_loss"].update(loss.detach(), n)

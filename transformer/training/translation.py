@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
@@ -59,7 +60,7 @@ class TranslationTask(TaskBase):
         self.model = Seq2SeqTransformer(TransformerConfig.from_dict(config))
         self.pad_id = self.model.config.pad_id
         self.val_means, self.test_means = TokenMeans(), TokenMeans()
-        self._hypotheses: dict[int, str] = {}  # example id -> detokenized hypothesis, this epoch
+        self._decoded: list[tuple[Tensor, Tensor]] = []  # this epoch's (ids (B,), tokens (B, L)), on device
 
     # --- loss -------------------------------------------------------------------------------------
 
@@ -95,10 +96,10 @@ class TranslationTask(TaskBase):
         return (self.current_epoch + 1) % self.hparams.val_bleu_every_n_epochs == 0
 
     def on_validation_epoch_start(self) -> None:
-        self._hypotheses = {}
+        self._decoded = []
 
     def on_test_epoch_start(self) -> None:
-        self._hypotheses = {}
+        self._decoded = []
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
         self.val_means.update(self._token_loss(batch))
@@ -115,9 +116,8 @@ class TranslationTask(TaskBase):
 
     def _decode(self, batch: Mapping[str, Tensor]) -> None:
         settings = self.hparams.test_decoding if self.trainer.testing else self.hparams.decoding
-        tokens = self.translate(batch["src"], settings)  # (B, L)
-        texts = self._datamodule().tgt_tokenizer.decode_batch(tokens.tolist())
-        self._hypotheses.update(zip(batch["id"].tolist(), texts))
+        # kept on the device: read back and detokenized once, at the end of the epoch
+        self._decoded.append((batch["id"], self.translate(batch["src"], settings)))  # (B,), (B, L)
 
     def on_validation_epoch_end(self) -> None:
         self._log_means("val", self.val_means)
@@ -141,26 +141,30 @@ class TranslationTask(TaskBase):
         """`corpus_scores` (sacreBLEU cased and lowercased, chrF, exact match) of this epoch's hypotheses,
         and `n_sentences`, how many sentences they were computed on.
 
-        Under DDP every process decodes the whole split (the evaluation samplers are not sharded);
-        the gather merges what they decoded (by example id), so all of them compute the same corpus
-        scores (corpus BLEU is not a mean of per-process BLEUs).
+        Under DDP each process decodes its share of the split (the evaluation samplers deal the batches
+        to the ranks); the token ids of all shares are gathered on the device, and every process
+        detokenizes and scores the whole split in example-id order: the same corpus scores everywhere
+        (corpus BLEU is not a mean of per-process BLEUs), equal to one process's.
         """
-        hypotheses = self._gather(self._hypotheses)
-        self._hypotheses = {}
-        references = self._datamodule().references(self._split_name(stage))
-        ids = sorted(hypotheses)
-        scores = corpus_scores([hypotheses[i] for i in ids], [references[i] for i in ids])
-        return {**scores, "n_sentences": float(len(ids))}
+        ids, tokens = gather_decoded(self._decoded, self.pad_id, self.device)
+        if self.trainer.world_size > 1:
+            log.info("%s: this process decoded %d of the %d sentences", stage, self._n_local(), ids.numel())
+        self._decoded = []
+        texts = self._datamodule().tgt_tokenizer.decode_batch(tokens.tolist())
+        return self._score_hypotheses(stage, dict(zip(ids.tolist(), texts)))
 
-    def _gather(self, local: dict[int, str]) -> dict[int, str]:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return dict(local)
-        parts: list[dict[int, str] | None] = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(parts, local)
-        merged: dict[int, str] = {}
-        for part in parts:
-            merged.update(part or {})
-        return merged
+    def _score_hypotheses(
+        self, stage: Literal["val", "test"], hypotheses: Mapping[int, str]
+    ) -> dict[str, float]:
+        """The scores of `hypotheses` (example id -> text; a sentence decoded twice, on two ranks of a tiny
+        split, counts once) against the references of `stage`'s split."""
+        references = self._datamodule().references(self._split_name(stage))
+        order = sorted(hypotheses)
+        scores = corpus_scores([hypotheses[i] for i in order], [references[i] for i in order])
+        return {**scores, "n_sentences": float(len(order))}
+
+    def _n_local(self) -> int:
+        return sum(len(ids) for ids, _ in self._decoded)
 
     def _datamodule(self) -> Any:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -175,3 +179,32 @@ class TranslationTask(TaskBase):
         """The datamodule's name of the split that `stage` scores (e.g. test -> test_2016_flickr)."""
         splits = getattr(self._datamodule(), "splits", None)
         return splits[stage] if isinstance(splits, Mapping) and stage in splits else stage
+
+
+def gather_decoded(
+    parts: list[tuple[Tensor, Tensor]], pad_id: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Every process's decoded batches [(ids (B,), tokens (B, L)), ...] -> ids (N,), tokens (N, W) of all
+    processes (one process: its own), pad-filled to the longest. The collectives run on `device` (gloo on
+    the CPU, NCCL on CUDA): the shares' sizes, then the ids and tokens padded to the largest share."""
+    width = max((tokens.size(1) for _, tokens in parts), default=1)
+    ids = torch.cat([i for i, _ in parts]) if parts else torch.zeros(0, dtype=torch.long, device=device)
+    tokens = torch.full((0, width), pad_id, dtype=torch.long, device=device)
+    if parts:
+        tokens = torch.cat([F.pad(t, (0, width - t.size(1)), value=pad_id) for _, t in parts])
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return ids, tokens
+    world = torch.distributed.get_world_size()
+    sizes = [torch.empty(2, dtype=torch.long, device=device) for _ in range(world)]
+    torch.distributed.all_gather(sizes, torch.tensor([ids.numel(), width], device=device))
+    counts, widths = torch.stack(sizes).T.tolist()  # one host read, before the data
+    ids = F.pad(ids, (0, max(counts) - ids.numel()), value=-1)
+    tokens = F.pad(tokens, (0, max(widths) - width, 0, max(counts) - tokens.size(0)), value=pad_id)
+    all_ids = [torch.empty_like(ids) for _ in range(world)]
+    all_tokens = [torch.empty_like(tokens) for _ in range(world)]
+    torch.distributed.all_gather(all_ids, ids)
+    torch.distributed.all_gather(all_tokens, tokens)
+    return (
+        torch.cat([part[:n] for part, n in zip(all_ids, counts)]),
+        torch.cat([part[:n] for part, n in zip(all_tokens, counts)]),
+    )
