@@ -15,13 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.search_step import (
-    Searchable,
-    StepRules,
-    length_normalizer,
-    max_lengths,
-    next_log_probs,
-)
+from transformer.search_step import LengthLimits, Searchable, StepRules, length_normalizer, next_log_probs
 
 
 @dataclass
@@ -71,8 +65,8 @@ def beam_search_loop(
     heuristic; exact when length_penalty=0).
     """
     config, device, batch = model.config, src.device, src.size(0)
-    lengths = max_lengths(config, src, max_len_a, max_len_b)  # (B,)
-    longest = int(lengths.max()) if batch else 0  # the one read before the loop
+    limits = LengthLimits.of(config, src, max_len_a, max_len_b)  # the one read before the loop
+    lengths, longest = limits.per_sentence, limits.longest  # (B,), int
     finished = _Finished(
         src.new_full((batch, beam_size, longest), config.pad_id),
         torch.full((batch, beam_size), -math.inf, device=device),
@@ -92,7 +86,9 @@ def beam_search_loop(
     per_beam = min(2 * beam_size, config.tgt_vocab_size)  # tokens considered per beam
     while True:
         n = sentences.numel()
-        at_max_length = (lengths[sentences] == step + 1).repeat_interleave(beams)  # (n * beams,)
+        at_max_length = limits.reached(sentences, step)  # (n,) or None
+        if at_max_length is not None:
+            at_max_length = at_max_length.repeat_interleave(beams)  # (n * beams,)
         log_probs = next_log_probs(
             model, history[:, -1], memory, src_padding_mask, cache, rules, step, at_max_length, history
         )  # (n * beams, V)

@@ -22,12 +22,12 @@ from torch import Tensor
 
 from transformer.beam_search import beam_search_loop
 from transformer.search_step import (
+    LengthLimits,
     Sampler,
     Searchable,
     StepRules,
     eval_mode,
     length_normalizer,
-    max_lengths,
     next_log_probs,
 )
 
@@ -303,8 +303,8 @@ def _row_search(
     """One hypothesis per row, its next token chosen by `pick` (argmax: greedy search; a `Sampler`)
     -> (hypotheses (B, L), scores (B,) length-normalized)."""
     config, batch = model.config, src.size(0)
-    lengths = max_lengths(config, src, max_len_a, max_len_b)  # (B,)
-    longest = int(lengths.max()) if batch else 0  # the one read before the loop
+    limits = LengthLimits.of(config, src, max_len_a, max_len_b)  # the one read before the loop
+    longest = limits.longest
     hypotheses = src.new_full((batch, 1 + longest), config.pad_id)  # BOS, then the tokens
     hypotheses[:, 0] = config.bos_id
     log_prob_sums = torch.zeros(batch, device=src.device)
@@ -317,7 +317,7 @@ def _row_search(
         rows = torch.arange(batch, device=src.device)  # (N,) original row of each row still decoding
         last_tokens = hypotheses[:, 0]
         while True:
-            at_max_length = lengths[rows] == step + 1
+            at_max_length = limits.reached(rows, step)  # (N,) or None
             history = hypotheses[rows, : step + 1] if rules.no_repeat_ngram_size else None
             log_probs = next_log_probs(
                 model, last_tokens, memory, src_padding_mask, cache, rules, step, at_max_length, history

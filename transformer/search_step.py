@@ -45,14 +45,28 @@ def eval_mode(model: Searchable) -> Iterator[None]:
         model.train(was_training)
 
 
-def max_lengths(config: TransformerConfig, src: Tensor, max_len_a: float, max_len_b: float) -> Tensor:
-    """Per sentence (B,) long: at most floor(a * src_len + b) tokens, EOS included (src_len = non-pad).
+@dataclass(frozen=True)
+class LengthLimits:
+    """Per sentence (B,) long: at most floor(a * src_len + b) tokens, EOS included (src_len = non-pad),
+    capped so that BOS plus every token fed back fits in the model's max_len positions; and the
+    shortest and longest of them (read back once, before the search)."""
 
-    Capped so that BOS plus every token fed back fits in the model's max_len positions.
-    """
-    src_lengths = src.ne(config.pad_id).sum(dim=1)  # (B,)
-    limit = (src_lengths.double() * max_len_a + max_len_b).floor().long()  # float64: 1.2 * 10 stays 12
-    return limit.clamp(min=1, max=config.max_len)
+    per_sentence: Tensor
+    shortest: int
+    longest: int
+
+    @classmethod
+    def of(cls, config: TransformerConfig, src: Tensor, max_len_a: float, max_len_b: float) -> LengthLimits:
+        src_lengths = src.ne(config.pad_id).sum(dim=1)  # (B,)
+        limit = (src_lengths.double() * max_len_a + max_len_b).floor().long()  # float64: 1.2 * 10 stays 12
+        limit = limit.clamp(min=1, max=config.max_len)
+        shortest, longest = torch.stack([limit.min(), limit.max()]).tolist() if src.size(0) else (0, 0)
+        return cls(limit, shortest, longest)
+
+    def reached(self, rows: Tensor, step: int) -> Tensor | None:
+        """(N,) bool: rows `rows` (indices into the batch) whose next token is their last; None while no
+        sentence can be there yet (no pass over the vocabulary needed)."""
+        return self.per_sentence[rows] == step + 1 if step + 1 >= self.shortest else None
 
 
 def length_normalizer(length: Tensor | int, length_penalty: float) -> Tensor | float:
@@ -88,41 +102,45 @@ def next_log_probs(
     cache: object,
     rules: StepRules,
     step: int,
-    at_max_length: Tensor,
+    at_max_length: Tensor | None,
     history: Tensor | None = None,
 ) -> Tensor:
     """The shared search step: last_tokens (N,) -> log-probabilities of the next token (N, V), float32.
 
     `step` counts the tokens already generated; `at_max_length` (N,) bool rows may only produce EOS
-    (keeping its real log-probability); `history` (N, t) holds BOS and the tokens so far, needed only
-    for n-gram blocking. Banned tokens get -inf; the rest keep their log-probabilities (no
-    renormalization, as in fairseq), so scores are the model's own.
+    (keeping its real log-probability), None when no row is at its maximum length; `history` (N, t)
+    holds BOS and the tokens so far, needed only for n-gram blocking. Banned tokens get -inf; the rest
+    keep their log-probabilities (no renormalization, as in fairseq), so scores are the model's own.
+    The rules are written in place into the fresh log-softmax output: column writes, and at most one
+    pass over (N, V) per rule that can touch every token.
     """
     logits = model.decode(last_tokens.unsqueeze(1), memory, src_padding_mask, cache)[:, -1]  # (N, V)
     if rules.temperature != 1.0:
         logits = logits.float() / rules.temperature
-    log_probs = logits.float().log_softmax(dim=-1)  # (N, V)
-    vocab = torch.arange(log_probs.shape[-1], device=log_probs.device)  # (V,)
-    log_probs = log_probs.masked_fill((vocab == rules.pad_id) | (vocab == rules.bos_id), -math.inf)
-    is_eos = vocab == rules.eos_id  # (V,)
-    forced = torch.where(is_eos, log_probs, -math.inf)  # (N, V) only EOS, at its real log-probability
+    log_probs = logits.float().log_softmax(dim=-1)  # (N, V), a new tensor: ours to write into
+    eos = log_probs[:, rules.eos_id].clone()  # (N,) EOS's real log-probability, for the forced rows
+    log_probs[:, rules.pad_id] = -math.inf  # never emitted: they would break the output layout
+    log_probs[:, rules.bos_id] = -math.inf
     if step < rules.min_len:
-        log_probs = log_probs.masked_fill(is_eos, -math.inf)
+        log_probs[:, rules.eos_id] = -math.inf
     if rules.no_repeat_ngram_size and history is not None:
-        log_probs = log_probs.masked_fill(
-            repeated_ngram_ends(history, rules.no_repeat_ngram_size, vocab), -math.inf
+        log_probs.masked_fill_(
+            repeated_ngram_ends(history, rules.no_repeat_ngram_size, log_probs.shape[-1]), -math.inf
         )
-    return torch.where(at_max_length.unsqueeze(1), forced, log_probs)
+    if at_max_length is not None:
+        log_probs.masked_fill_(at_max_length.unsqueeze(1), -math.inf)
+        log_probs[:, rules.eos_id] = torch.where(at_max_length, eos, log_probs[:, rules.eos_id])
+    return log_probs
 
 
-def repeated_ngram_ends(history: Tensor, n: int, vocab: Tensor) -> Tensor:
+def repeated_ngram_ends(history: Tensor, n: int, vocab_size: int) -> Tensor:
     """history (N, t) -> (N, V) bool: the tokens that would complete an n-gram already in the row.
 
     An n-gram of the history whose first n - 1 tokens equal the history's last n - 1 tokens bans its
     last token; all on the device (windows compared at once), so no per-row Python loop.
     """
     rows, length = history.shape
-    banned = torch.zeros(rows, vocab.numel(), device=history.device)  # (N, V)
+    banned = torch.zeros(rows, vocab_size, device=history.device)  # (N, V)
     if length < n:
         return banned.bool()
     windows = history.unfold(1, n, 1)  # (N, W, n), W = t - n + 1
