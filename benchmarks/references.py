@@ -63,6 +63,8 @@ class TorchReference(nn.Module):
         return self.dropout(x + self.positions[: tokens.size(1)])
 
     def _causal(self, length: int, device: torch.device) -> Tensor:
+        if torch.compiler.is_compiling():  # a dict keyed by the length would specialize every length
+            return nn.Transformer.generate_square_subsequent_mask(length, device=device)
         if length not in self._causal_masks:
             self._causal_masks[length] = nn.Transformer.generate_square_subsequent_mask(length, device=device)
         return self._causal_masks[length]

@@ -1,0 +1,171 @@
+"""bench_gpu.py's decoding part: ours vs transformers `generate` (and CTranslate2) on the same random-weight
+WMT-base models and the same length-sorted source batches, every sentence exactly `length` target tokens.
+
+The work is fixed as in bench_decode.py: ours stops at `max_len_a=0, max_len_b=length` (EOS forced there),
+`generate` with `min_new_tokens = max_new_tokens = length` and `forced_eos_token_id`, CTranslate2 with
+`min_decoding_length = max_decoding_length = length`: `length` decoder steps each (random weights almost
+never choose EOS earlier; the mean output lengths are printed to show it). Sources are [BOS .. EOS] with
+WMT-like lengths (gpu_train.wmt_lengths), sorted by length and cut into batches, as evaluation batches them.
+CTranslate2 gets the same weights through the project's exporter (`to_ctranslate2_spec`) and a word-level
+stand-in vocabulary (token i = "t<i>").
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_decode import LENGTH_PENALTY, marian_generate, mean_length
+from decode_timing import interleaved, paired_ratio
+from gpu_train import wmt_lengths
+from references import BOS, EOS, PAD, MarianReference
+from torch import Tensor
+
+from transformer.config import TransformerConfig
+from transformer.decoding import beam_search, greedy_search
+from transformer.model import Seq2SeqTransformer
+
+MODES = {"beam4": 4, "greedy": 1}
+
+
+def source_batches(n_batches: int, batch_size: int, vocab: int, seed: int = 1) -> list[Tensor]:
+    """`n_batches` batches of [BOS, random ids, EOS] sources, consecutive in length order."""
+    src_len, _ = wmt_lengths(n_batches * batch_size, seed, max_len=200)
+    src_len.sort()
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for k in range(n_batches):
+        lengths = torch.from_numpy(src_len[k * batch_size : (k + 1) * batch_size])
+        ids = torch.randint(4, vocab, (batch_size, int(lengths.max()) + 2), generator=generator)
+        position = torch.arange(ids.size(1))
+        ids[:, 0] = BOS
+        ids[torch.arange(batch_size), lengths + 1] = EOS
+        batches.append(ids.masked_fill(position > lengths[:, None] + 1, PAD))
+    return batches
+
+
+def ctranslate2_translator(model: Seq2SeqTransformer, device: torch.device, tmp: Path) -> Any:
+    """Our model's weights as a CTranslate2 Translator on `device` (bfloat16 on CUDA, float32 on the CPU)."""
+    import ctranslate2
+    import tokenizers
+
+    from transformer.export.ctranslate2 import to_ctranslate2_spec
+    from transformer.export.source import ExportSource
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
+    vocab.update({f"t{i}": i for i in range(4, model.config.tgt_vocab_size)})
+    joint = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>")).to_str()
+    cpu_model = Seq2SeqTransformer(model.config)
+    cpu_model.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
+    source = ExportSource(Path("random"), cpu_model.eval(), {"joint": joint}, {}, {}, {})
+    spec = to_ctranslate2_spec(source)
+    spec.optimize(quantization="bfloat16" if device.type == "cuda" else None)
+    (tmp / "ct2").mkdir()
+    spec.save(str(tmp / "ct2"))
+    compute_type = "bfloat16" if device.type == "cuda" else "float32"
+    return ctranslate2.Translator(str(tmp / "ct2"), device=device.type, compute_type=compute_type)
+
+
+def ctranslate2_available(device: torch.device) -> str | None:
+    """Why CTranslate2 cannot run on `device` here, or None."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return "ctranslate2 not installed"
+    if device.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        return f"ctranslate2 {ctranslate2.__version__} is a CPU build"
+    return None
+
+
+def _methods(
+    ours: Seq2SeqTransformer,
+    marian: MarianReference,
+    ct2: Any,
+    batches: list[Tensor],
+    beams: int,
+    length: int,
+) -> dict[str, Callable[[], list[Tensor]]]:
+    """Each decoder over every batch -> its (B, L) outputs (without BOS)."""
+
+    def run_ours() -> list[Tensor]:
+        if beams == 1:
+            return [greedy_search(ours, src, max_len_a=0, max_len_b=length) for src in batches]
+        beam = {"beam_size": beams, "length_penalty": LENGTH_PENALTY, "max_len_a": 0, "max_len_b": length}
+        return [beam_search(ours, src, **beam)[0][:, 0] for src in batches]
+
+    methods = {
+        "ours": run_ours,
+        "transformers generate": lambda: [marian_generate(marian, src, length, beams) for src in batches],
+    }
+    if ct2 is not None:
+        strings = [[[f"t{i}" for i in row if i > 3] for row in src.tolist()] for src in batches]
+
+        def run_ct2() -> list[Tensor]:
+            outputs = []
+            for batch in strings:
+                results = ct2.translate_batch(
+                    batch, beam_size=beams, length_penalty=LENGTH_PENALTY,
+                    min_decoding_length=length, max_decoding_length=length,
+                )  # fmt: skip
+                outputs.append(torch.tensor([[int(t[1:]) for t in r.hypotheses[0]] for r in results]))
+            return outputs
+
+        methods["ctranslate2"] = run_ct2
+    return methods
+
+
+def decode_models(config: TransformerConfig, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+    """Ours and MarianMTModel at `config`, random weights, eval mode, cast to `dtype` on `device`."""
+    torch.manual_seed(0)
+    ours = Seq2SeqTransformer(config).eval().to(device, dtype)
+    marian = MarianReference(config).eval().to(device, dtype)
+    return ours, marian
+
+
+def run_decoding(config: TransformerConfig, args: Any, device: torch.device) -> dict[str, Any]:
+    """Every batch size x mode x method: sentences/s, tokens/s, mean length; paired ratios vs ours.
+    A method that fails is reported as {"error": ...}."""
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    ours, marian = decode_models(config, device, dtype)
+    skip_ct2 = ctranslate2_available(device)
+    rows: dict[str, Any] = {"ctranslate2": skip_ct2 or "ran"}
+    with tempfile.TemporaryDirectory() as tmp:
+        ct2 = None
+        if skip_ct2 is None:
+            try:
+                ct2 = ctranslate2_translator(ours, device, Path(tmp))
+            except Exception as error:  # reported, the others still run
+                rows["ctranslate2"] = f"failed: {type(error).__name__}: {error}"
+        for size in args.decode_batch_sizes:
+            batches = [b.to(device) for b in source_batches(args.decode_batches, size, config.src_vocab_size)]
+            for mode, beams in MODES.items():
+                rows[f"batch{size}_{mode}"] = _time_case(ours, marian, ct2, batches, beams, args, device)
+    return rows
+
+
+def _time_case(
+    ours: Any, marian: Any, ct2: Any, batches: list[Tensor], beams: int, args: Any, device: torch.device
+) -> dict[str, Any]:
+    methods = _methods(ours, marian, ct2, batches, beams, args.decode_length)
+    sentences = sum(b.size(0) for b in batches)
+    rows: dict[str, Any] = {}
+    working = {}
+    for name, method in methods.items():
+        try:
+            method()  # warm-up: first-call allocations, kernel selection
+            working[name] = method
+        except Exception as error:
+            rows[name] = {"error": f"{type(error).__name__}: {str(error).strip()[:200]}"}
+    times, outputs = interleaved(working, args.decode_repeats, device)
+    for name, seconds in times.items():
+        best = statistics.median(seconds)
+        lengths = [mean_length(out.cpu()) * out.size(0) for out in outputs[name]]
+        tokens = sum(lengths) if name != "ctranslate2" else sum(out.numel() for out in outputs[name])
+        rows[name] = {"sent_s": sentences / best, "tok_s": tokens / best, "mean_length": tokens / sentences}
+        if name != "ours" and "ours" in times:
+            rows[name]["ours_speedup"] = paired_ratio(times, "ours", name)
+    return rows

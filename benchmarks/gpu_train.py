@@ -1,0 +1,175 @@
+"""bench_gpu.py's training part: WMT-like token batches bucketed by the project's sampler, the FLOPs that MFU
+counts, and one competitor's run (warm-up with compiling, timed steps, peak memory), failures reported.
+
+Lengths: synthetic, WMT14 en-de-like under a 32k BPE (no corpus download): source lengths log-normal with
+median 24 subwords (mean ~28, a long right tail, clipped to [3, 250]), target = source x a log-normal ratio
+(median 1.05, sigma 0.15), clipped likewise. Token ids are random. Batches: `TokenBudgetBatchSampler`
+(shuffle=True, one pool: length-sorted, then the batches shuffled), its budget calibrated so that a batch
+holds about `batch_tokens` non-pad source tokens and as many target tokens (the paper's "approximately
+25000 source tokens and 25000 target tokens").
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import signal
+import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from references import Batch, batch_from_lengths
+from train_runners import build_runner
+
+from data.batching import TokenBudgetBatchSampler
+from transformer.config import TransformerConfig
+
+FLOPS_FORMULA = (
+    "6 x matmul parameters x non-pad tokens (source tokens: encoder layers + the decoder's cross-attention "
+    "K/V; target tokens: decoder layers + the tied output projection; embedding lookups 0 FLOPs) + "
+    "12 x d_model x (enc layers x sum S^2 + dec layers x sum (T^2 + T x S)) over each sentence's own "
+    "non-pad lengths (attention scores and weighted sums, full squares); biases and norms not counted; "
+    "the same useful FLOPs for every model"
+)
+
+
+def wmt_lengths(n: int, seed: int, max_len: int = 250) -> tuple[np.ndarray, np.ndarray]:
+    """(source, target) subword lengths of `n` WMT14-en-de-like sentence pairs (see the top)."""
+    rng = np.random.default_rng(seed)
+    src = np.exp(rng.normal(math.log(24), 0.55, n))
+    tgt = src * np.exp(rng.normal(math.log(1.05), 0.15, n))
+    return (
+        np.clip(src.round(), 3, max_len).astype(np.int64),
+        np.clip(tgt.round(), 3, max_len).astype(np.int64),
+    )
+
+
+def _sampler(src: np.ndarray, tgt: np.ndarray, max_tokens: int, seed: int) -> TokenBudgetBatchSampler:
+    # the datamodule's length of a pair: max(source, target input = BOS + target); the target adds EOS
+    return TokenBudgetBatchSampler(np.maximum(src, tgt + 1), max_tokens, shuffle=True, seed=seed)
+
+
+def wmt_batches(
+    n_batches: int, batch_tokens: int, vocab: int, seed: int = 0, max_len: int = 250
+) -> list[Batch]:
+    """`n_batches` batches of the sampler's epoch over WMT-like lengths, about `batch_tokens` non-pad
+    tokens per side each (the budget is calibrated on the lengths: padding depends on the bucketing)."""
+    per_batch = max(batch_tokens // 28, 1)  # sentences per batch at the mean length
+    src, tgt = wmt_lengths(int(per_batch * n_batches * 1.3) + 64, seed, max_len)
+    max_tokens = max(batch_tokens, max_len + 1)
+    for _ in range(3):  # budget -> mean non-pad tokens per side -> rescaled budget
+        batches = _sampler(src, tgt, max_tokens, seed).batches()
+        per_side = statistics.mean((src[b].sum() + tgt[b].sum() + len(b)) / 2 for b in batches)
+        max_tokens = max(int(max_tokens * batch_tokens / per_side), max_len + 1)
+    batches = _sampler(src, tgt, max_tokens, seed).batches()
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        batch_from_lengths(torch.from_numpy(src[b]), torch.from_numpy(tgt[b]), vocab, generator)
+        for b in list(batches)[:n_batches]
+    ]
+
+
+def train_flops(config: TransformerConfig, batch: Batch) -> float:
+    """The useful FLOPs of one training step on `batch` (FLOPS_FORMULA)."""
+    D, F_, V = config.d_model, config.d_ff, config.tgt_vocab_size
+    src_len = batch.src.ne(0).sum(1).double()  # (B,)
+    tgt_len = batch.tgt_out.ne(0).sum(1).double()  # (B,)
+    enc = config.n_encoder_layers * (4 * D * D + 2 * D * F_)
+    dec = config.n_decoder_layers * (4 * D * D + 2 * D * D + 2 * D * F_)
+    memory = config.n_decoder_layers * 2 * D * D
+    params = (enc + memory) * src_len.sum() + (dec + D * V) * tgt_len.sum()
+    attention = (
+        config.n_encoder_layers * (src_len**2).sum()
+        + config.n_decoder_layers * (tgt_len**2 + tgt_len * src_len).sum()
+    )
+    return float(6 * params + 12 * D * attention)
+
+
+@contextmanager
+def time_limit(seconds: int | None) -> Iterator[None]:
+    """Raise TimeoutError in the main thread after `seconds` (SIGALRM; None or 0: no limit)."""
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"did not finish within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _build(name: str, config: TransformerConfig, device: torch.device, backend: str) -> Any:
+    """ours | ours:compiled | torch | torch:compiled | marian, as bench_train builds them, on `device`.
+    Compiled: `torch.compile(dynamic=True)` (bucketed batches change shape every step) on the padded
+    layout, as bench_train's `ours:compiled`."""
+    base, _, variant = name.partition(":")
+    # ours compiled: unpacked (packing's shapes depend on the data), as bench_train's ours:compiled
+    runner = build_runner("ours:nopack" if name == "ours:compiled" else base, config, {}, device)
+    runner.model.to(device).train()
+    if variant == "compiled":
+        runner.model.compile(dynamic=True, backend=backend)
+    return runner
+
+
+def run_training_case(
+    name: str, config: TransformerConfig, batches: list[Batch], args: Any, device: torch.device
+) -> dict[str, Any]:
+    """Warm-up steps (compiling, if any, under `args.compile_timeout`), then timed steps; a failure is
+    returned as {"error": ...}, never raised. tok/s and MFU are over all timed steps, so a recompilation
+    among them counts against the model; `frames_compiled` counts what Dynamo compiled (graph breaks and
+    recompilations each add one)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    runner = None
+    row: dict[str, Any] = {}
+    try:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        runner = _build(name, config, device, args.compile_backend)
+        runner.autocast = torch.bfloat16 if args.bf16 else None
+        compiled = name.endswith(":compiled")
+        with time_limit(args.compile_timeout if compiled else None):
+            warm = [runner.step(batch) for batch in batches[: args.warmup]]
+        frames_warm = counters["frames"]["total"]
+        steps = [(batch, runner.step(batch)) for batch in batches[args.warmup :]]
+        row = _summary(config, steps, args.peak_tflops)
+        if compiled:  # every step's time beyond the median timed step: compiling (also a late recompile)
+            row["compile_s"] = sum(warm) + sum(s for _, s in steps) - (len(warm) + len(steps)) * row["step_s"]
+            row["frames_compiled"] = counters["frames"]["total"]  # 1 = one graph, never recompiled
+            row["frames_compiled_in_timed_steps"] = counters["frames"]["total"] - frames_warm
+        if device.type == "cuda":
+            row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    except Exception as error:  # reported in the table; the other cases still run
+        row = {"error": f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"}
+    finally:
+        del runner
+        gc.collect()
+        if name.endswith(":compiled"):
+            torch._dynamo.reset()
+    return row
+
+
+def _summary(config: TransformerConfig, steps: list[tuple[Batch, float]], peak_tflops: float | None) -> dict:
+    """Non-pad tokens/s and MFU over all timed steps (totals, not medians: batches differ in size)."""
+    seconds = sum(s for _, s in steps)
+    tokens = sum(batch.n_tokens for batch, _ in steps)
+    flops = sum(train_flops(config, batch) for batch, _ in steps)
+    return {
+        "tok_s": tokens / seconds,
+        "step_s": statistics.median(s for _, s in steps),
+        "tokens_per_batch": tokens / len(steps),
+        "pad_pct": 100 * statistics.mean(batch.pad_fraction for batch, _ in steps),
+        "tflops": flops / seconds / 1e12,
+        "mfu_pct": 100 * flops / seconds / 1e12 / peak_tflops if peak_tflops else None,
+    }

@@ -1,0 +1,46 @@
+"""benchmarks/bench_gpu.py --smoke: the one-call GPU benchmark's whole code path on the CPU (tiny shapes,
+fp32), so that it still runs when a GPU is at hand. A competitor that fails is reported, not raised."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, cli_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) -> None:
+    models = "ours,ours:compiled,torch,torch:compiled,marian,nosuch"  # nosuch: a case that fails
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--models", models,
+         "--results-dir", str(tmp_path)],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("{"))
+    (written,) = tmp_path.glob("*_cpu_smoke_bench_gpu.txt")  # the table and the JSON line, as printed
+    assert written.read_text().splitlines()[-1] == line and "Training, 2 timed steps" in written.read_text()
+    result = json.loads(line)
+    train = result["train"]
+    assert "unknown model 'nosuch'" in train.pop("nosuch")["error"]
+    assert "nosuch" in done.stdout and "failed: ValueError" in done.stdout  # in the table, not a traceback
+    for name, row in train.items():
+        if "error" in row:  # a model that does not compile may fail; the others must have run
+            assert name.endswith(":compiled"), (name, row)
+            continue
+        assert row["tok_s"] > 0 and row["tokens_per_batch"] > 0 and row["mfu_pct"] is None  # no peak on a CPU
+        assert (row.get("frames_compiled", 0) >= 1) == name.endswith(":compiled")
+    assert "tok_s" in train["ours"] and "tok_s" in train["torch"] and "tok_s" in train["marian"]
+    for size in (4, 8):
+        for mode in ("beam4", "greedy"):
+            rows = result["decode"][f"batch{size}_{mode}"]
+            for name in ("ours", "transformers generate", *(["ctranslate2"] * ("ctranslate2" in rows))):
+                # the same fixed work for every decoder: 5 tokens per sentence
+                assert rows[name]["sent_s"] > 0 and rows[name]["mean_length"] == 5.0, (size, mode, name)
+    assert result["ratios"]["train_ours_vs_torch_eager"] > 0
