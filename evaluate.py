@@ -3,6 +3,7 @@
     python evaluate.py ckpt_path=PATH [data.test_split=NAME] [data.data_dir=DIR] [decode.beam_size=4]
     python evaluate.py ckpt_path=PATH translate.input=-     # translate stdin to stdout
     python evaluate.py -m ckpt_path=PATH decode.beam_size=1,4    # a decoding sweep
+    python evaluate.py 'ckpt_path=[A,B,C]' decode=beam        # an ensemble (mean of the probabilities)
 
 `evaluate(cfg)` is importable; `main()` is the command line. The checkpoint is read with
 `torch.load(weights_only=True)` and restored without Lightning (`transformer.evaluation`); the steps
@@ -18,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from transformer.cli import errors, evaluate_setup, results, text_io
-from transformer.cli.errors import ConfigError
 from transformer.decoding import DecodingSettings
+from transformer.evaluation.n_best import write_n_best
 from transformer.evaluation.plots import read_learning_curves
 from transformer.evaluation.reports import (
     ReportOptions,
@@ -36,37 +38,40 @@ from transformer.evaluation.scoring import checkpoint_decoding, score_classifica
 log = logging.getLogger("evaluate")
 
 PROJECT_ROOT = Path(__file__).resolve().parent
-_RESULT_FILES = ("metrics.json", "report.md", "hypotheses.txt", "predictions.tsv", "checkpoints")
+_RESULT_FILES = ("metrics.json", "report.md", "hypotheses.txt", "predictions.tsv", "nbest.txt", "checkpoints")
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Score `cfg.ckpt_path` on a split (or translate `cfg.translate.input`); returns the metrics."""
-    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
-        raise ConfigError("ckpt_path is required: python evaluate.py ckpt_path=PATH/TO/checkpoint.ckpt")
+    """Score `cfg.ckpt_path` (a checkpoint, or a list of them: an ensemble) on a split (or translate
+    `cfg.translate.input`); returns the metrics."""
+    paths_given = evaluate_setup.checkpoint_paths(cfg)
     options = evaluate_setup.report_options(cfg.report)  # checked before the checkpoint is even read
     evaluate_setup.check_translate(cfg.get("translate"))
-    checkpoint, paths = evaluate_setup.load_checkpoints(cfg)
-    restored = restore_model(checkpoint, paths[-1])
+    members = [evaluate_setup.load_checkpoints(cfg, path) for path in paths_given]
+    restored_all = [restore_model(checkpoint, paths[-1]) for checkpoint, paths in members]
+    restored, paths = restored_all[0], members[0][1]  # the first model: data, tokenizers, report
     evaluate_setup.check_options(cfg, restored, paths[-1])
+    model = evaluate_setup.ensemble_of(restored_all, paths_given, cfg.get("ensemble_weights"))
     device = evaluate_setup.device_from_name(str(cfg.get("device") or "cpu"))
-    restored.model.to(device)
+    model.to(device)
     progress = bool(cfg.get("progress", True))
     datamodule = evaluate_setup.build_datamodule(restored, cfg.get("data") or {}, paths[-1], progress)
     decoding = None
     if restored.task == "translation":
         saved = checkpoint_decoding(restored.hparams)
         decoding = DecodingSettings.from_values(cfg.get("decode"), saved, prefix="decode.")
+    torch.manual_seed(evaluate_setup.seed(cfg))  # sampling's draws: the same command, the same output
     if cfg.get("translate", {}).get("input") is not None:
-        text_io.translate_stream(cfg.translate, restored, datamodule, decoding, device)
+        text_io.translate_stream(cfg.translate, model, datamodule, decoding, device)
         return {}
     out_dir = Path(cfg.paths.output_dir)
     evaluate_setup.check_new_output_dir(out_dir, _RESULT_FILES)
     split = datamodule.splits["test"]
     loader = datamodule.test_dataloader()  # loads and tokenizes the split: unknown / unlabeled ones fail here
     batches = text_io.progress(text_io.on_device(loader, device), len(loader), f"Scoring {split}", progress)
-    info = evaluate_setup.run_info(cfg, restored, paths, datamodule, split, device)
+    info = evaluate_setup.run_info(cfg, restored, paths, datamodule, split, device, paths_given)
     metrics, files = score_and_write(
-        cfg, restored, datamodule, split, batches, decoding, info, options, paths[-1]
+        cfg, restored, model, datamodule, split, batches, decoding, info, options, paths[-1]
     )
     text_io.log_to_loggers(cfg, metrics, files)
     log.info("Wrote %s", ", ".join(sorted(p.name for p in files.values() if p.parent == out_dir)))
@@ -76,6 +81,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 def score_and_write(
     cfg: DictConfig,
     restored: RestoredModel,
+    model: Any,
     datamodule: Any,
     split: str,
     batches: Iterable[Mapping[str, Any]],
@@ -84,7 +90,8 @@ def score_and_write(
     options: ReportOptions,
     path: Path,
 ) -> tuple[dict[str, float], dict[str, Path]]:
-    """Decode / classify `batches` of `split`, then write the outputs, the report and its plots."""
+    """Decode / classify `batches` of `split` with `model` (restored's, or an ensemble), then write the
+    outputs, the report and its plots (attention maps: restored's model)."""
     out_dir = Path(cfg.paths.output_dir)
     training_run = evaluate_setup.training_run_dir(restored, path)
     tokenizer = datamodule.src_tokenizer
@@ -99,7 +106,7 @@ def score_and_write(
     out_dir.mkdir(parents=True, exist_ok=True)
     if restored.task == "translation":
         result = score_translation(
-            restored.model,
+            model,
             batches,
             decode_ids=datamodule.tgt_tokenizer.decode_batch,
             sources=datamodule.sources(split),
@@ -115,6 +122,8 @@ def score_and_write(
             source_id_to_token=evaluate_setup.id_to_token(tokenizer),
             **outputs,
         )
+        if result.n_best:
+            files["nbest"] = write_n_best(out_dir / "nbest.txt", result.n_best)
     else:
         texts = datamodule.sources(split)
         result = score_classification(

@@ -81,6 +81,19 @@ class Ensemble(nn.Module):
             "log_weights", torch.tensor([w / total for w in weights]).log(), persistent=False
         )
 
+    def forward(self, src: Tensor, tgt_in: Tensor, *, positions: Tensor | None = None) -> Tensor:
+        """Teacher forcing: src (B, S), tgt_in (B, T) -> (B, T, V) log of the weighted mean
+        probability, or (N, V) at `positions` (B, T) bool only (`Seq2SeqTransformer.forward`)."""
+        log_probs = torch.stack(
+            [model(src, tgt_in, positions=positions).float().log_softmax(dim=-1) for model in self.models]
+        )  # (M, ..., V)
+        return self._mixture(log_probs)
+
+    def _mixture(self, log_probs: Tensor) -> Tensor:
+        """(M, ..., V) per-model log-probabilities -> (..., V) log of their weighted mean."""
+        weights = self.log_weights.view(-1, *[1] * (log_probs.dim() - 1))
+        return (log_probs + weights).logsumexp(dim=0)
+
     def padding_mask(self, tokens: Tensor) -> Tensor:
         """tokens (B, L) long -> (B, L) bool, True where tokens == pad_id (shared by all models)."""
         return tokens.eq(self.config.pad_id)
@@ -103,4 +116,4 @@ class Ensemble(nn.Module):
                 for model, model_memory, model_cache in zip(self.models, memory, cache.caches)
             ]
         )  # (M, B, T, V)
-        return (log_probs + self.log_weights.view(-1, 1, 1, 1)).logsumexp(dim=0)  # (B, T, V)
+        return self._mixture(log_probs)  # (B, T, V)

@@ -237,6 +237,12 @@ def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_pat
         "length_penalty": 0.6,
         "max_len_a": 1.0,
         "max_len_b": 2,
+        "n_best": 1,
+        "top_k": 0,
+        "top_p": 1.0,
+        "temperature": 1.0,
+        "min_len": 0,
+        "no_repeat_ngram_size": 0,
     }
     assert evaluated["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert evaluated["split"] == "test" and evaluated["num_examples"] == 40
@@ -445,6 +451,91 @@ def test_average_last(translation_run: Path, tmp_path: Path, compose_eval) -> No
     assert metrics["test/loss"] != pytest.approx(_metrics(translation_run)["test/loss"], rel=1e-4)
 
 
+# --- ensembles, n-best lists, sampling ---------------------------------------------------------------------
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_ensembles_of_checkpoints(translation_run: Path, tmp_path: Path, compose_eval) -> None:
+    """ckpt_path=[a,b]: a self-ensemble decodes like its model; weight 0 silences a model; two different
+    epochs give an ensemble of their own, recorded in metrics.json."""
+    from evaluate import evaluate
+
+    first, best = (translation_run / "checkpoints" / f"epoch_{e:03d}.ckpt" for e in (0, 2))  # differ
+    quiet = ("report.enabled=false", "decode.beam_size=3")
+    alone = evaluate(compose_eval(tmp_path / "alone", f"ckpt_path={best}", *quiet))
+    twice = evaluate(compose_eval(tmp_path / "twice", f"ckpt_path=[{best},{best}]", *quiet))
+    silenced = evaluate(
+        compose_eval(tmp_path / "silenced", f"ckpt_path=[{first},{best}]", "ensemble_weights=[0,1]", *quiet)
+    )
+    both = evaluate(compose_eval(tmp_path / "both", f"ckpt_path=[{first},{best}]", *quiet))
+    reference = _lines(tmp_path / "alone" / "hypotheses.txt")
+    assert _lines(tmp_path / "twice" / "hypotheses.txt") == reference
+    assert _lines(tmp_path / "silenced" / "hypotheses.txt") == reference
+    for name in EXACT:
+        assert twice[name] == alone[name] == silenced[name], name
+    for name in CLOSE:  # teacher forcing through the ensemble: the log of the mean probability
+        assert twice[name] == pytest.approx(alone[name], rel=1e-5), name
+    info = _metrics(tmp_path / "both")
+    assert info["ensemble"] == [str(first.resolve()), str(best.resolve())]
+    assert both["test/loss"] != pytest.approx(alone["test/loss"], rel=1e-4)  # a different model
+
+
+def test_n_best_lists_and_sampling(translation_run: Path, tmp_path: Path, compose_eval, capsys) -> None:
+    """decode.n_best=3 writes nbest.txt (id ||| hypothesis ||| score, best first; BLEU on the first);
+    decode=sample is fixed by the seed; translate.input with n_best > 1 writes the same format."""
+    from evaluate import evaluate
+
+    ckpt = f"ckpt_path={_best(translation_run)}"
+    one = evaluate(compose_eval(tmp_path / "one", ckpt, "report.enabled=false", "decode.beam_size=4"))
+    three = evaluate(
+        compose_eval(
+            tmp_path / "three", ckpt, "report.enabled=false", "decode.beam_size=4", "decode.n_best=3"
+        )
+    )
+    assert three["test/bleu"] == one["test/bleu"]
+    assert not (tmp_path / "one" / "nbest.txt").exists()
+    entries = [line.split(" ||| ") for line in _lines(tmp_path / "three" / "nbest.txt")]
+    assert all(len(entry) == 3 for entry in entries)
+    ids = [int(entry[0]) for entry in entries]
+    assert ids == sorted(ids) and set(ids) == set(range(40))
+    hypotheses = _lines(tmp_path / "one" / "hypotheses.txt")
+    for index in range(40):
+        mine = [entry for entry in entries if int(entry[0]) == index]
+        assert 1 <= len(mine) <= 3 and mine[0][1] == " ".join(hypotheses[index].split())
+        scores = [float(entry[2]) for entry in mine]
+        assert scores == sorted(scores, reverse=True)
+
+    def sampled(name: str, *overrides: str) -> list[str]:
+        evaluate(compose_eval(tmp_path / name, ckpt, "report.enabled=false", "decode=sample", *overrides))
+        return _lines(tmp_path / name / "hypotheses.txt")
+
+    hot = ("decode.temperature=3.0", "decode.top_k=0")  # flat enough that the draws differ
+    seed_0 = sampled("s0", *hot)
+    assert seed_0 == sampled("s0_again", *hot)
+    assert seed_0 != sampled("s1", *hot, "seed=1")
+    evaluate(compose_eval(tmp_path / "greedy", ckpt, "report.enabled=false", "decode=greedy"))
+    assert sampled("top_1", "decode.top_k=1") == _lines(tmp_path / "greedy" / "hypotheses.txt")
+    source = tmp_path / "in.txt"
+    with (tmp_path / "one" / "predictions.tsv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    source.write_text(f"{rows[0]['source']}\n\n{rows[1]['source']}\n", encoding="utf-8")
+    target = tmp_path / "out.txt"
+    overrides = (
+        "decode.beam_size=4",
+        "decode.n_best=2",
+        f"translate.input={source}",
+        f"translate.output={target}",
+    )
+    assert evaluate(compose_eval(tmp_path / "pipe", ckpt, *overrides)) == {}
+    lines = [line.split(" ||| ") for line in _lines(target)]
+    assert {int(entry[0]) for entry in lines} == {0, 2}  # the blank line 1 gets no hypotheses
+    assert next(entry[1] for entry in lines if entry[0] == "0") == " ".join(rows[0]["hypothesis"].split())
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.gpu
 def test_gpu_checkpoint_evaluates_on_cpu(translation_run: Path, tmp_path: Path, compose_eval) -> None:
     from evaluate import evaluate
@@ -506,6 +597,11 @@ def _error_cases(root: Path, translation: Path, classification: Path) -> dict[st
     mixed = root / "mixed.ckpt"
     t, c = (torch.load(p, map_location="cpu", weights_only=True) for p in (best, cls_best))
     torch.save({**t, "config": c["config"]}, mixed)
+    # the same model with another tokenizer: an ensemble would average over two vocabularies
+    other_tokenizer = root / "other_tokenizer.ckpt"
+    state = dict(t["TranslationDataModule"])
+    state["tokenizers"] = json.loads(json.dumps(state["tokenizers"]).replace("<unk>", "<UNK>"))
+    torch.save({**t, "TranslationDataModule": state}, other_tokenizer)
     return {
         "missing": ([f"ckpt_path={root / 'nope.ckpt'}"], "does not exist"),
         "directory": ([f"ckpt_path={translation}"], "is a directory"),
@@ -530,6 +626,20 @@ def _error_cases(root: Path, translation: Path, classification: Path) -> dict[st
             "splits ['test', 'train', 'val']",
         ),
         "unlabeled_split": ([f"ckpt_path={cls_best}", "data.test_split=test"], "split 'test' is unlabeled"),
+        "empty_ensemble": (["ckpt_path=[]"], "ckpt_path=[] names no checkpoint"),
+        "ensemble_member_missing": ([f"ckpt_path=[{best},{root / 'gone.ckpt'}]"], f"{root / 'gone.ckpt'}"),
+        "ensemble_of_other_tokenizers": (
+            [f"ckpt_path=[{best},{other_tokenizer}]"],
+            f"{other_tokenizer} and {best} have different tokenizers",
+        ),
+        "ensemble_weights_length": (
+            [f"ckpt_path=[{best},{best}]", "ensemble_weights=[1]"],
+            "ensemble_weights has 1 values for 2 models",
+        ),
+        "bad_top_p": (
+            [f"ckpt_path={best}", "decode=sample", "decode.top_p=1.5"],
+            "decode.top_p must be in (0, 1]",
+        ),
     }
 
 
@@ -564,6 +674,11 @@ def error_runs(
         "config_state_mismatch",
         "unknown_split",
         "unlabeled_split",
+        "empty_ensemble",
+        "ensemble_member_missing",
+        "ensemble_of_other_tokenizers",
+        "ensemble_weights_length",
+        "bad_top_p",
     ],
 )
 def test_bad_input_is_one_clear_line(error_runs, case: str) -> None:

@@ -137,7 +137,9 @@ def _plan(
         if key == "ckpt_path" and placeholders.search(value):
             run = fixtures["multi30k" if evaluating else "quickstart"]
             averaging = any(a.startswith("average_last=") for a in args)
-            args[i] = f"ckpt_path={run if averaging else run / 'checkpoints' / 'last.ckpt'}"
+            path = run if averaging else run / "checkpoints" / "last.ckpt"
+            members = value.count(",") + 1 if value.startswith("[") else 0  # an ensemble: that many
+            args[i] = f"ckpt_path=[{','.join([str(path)] * members)}]" if members else f"ckpt_path={path}"
         elif key == "data.data_dir":
             args[i] = f"data.data_dir={data.get(command.dataset or '', value)}"
     compose_only = any(a in CANNOT_RUN_HERE for a in args) or any(

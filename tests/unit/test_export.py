@@ -410,9 +410,28 @@ def test_ctranslate2_separate_vocabularies_greedy_equals_ours(tmp_path: Path) ->
     k = next(k for k, row in enumerate(ours) if row[-1] == tgt_tokenizer.eos_id)
     code = code.replace("path/to/this/directory", str(out)).replace("A dog runs.", texts[k])
     printed = io.StringIO()
+    namespace: dict[str, object] = {}
     with contextlib.redirect_stdout(printed):
-        exec(code, {})
+        exec(code, namespace)
     assert printed.getvalue().strip() == tgt_tokenizer.decode(ours[k])
+    # ...and its n-best and sampling example, run after it as printed: 4 ranked hypotheses, 3 samples
+    more = (out / "README.md").read_text().split("```python\n")[2].split("```")[0]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(more, namespace)
+    lines = printed.getvalue().splitlines()
+    assert len(lines) == 7, lines
+    scores = [float(line.split(" ", 1)[0]) for line in lines[:4]]
+    assert scores == sorted(scores, reverse=True)
+    assert len({line.split(" ", 1)[1] for line in lines[:4]}) == 4  # four different hypotheses
+    assert lines[0].split(" ", 1)[1] == tgt_tokenizer.decode(
+        _hypotheses(
+            beam_search(model, _batch(src_tokenizer, [texts[k]]), beam_size=4, length_penalty=1.0, **LIMIT)[
+                0
+            ][:, 0],
+            tgt_tokenizer.eos_id,
+        )[0]
+    )
 
     tests = _pairs(6, seed=6)
     src = _batch(src_tokenizer, [s for s, _ in tests])

@@ -1,6 +1,6 @@
 """What `evaluate.py` checks and builds before it decodes: the checkpoint (or the average of a run's last
-ones), the options that must fit its task, the datamodule with the checkpoint's tokenizer(s), the device
-and the report options."""
+ones, or an ensemble of several), the options that must fit its task, the datamodule with the
+checkpoint's tokenizer(s), the device, the seed and the report options."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from transformer.cli.arguments import ArgumentError, check_arguments
 from transformer.cli.errors import ConfigError
+from transformer.ensemble import Ensemble
 from transformer.evaluation.reports import ReportOptions
 from transformer.evaluation.restore import RestoredModel, last_checkpoints
 
@@ -26,9 +27,62 @@ log = logging.getLogger("evaluate")
 DATAMODULES = {"translation": TranslationDataModule, "classification": ClassificationDataModule}
 
 
-def load_checkpoints(cfg: DictConfig) -> tuple[dict[str, Any], list[Path]]:
+def checkpoint_paths(cfg: DictConfig) -> list[Path]:
+    """`ckpt_path`: one checkpoint, or a non-empty list of them (an ensemble)."""
+    if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.get("ckpt_path") in (None, ""):
+        raise ConfigError("ckpt_path is required: python evaluate.py ckpt_path=PATH/TO/checkpoint.ckpt")
+    value = cfg.ckpt_path
+    if not isinstance(value, ListConfig):
+        return [Path(str(value)).expanduser()]
+    if not value:
+        raise ConfigError("ckpt_path=[] names no checkpoint: give one, or a list like '[a.ckpt,b.ckpt]'")
+    if cfg.get("average_last") is not None:
+        raise ConfigError("average_last averages one run's checkpoints: give a single ckpt_path with it")
+    return [Path(str(path)).expanduser() for path in value]
+
+
+def seed(cfg: DictConfig) -> int:
+    value = cfg.get("seed", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"seed must be an integer, got {value!r}")
+    return value
+
+
+def ensemble_of(
+    restored: list[RestoredModel], paths: list[Path], weights: Iterable[float] | None
+) -> torch.nn.Module:
+    """The model to decode with: the one checkpoint's, or an `Ensemble` of translation checkpoints of
+    the same task and tokenizers (`ensemble_weights`: one weight per checkpoint, default equal)."""
+    if len(restored) == 1:
+        if weights is not None:
+            raise ConfigError("ensemble_weights needs a list of checkpoints: ckpt_path='[a.ckpt,b.ckpt]'")
+        return restored[0].model
+    first, first_path = restored[0], paths[0]
+    for other, path in zip(restored[1:], paths[1:]):
+        if other.task != first.task:
+            raise ConfigError(
+                f"ckpt_path: {path} is a {other.task} checkpoint, {first_path} a {first.task} one"
+            )
+        if other.datamodule_state.get("tokenizers") != first.datamodule_state.get("tokenizers"):
+            raise ConfigError(
+                f"ckpt_path: {path} and {first_path} have different tokenizers: an ensemble averages "
+                "distributions over one vocabulary"
+            )
+    if first.task != "translation":
+        raise ConfigError(
+            f"ckpt_path: ensembles decode translations; {first_path} is a {first.task} checkpoint"
+        )
+    values = None if weights is None else list(weights)
+    if values is not None and any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in values):
+        raise ConfigError(f"ensemble_weights must be numbers, got {values}")
+    try:
+        return Ensemble([member.model for member in restored], values)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def load_checkpoints(cfg: DictConfig, path: Path) -> tuple[dict[str, Any], list[Path]]:
     """The checkpoint to score (averaged over the last N of its run with `average_last`) and its file(s)."""
-    path = Path(str(cfg.ckpt_path)).expanduser()
     n = cfg.get("average_last")
     if n is None:
         if path.is_dir():
@@ -164,11 +218,14 @@ def run_info(
     datamodule: Any,
     split: str,
     device: torch.device,
+    ensemble: list[Path] | None = None,
 ) -> dict[str, Any]:
     return {
         "task": restored.task,
         "checkpoint": str(paths[-1].resolve()),
         "averaged_from": [str(p.resolve()) for p in paths] if cfg.get("average_last") else None,
+        "ensemble": [str(p.resolve()) for p in ensemble] if ensemble and len(ensemble) > 1 else None,
+        "ensemble_weights": list(cfg.ensemble_weights) if cfg.get("ensemble_weights") is not None else None,
         "global_step": restored.global_step,
         "epoch": restored.epoch,
         "data_source": getattr(datamodule, "source", None),

@@ -16,8 +16,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from transformer.cli.errors import ConfigError
-from transformer.decoding import decode
-from transformer.evaluation.restore import RestoredModel
+from transformer.decoding import DecodingSettings, search
+from transformer.evaluation.n_best import n_best_lines
+from transformer.evaluation.scoring import n_best_texts
 
 log = logging.getLogger("evaluate")
 
@@ -32,9 +33,15 @@ def progress(batches: Iterable[Any], total: int, desc: str, enabled: bool) -> It
 
 
 def translate_stream(
-    options: DictConfig, restored: RestoredModel, datamodule: Any, decoding: Any, device: torch.device
+    options: DictConfig,
+    model: torch.nn.Module,
+    datamodule: Any,
+    decoding: DecodingSettings,
+    device: torch.device,
 ) -> None:
-    """Translate lines from stdin or a file to stdout or a file, one output line per input line."""
+    """Translate lines from stdin or a file to stdout or a file with `model` (one, or an ensemble): one
+    output line per input line, or with decoding.n_best > 1 the n-best lines `id ||| hypothesis |||
+    score` of every non-blank input line (id = its 0-based line number)."""
     source, target = str(options.input), options.get("output")
     if source != "-" and not Path(source).is_file():
         raise ConfigError(f"translate.input={source} is not a file (use - for stdin)")
@@ -42,13 +49,18 @@ def translate_stream(
     if interactive:
         log.info("Type a sentence and press Enter (Ctrl-D ends)")
 
-    def translate_texts(texts: list[str]) -> list[str]:
+    config = model.config
+
+    def translate_texts(texts: list[str]) -> list[list[tuple[str, float]]]:
         datamodule.predict_texts = texts
-        outputs = [""] * len(texts)
+        outputs: list[list[tuple[str, float]]] = [[] for _ in texts]
         for batch in on_device(datamodule.predict_dataloader(), device):
-            ids = decode(restored.model, batch["src"], decoding).tolist()
-            for index, text in zip(batch["id"].tolist(), datamodule.tgt_tokenizer.decode_batch(ids)):
-                outputs[index] = text
+            tokens, scores = search(model, batch["src"], decoding)
+            lists = n_best_texts(
+                tokens, scores, datamodule.tgt_tokenizer.decode_batch, config.eos_id, config.pad_id
+            )
+            for index, hypotheses in zip(batch["id"].tolist(), lists):
+                outputs[index] = hypotheses
         return outputs
 
     with contextlib.ExitStack() as stack:
@@ -59,7 +71,15 @@ def translate_stream(
             else stack.enter_context(open(str(target), "w", encoding="utf-8"))
         )
         chunk = 1 if interactive else options.get("chunk_lines", 256)
-        stream_lines(reader, writer, translate_texts, chunk_lines=chunk)
+        if decoding.n_best > 1:
+            stream_lines(reader, writer, translate_texts, chunk_lines=chunk, format_output=n_best_lines)
+        else:
+            stream_lines(
+                reader,
+                writer,
+                lambda texts: [hyps[0][0] for hyps in translate_texts(texts)],
+                chunk_lines=chunk,
+            )
 
 
 def log_to_loggers(cfg: DictConfig, metrics: Mapping[str, float], files: Mapping[str, Path]) -> None:
@@ -80,31 +100,39 @@ def log_to_loggers(cfg: DictConfig, metrics: Mapping[str, float], files: Mapping
             logger.experiment.finish()
 
 
+def _one_line(index: int, text: str) -> list[str]:
+    return [" ".join(text.splitlines()) + "\n"]  # one line out per line in
+
+
 def stream_lines(
     reader: Iterable[str],
     writer: TextIO,
-    translate_texts: Callable[[list[str]], list[str]],
+    translate_texts: Callable[[list[str]], list[Any]],
     *,
     chunk_lines: int,
+    format_output: Callable[[int, Any], list[str]] = _one_line,
 ) -> int:
-    """Translate `reader`'s lines in chunks, writing one output line per input line (flushed per chunk).
+    """Translate `reader`'s lines in chunks, writing each input line's output lines (flushed per chunk).
 
-    Blank lines stay blank without reaching `translate_texts`; chunk_lines=1 answers each line as
-    soon as it is read (interactive use). Returns the number of lines written.
+    `format_output(line number, translation)` gives the lines written for one input line (default: the
+    text on one line). Blank lines stay blank (no n-best lines) without reaching `translate_texts`;
+    chunk_lines=1 answers each line as soon as it is read (interactive use). Returns the number of
+    input lines answered.
     """
     if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int) or chunk_lines < 1:
         raise ValueError(f"translate.chunk_lines must be an integer >= 1, got {chunk_lines!r}")
     written = 0
+    blank = format_output is _one_line  # a blank line answers with a blank line; no n-best lines
 
     def flush(lines: list[str]) -> None:
         nonlocal written
         texts = [line.strip() for line in lines]
         wanted = [i for i, text in enumerate(texts) if text]
-        outputs = [""] * len(lines)
+        outputs = [["\n"] if blank else [] for _ in lines]
         if wanted:
-            for i, text in zip(wanted, translate_texts([texts[i] for i in wanted]), strict=True):
-                outputs[i] = " ".join(text.splitlines())  # one line out per line in
-        writer.write("".join(f"{text}\n" for text in outputs))
+            for i, translation in zip(wanted, translate_texts([texts[i] for i in wanted]), strict=True):
+                outputs[i] = format_output(written + i, translation)
+        writer.write("".join(line for output in outputs for line in output))
         writer.flush()
         written += len(outputs)
 

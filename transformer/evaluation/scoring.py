@@ -27,7 +27,8 @@ from torchmetrics.classification import (
     MulticlassRecall,
 )
 
-from transformer.decoding import DecodingSettings, decode
+from transformer.decoding import DecodingSettings, search
+from transformer.ensemble import Ensemble
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
@@ -66,6 +67,8 @@ class TranslationResult:
     hypotheses: list[str]
     hypothesis_ids: list[list[int]]  # token ids without BOS, up to and including EOS
     sentence_bleu: list[float]
+    # with n_best > 1: per sentence its hypotheses (text, the search's score), best first; else empty
+    n_best: list[list[tuple[str, float]]] = field(default_factory=list)
 
 
 # force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
@@ -98,7 +101,7 @@ def score_signatures() -> dict[str, str]:
 
 
 def score_translation(
-    model: Seq2SeqTransformer,
+    model: Seq2SeqTransformer | Ensemble,
     batches: Iterable[Batch],
     *,
     decode_ids: Callable[[list[list[int]]], list[str]],
@@ -112,17 +115,23 @@ def score_translation(
 
     `decode_ids` turns hypothesis token ids into detokenized text (the target tokenizer's
     `decode_batch`); `sources` / `references` are the raw texts of the split, indexed by `batch["id"]`.
+    BLEU and the other corpus scores use each sentence's best hypothesis; with `decoding.n_best` > 1
+    the result also holds every sentence's n-best list.
     """
     model.eval()
     sums = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     hypotheses: dict[int, tuple[str, list[int]]] = {}
+    n_best: dict[int, list[tuple[str, float]]] = {}
     eos_id, pad_id = model.config.eos_id, model.config.pad_id
     with torch.no_grad():
         for batch in batches:
             _add_teacher_forced(sums, model, batch, label_smoothing)
-            ids = [_until_eos(row, eos_id, pad_id) for row in decode(model, batch["src"], decoding)]
-            for index, text, row in zip(batch["id"].tolist(), decode_ids(ids), ids):
-                hypotheses[index] = (text, row)
+            tokens, scores = search(model, batch["src"], decoding)  # (B, N, L), (B, N) best first
+            lists = n_best_texts(tokens, scores, decode_ids, eos_id, pad_id)
+            for index, hyps, row in zip(batch["id"].tolist(), lists, tokens[:, 0]):
+                hypotheses[index] = (hyps[0][0], _until_eos(row, eos_id, pad_id))
+                if decoding.n_best > 1:
+                    n_best[index] = hyps
     _check_every_example(hypotheses, len(references))
     hyps = [hypotheses[i][0] for i in range(len(references))]
     refs = list(references)
@@ -135,19 +144,38 @@ def score_translation(
         hypotheses=hyps,
         hypothesis_ids=[hypotheses[i][1] for i in range(len(references))],
         sentence_bleu=[sentence.sentence_score(h, [r]).score for h, r in zip(hyps, refs)],
+        n_best=[n_best[i] for i in range(len(references))] if n_best else [],
     )
 
 
+def n_best_texts(
+    tokens: Tensor,
+    scores: Tensor,
+    decode_ids: Callable[[list[list[int]]], list[str]],
+    eos_id: int,
+    pad_id: int,
+) -> list[list[tuple[str, float]]]:
+    """A search's (B, N, L) hypotheses and (B, N) scores -> per sentence [(text, score), ...], best
+    first; the -inf rows of a sentence with fewer than N ended hypotheses are left out (the first one
+    always stays, as the sentence's output)."""
+    batch, n, _ = tokens.shape
+    ids = [_until_eos(row, eos_id, pad_id) for row in tokens.reshape(batch * n, -1)]
+    texts, values = decode_ids(ids), scores.tolist()
+    return [
+        [(texts[b * n + k], values[b][k]) for k in range(n) if k == 0 or math.isfinite(values[b][k])]
+        for b in range(batch)
+    ]
+
+
 def _add_teacher_forced(
-    sums: dict[str, float], model: Seq2SeqTransformer, batch: Batch, label_smoothing: float
+    sums: dict[str, float], model: Seq2SeqTransformer | Ensemble, batch: Batch, label_smoothing: float
 ) -> None:
     """Adds one batch's token-weighted loss and NLL, correct tokens and tokens to `sums`."""
     pad_id = model.config.pad_id
     tgt_out = batch["tgt_out"]
     keep = tgt_out.ne(pad_id)  # (B, T)
     # as the training task: the layers and the (D x V) projection run on the non-pad positions only
-    hidden = model(batch["src"], batch["tgt_in"], return_hidden=True, positions=keep)  # (N, D)
-    logits = model.output_projection(hidden)  # (N, V)
+    logits = model(batch["src"], batch["tgt_in"], positions=keep)  # (N, V); an ensemble: log mean probs
     out = label_smoothed_cross_entropy(
         logits, tgt_out[keep], ignore_index=pad_id, label_smoothing=label_smoothing
     )

@@ -49,7 +49,22 @@ print(target.decode([target.token_to_id(t) for t in result[0].hypotheses[0]]))
 
 The model adds `<s>` and `</s>` to the source and starts the decoder from `<s>` itself. On a CPU with
 several cores, `ctranslate2.Translator(..., inter_threads=cores, intra_threads=1)` and
-`translate_batch(..., max_batch_size=64)` decode that many batches at once.""",
+`translate_batch(..., max_batch_size=64)` decode that many batches at once.
+
+n-best lists and sampling (back-translation: top-k 10, one hypothesis per sample) through
+CTranslate2's own options:
+
+```python
+nbest = translator.translate_batch([tokens], beam_size=4, num_hypotheses=4, return_scores=True)
+for hypothesis, score in zip(nbest[0].hypotheses, nbest[0].scores):
+    print(f"{{score:.4f}}", target.decode([target.token_to_id(t) for t in hypothesis]))
+ctranslate2.set_random_seed(1)  # fixes the draws
+samples = translator.translate_batch(
+    [tokens], beam_size=1, sampling_topk=10, sampling_temperature=1.0, num_hypotheses=3
+)
+for hypothesis in samples[0].hypotheses:
+    print(target.decode([target.token_to_id(t) for t in hypothesis]))
+```""",
 }
 
 
