@@ -61,7 +61,8 @@ from decode_timing import interleaved, paired_ratio
 from references import BOS, EOS, PAD, MarianReference, load_revision, make_batches
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
+from transformer.decoding import beam_search, greedy_search, sample
+from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
 
 if TYPE_CHECKING:
@@ -116,19 +117,30 @@ def marian_generate(marian: MarianReference, src: Tensor, length: int, beams: in
 
 
 def _methods(
-    ours: Seq2SeqTransformer, marian: MarianReference, src: Tensor, n: int, before: tuple | None
+    ours: Seq2SeqTransformer,
+    marian: MarianReference,
+    src: Tensor,
+    n: int,
+    before: tuple | None,
+    ensemble: Ensemble,
 ) -> dict[str, Callable[[], Tensor]]:
     """The decoders to time, each producing (B, L) tokens without BOS for `src`, `n` tokens each.
 
-    `before`: (revision, model, decoding module) of our code at an earlier revision, timed alongside.
+    `before`: (revision, model, decoding module) of our code at an earlier revision, timed alongside;
+    `ensemble`: ours and a second model of the same shape, decoded as one.
     """
     beam = {"beam_size": 4, "length_penalty": LENGTH_PENALTY, "max_len_a": 0, "max_len_b": n}
+    draws = torch.Generator(device=src.device).manual_seed(0)
     methods = {
         "ours beam4 (KV cache)": lambda: beam_search(ours, src, **beam)[0][:, 0],
         "marian generate beam4": lambda: marian_generate(marian, src, n, beams=4),
         "ours greedy (KV cache)": lambda: greedy_search(ours, src, max_len_a=0, max_len_b=n),
         "ours greedy recompute": lambda: recompute_greedy(ours, src, n),
         "marian generate greedy": lambda: marian_generate(marian, src, n, beams=1),
+        "ours sample top-k 10": lambda: sample(
+            ours, src, top_k=10, max_len_a=0, max_len_b=n, generator=draws
+        )[0][:, 0],
+        "ours ensemble of 2 beam4": lambda: beam_search(ensemble, src, **beam)[0][:, 0],
     }
     if before is not None:
         revision, model, decoding = before
@@ -150,13 +162,15 @@ def mean_length(tokens: Tensor) -> float:
 
 def _models(
     case: str, device: torch.device, dtype: torch.dtype, revision: dict | None, baseline: str | None
-) -> tuple[Seq2SeqTransformer, MarianReference, tuple | None]:
-    """Ours and Marian for `case`, and (revision, model, decoding module) of our code at `baseline`,
-    with the same weights as ours."""
+) -> tuple[Seq2SeqTransformer, MarianReference, tuple | None, Ensemble]:
+    """Ours and Marian for `case`, (revision, model, decoding module) of our code at `baseline` with the
+    same weights as ours, and an ensemble of ours and a second model of the same shape."""
     config = TransformerConfig(src_vocab_size=VOCAB, max_len=256, **CASES[case])  # type: ignore[arg-type]
     torch.manual_seed(0)
     ours = Seq2SeqTransformer(config).eval().to(device, dtype)
     marian = MarianReference(config).eval().to(device, dtype)
+    torch.manual_seed(1)
+    ensemble = Ensemble([ours, Seq2SeqTransformer(config).eval().to(device, dtype)])
     before = None
     if revision is not None:
         old_config = revision["config"].TransformerConfig(**vars(config))
@@ -166,7 +180,7 @@ def _models(
             revision["model"].Seq2SeqTransformer(old_config).eval().to(device, dtype),
             revision["decoding"],
         )
-    return ours, marian, before
+    return ours, marian, before, ensemble
 
 
 def _pairs(baseline: str | None) -> dict[str, tuple[str, str]]:
@@ -175,6 +189,9 @@ def _pairs(baseline: str | None) -> dict[str, tuple[str, str]]:
         "beam4_ours_vs_marian": ("ours beam4 (KV cache)", "marian generate beam4"),
         "greedy_cached_vs_recompute": ("ours greedy (KV cache)", "ours greedy recompute"),
         "greedy_ours_vs_marian": ("ours greedy (KV cache)", "marian generate greedy"),
+        # the cost of sampling (top-k 10) over greedy search, and of a 2-model ensemble over one model
+        "greedy_vs_sample": ("ours greedy (KV cache)", "ours sample top-k 10"),
+        "beam4_single_vs_ensemble2": ("ours beam4 (KV cache)", "ours ensemble of 2 beam4"),
     }
     if baseline is not None:
         pairs["beam4_ours_vs_before"] = ("ours beam4 (KV cache)", f"ours@{baseline} beam4")
@@ -186,9 +203,10 @@ def _case(
     case: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, revision: dict | None
 ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """Time one case, print its rows and paired ratios; return the rows and the ratios (keys `case_pair`)."""
-    ours, marian, before = _models(case, device, dtype, revision, args.baseline)
+    ours, marian, before, ensemble = _models(case, device, dtype, revision, args.baseline)
     src = make_batches(1, args.batch_size, VOCAB, torch.Generator().manual_seed(1))[0].src.to(device)
-    times, outputs = interleaved(_methods(ours, marian, src, args.length, before), args.repeats, device)
+    methods = _methods(ours, marian, src, args.length, before, ensemble)
+    times, outputs = interleaved(methods, args.repeats, device)
     cached, recomputed = outputs["ours greedy (KV cache)"], outputs["ours greedy recompute"]
     if not torch.equal(cached, recomputed[:, : cached.size(1)]):
         raise RuntimeError("KV-cached greedy search and recomputation disagree")

@@ -152,31 +152,32 @@ def repeated_ngram_ends(history: Tensor, n: int, vocab_size: int) -> Tensor:
 
 @dataclass(frozen=True)
 class Sampler:
-    """Sampling the next token: top-k (0 = no cut), then nucleus top-p (1.0 = no cut), from the
-    step's (temperature-scaled) distribution; `generator` fixes the draws (None: torch's global RNG)."""
+    """Sampling the next token: top-k (0 = no cut; exactly k tokens, as fairseq), then nucleus top-p
+    (1.0 = no cut) over what is left, renormalized, from the step's (temperature-scaled) distribution;
+    `generator` fixes the draws (None: torch's global RNG)."""
 
     top_k: int = 0
     top_p: float = 1.0
     generator: torch.Generator | None = None
 
     def __call__(self, log_probs: Tensor) -> Tensor:
-        """log_probs (N, V) -> sampled tokens (N,) long. Exponential race (argmax of p / E with E ~
-        Exp(1)): a draw from p with no host sync, unlike torch.multinomial's checks."""
-        log_probs = self._truncate(log_probs)
-        noise = torch.empty_like(log_probs).exponential_(generator=self.generator)  # (N, V)
-        return (log_probs.exp() / noise).max(dim=-1).indices
-
-    def _truncate(self, log_probs: Tensor) -> Tensor:
-        """-inf outside the top-k tokens and outside the smallest set of most likely tokens whose
-        probability reaches top_p (the first token always stays)."""
-        if 0 < self.top_k < log_probs.shape[-1]:
-            kth = log_probs.topk(self.top_k, dim=-1).values[:, -1:]  # (N, 1)
-            log_probs = log_probs.masked_fill(log_probs < kth, -math.inf)
+        """log_probs (N, V) -> sampled tokens (N,) long. With top-k only the (N, k) best are drawn from
+        (no pass over the vocabulary beyond `topk`); top-p works on the sorted candidates."""
+        vocab_size = log_probs.shape[-1]
+        if 0 < self.top_k < vocab_size:
+            candidates, tokens = log_probs.topk(self.top_k, dim=-1)  # (N, k), most likely first
+        elif self.top_p < 1.0:
+            candidates, tokens = log_probs.sort(dim=-1, descending=True)  # (N, V)
+        else:
+            return self._race(log_probs)
         if self.top_p < 1.0:
-            sorted_log_probs, order = log_probs.sort(dim=-1, descending=True)  # (N, V)
-            probs = sorted_log_probs.softmax(dim=-1)
-            mass_before = probs.cumsum(dim=-1) - probs  # (N, V) probability of the tokens ranked above
-            sorted_outside = mass_before >= self.top_p  # (N, V) in sorted order
-            outside = torch.empty_like(sorted_outside).scatter_(1, order, sorted_outside)  # vocabulary order
-            log_probs = log_probs.masked_fill(outside, -math.inf)
-        return log_probs
+            probs = candidates.softmax(dim=-1)  # renormalized over the candidates
+            mass_before = probs.cumsum(dim=-1) - probs  # (N, k) probability of the candidates above
+            candidates = candidates.masked_fill(mass_before >= self.top_p, -math.inf)  # the first stays
+        return tokens.gather(1, self._race(candidates).unsqueeze(1)).squeeze(1)
+
+    def _race(self, log_probs: Tensor) -> Tensor:
+        """(N, C) -> (N,) index of a draw from softmax(log_probs): the exponential race, argmax of p / E
+        with E ~ Exp(1), a draw from p with no host sync (torch.multinomial checks its input)."""
+        noise = torch.empty_like(log_probs).exponential_(generator=self.generator)  # (N, C)
+        return (log_probs.exp() / noise).max(dim=-1).indices
