@@ -455,3 +455,35 @@ def test_corpus_scores_cased_and_lowercased() -> None:
     assert "case:mixed" in signatures["bleu"] and "tok:13a" in signatures["bleu"]
     assert "case:lc" in signatures["bleu_lc"]
     assert corpus_scores([], []) == {"bleu": 0.0, "bleu_lc": 0.0, "chrf": 0.0, "exact_match": 0.0}
+
+
+def test_ensemble_of_checks_tasks_tokenizers_and_weights() -> None:
+    """evaluate.py's ensemble building: one line naming both checkpoints and what differs."""
+    from pathlib import Path
+
+    from transformer.cli.errors import ConfigError
+    from transformer.cli.evaluate_setup import ensemble_of
+    from transformer.ensemble import Ensemble
+    from transformer.evaluation.restore import RestoredModel
+
+    def member(task: str = "translation", tokenizers: str = "bpe-a") -> RestoredModel:
+        model = TranslationTask(_config()).model
+        return RestoredModel(task, model, {}, {}, {"tokenizers": {"joint": tokenizers}})  # type: ignore[arg-type]
+
+    paths = [Path("a.ckpt"), Path("b.ckpt")]
+    single = member()
+    assert ensemble_of([single], paths[:1], None) is single.model
+    assert isinstance(ensemble_of([member(), member()], paths, [1.0, 3.0]), Ensemble)
+    cases = {
+        "b.ckpt is a classification checkpoint, a.ckpt a translation one": (
+            [member(), member("classification")],
+            None,
+        ),
+        "b.ckpt and a.ckpt have different tokenizers": ([member(), member(tokenizers="bpe-b")], None),
+        "ensemble_weights has 3 values for 2 models": ([member(), member()], [1.0, 1.0, 1.0]),
+        "ensemble_weights must be >= 0": ([member(), member()], [1.0, -2.0]),
+        "ensemble_weights needs a list of checkpoints": ([member()], [1.0]),
+    }
+    for message, (members, weights) in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            ensemble_of(members, paths[: len(members)], weights)
