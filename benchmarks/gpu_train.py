@@ -108,12 +108,13 @@ def time_limit(seconds: int | None) -> Iterator[None]:
 
 
 def _build(name: str, config: TransformerConfig, device: torch.device, backend: str) -> Any:
-    """ours | ours:compiled | torch | torch:compiled | marian, as bench_train builds them, on `device`.
-    Compiled: `torch.compile(dynamic=True)` (bucketed batches change shape every step) on the padded
-    layout, as bench_train's `ours:compiled`."""
+    """ours | ours:compiled | torch | torch:compiled | marian (or any of bench_train's `ours:VARIANT`), as
+    bench_train builds them, on `device`. Compiled: `torch.compile(dynamic=True)` (bucketed batches change
+    shape every step) on the padded layout, as bench_train's `ours:compiled`."""
     base, _, variant = name.partition(":")
-    # ours compiled: unpacked (packing's shapes depend on the data), as bench_train's ours:compiled
-    runner = build_runner("ours:nopack" if name == "ours:compiled" else base, config, {}, device)
+    if variant == "compiled":  # ours unpacked: packing's shapes depend on the data
+        name = "ours:nopack" if base == "ours" else base
+    runner = build_runner(name, config, {}, device)
     runner.model.to(device).train()
     if variant == "compiled":
         runner.model.compile(dynamic=True, backend=backend)
