@@ -144,6 +144,11 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         metrics = evaluate(cfg)
     except (*errors.USER_ERRORS, ValueError) as err:  # one line on stderr, nothing on stdout
         raise errors.user_error(err) from None
+    except Exception as err:  # a full disk under any of its writes: one line, too
+        exit_ = errors.disk_full_exit(err, cfg.paths.output_dir)
+        if exit_ is None:
+            raise
+        raise exit_ from None
     if not metrics:  # translate mode: stdout holds the translations only
         return None
     results.print_metrics(metrics, f"output directory: {HydraConfig.get().runtime.output_dir}")

@@ -31,6 +31,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from transformer.cli import build, checks, errors, process, results, sweeps
+from transformer.disk import write_text
+from transformer.training.checkpoint_io import check_room_for_checkpoint
 
 log = logging.getLogger("train")
 
@@ -54,17 +56,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return {"run_dir": str(cfg.paths.output_dir)}
     task = build.build_task(cfg, datamodule, checkpoint)
     trainer = build.build_trainer(cfg, checkpoint)
+    if cfg.train and trainer.is_global_zero:  # refuse now if not even one checkpoint fits
+        check_room_for_checkpoint(trainer, task)
 
     output_dir = Path(cfg.paths.output_dir)
     if trainer.is_global_zero:
         log.info("Resolved config:\n%s", OmegaConf.to_yaml(task.run_config))
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(task.run_config))
+        write_text(output_dir / "config.yaml", OmegaConf.to_yaml(task.run_config), "the run's config.yaml")
     for logger in trainer.loggers:
         logger.log_hyperparams(task.run_config)
     metrics = {**fit_and_test(cfg, trainer, task, datamodule), "run_dir": str(output_dir)}
     if trainer.is_global_zero:
-        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(metrics, indent=2, sort_keys=True) + "\n"
+        write_text(output_dir / "metrics.json", text, "the run's metrics.json")  # whole or the earlier one
     return metrics
 
 
@@ -126,18 +131,22 @@ def _hydra_main(cfg: DictConfig) -> float | None:
             cfg, metrics, needed=job is not None and sweeps.sweeper_uses_objective(hydra_cfg)
         )
     except errors.USER_ERRORS as err:  # a bad value or data file; a NaN/inf loss stop
-        log.error("%s", err)
+        message = errors.disk_full(err) or str(err)  # the data cache on a full disk
+        log.error("%s", message)
         if job is not None:  # one failed job: the sweeper records it (Optuna: a FAIL trial) and goes on
-            job.fail(str(err))
+            job.fail(message)
             raise
-        raise SystemExit(f"error: {err}") from None
+        raise SystemExit(f"error: {message}") from None
     except Exception as err:
+        full = errors.disk_full(err, cfg.paths.output_dir)  # any write on a full disk: one line, too
         if job is not None:  # the sweeper keeps only the message: the traceback goes to the job's log file
             log.exception("The job failed")
-            job.fail(f"{type(err).__name__}: {errors.first_line(err)}")
+            job.fail(full or f"{type(err).__name__}: {errors.first_line(err)}")
             # Hydra keeps the exception until the next job has run: free what its frames hold
             # (activations on the GPU after an out-of-memory error) so that the next job gets it
             traceback.clear_frames(err.__traceback__)
+        elif full is not None:
+            raise errors.disk_full_exit(err, cfg.paths.output_dir) from None
         raise
     finally:
         if job is not None:  # the jobs share this process: each ends its own wandb run, or the next reuses it

@@ -95,8 +95,12 @@ def load_or_build(
             for stale in directory.glob(f".{path.name}.*.tmp"):  # left by a builder that was killed
                 _remove(stale)
             _build(directory, path, key, build)
-    except OSError as err:  # an unwritable cache_dir, a full disk
-        raise DataError(f"cannot write the data cache entry {path}: {err.strerror or err}") from err
+    except Exception as err:  # an unwritable cache_dir, a full disk (also as reported by a worker process)
+        # the note names what was written, in the words of transformer.disk (one line for a full disk)
+        err.add_note(f"while writing the data cache entry {path.name} to {path}")
+        if isinstance(err, OSError):
+            raise DataError(f"cannot write the data cache entry {path}: {err.strerror or err}") from err
+        raise
     found = _load(path, key, warn=True)
     if found is None:
         raise RuntimeError(f"cache entry {path} was written but cannot be read back")

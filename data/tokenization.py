@@ -375,12 +375,18 @@ def save_bpe(tokenizer: BPETokenizer, path: str | Path, fingerprint: str) -> Non
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:  # named in the words of transformer.disk (one line for a full disk)
+        err.add_note(f"while writing {path.name} to {path}")
+        raise
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, Exception):
+            err.add_note(f"while writing {path.name} of {len(text.encode()) / 1e3:.1f} kB to {path}")
         raise

@@ -1,8 +1,9 @@
 """The one error path of `train.py` and `evaluate.py`: a user error (`ConfigError`, or a data or checkpoint
 error raised by its owner) ends in one `error:` line and exit status 1, never a traceback; so do Hydra's
-composition errors (unknown key, group or option), job set-up failures (a run directory under a file)
-and the settings Lightning refuses only once its loop has started. The traceback goes to the run's log
-file.
+composition errors (unknown key, group or option), job set-up failures (a run directory under a file),
+the settings Lightning refuses only once its loop has started, and a full disk (or exceeded quota, or a
+read-only filesystem) under any write: checkpoints, the data cache, logs, outputs, a sweep's storage
+(`disk_full`, via `transformer.disk`). The traceback goes to the run's log file.
 """
 
 from __future__ import annotations
@@ -22,10 +23,21 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from data.sources import DataError
 from transformer.checkpoint import CheckpointError
+from transformer.disk import disk_full_line
 
 log = logging.getLogger(__name__)
 
-__all__ = ["USER_ERRORS", "ConfigError", "first_line", "lightning_refusals", "one_line", "run", "user_error"]
+__all__ = [
+    "USER_ERRORS",
+    "ConfigError",
+    "disk_full",
+    "disk_full_exit",
+    "first_line",
+    "lightning_refusals",
+    "one_line",
+    "run",
+    "user_error",
+]
 
 
 class ConfigError(Exception):
@@ -38,7 +50,26 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, FloatingPointError)
 
 def user_error(err: BaseException) -> SystemExit:
     """`err` as the one-line `error:` exit; its traceback goes to the run's log file only."""
-    message = " ".join(str(err).split())
+    message = disk_full(err) or " ".join(str(err).split())
+    traceback_to_log_file(message)
+    return SystemExit(f"error: {message}")
+
+
+AGAIN = "free some space, then run the same command again (training continues from its last whole checkpoint)"
+
+
+def disk_full(err: BaseException, where: str | Path | None = None) -> str | None:
+    """The one line for `err` if a full disk, an exceeded quota or a read-only filesystem caused it (the
+    path, the cause, the free space, what needed writing), else None; `where`: the path to name when the
+    failed write did not name its own."""
+    return disk_full_line(err, where, then=AGAIN)
+
+
+def disk_full_exit(err: BaseException, where: str | Path | None = None) -> SystemExit | None:
+    """`err` as the one-line `error:` exit if a full disk caused it (traceback to the log file), else None."""
+    message = disk_full(err, where)
+    if message is None:
+        return None
     traceback_to_log_file(message)
     return SystemExit(f"error: {message}")
 
@@ -81,8 +112,12 @@ def run(hydra_main: Callable[[], object], configs: Path, on_error: Callable[[Exc
         hydra_main()
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
         raise SystemExit(f"error: {one_line(str(err))}") from None
-    except Exception as err:
-        message = on_error(err)
+    except Exception as err:  # raised outside a job (a sweeper's storage), or a job that is not ours
+        message = disk_full(err)
+        if message is not None:
+            traceback_to_log_file(message)
+        else:
+            message = on_error(err)
         if message is not None:
             raise SystemExit(f"error: {message}") from None
         if _raised_by_hydra(err):  # e.g. `logger=null`, or hydra.run.dir under a file

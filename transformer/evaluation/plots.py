@@ -17,6 +17,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from transformer.disk import writing
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -39,7 +41,8 @@ _MAX_TICK_LABELS = 48  # beyond this many tokens per axis the labels are unreada
 def _save(figure: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=110)
+    with writing(path, f"the figure {path.name}"):  # a half-written PNG is removed
+        figure.savefig(path, format="png", dpi=110)
     return path
 
 

@@ -8,6 +8,7 @@ from `transformer.evaluation.report_sections`.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from transformer.disk import human_size, write_text, writing
 from transformer.evaluation.markdown import MarkdownReport, markdown_table, one_line
 from transformer.evaluation.plots import Curves
 from transformer.evaluation.report_sections import (
@@ -39,17 +41,26 @@ __all__ = [
 ]
 
 
+# Every file is written whole or not at all (`transformer.disk.write_text`): a full disk ends evaluate.py
+# with one line naming the file, and leaves no half-written one.
+
+
 def _write_json(path: Path, data: Mapping[str, Any]) -> Path:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
-    return path
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return write_text(path, text, f"{path.name} of {_size(text)}")
 
 
 def _write_tsv(path: Path, header: Sequence[str], rows: Sequence[Sequence[object]]) -> Path:
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")  # quotes cells with tabs/newlines
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, delimiter="\t", lineterminator="\n")  # quotes cells with tabs/newlines
+    writer.writerow(header)
+    writer.writerows(rows)
+    text = buffer.getvalue()
+    return write_text(path, text, f"{path.name} of {_size(text)}")
+
+
+def _size(text: str) -> str:
+    return human_size(len(text.encode("utf-8")))
 
 
 def _finite(metrics: Mapping[str, float]) -> dict[str, float | None]:
@@ -83,20 +94,21 @@ def write_translation_outputs(
     buckets = bleu_by_length(result.sources, result.hypotheses, result.references, options.length_buckets)
     files = _write_translation_files(out_dir, result, buckets, info, decoding)
     if options.enabled:
-        files |= write_translation_report(
-            out_dir,
-            result,
-            buckets,
-            info=info,
-            decoding=decoding,
-            model=model,
-            encode_source=encode_source,
-            id_to_token=id_to_token,
-            source_id_to_token=source_id_to_token or id_to_token,
-            curves=curves,
-            curves_source=curves_source,
-            options=options,
-        )
+        with writing(out_dir / "report.md", "the report"):  # its figures name themselves
+            files |= write_translation_report(
+                out_dir,
+                result,
+                buckets,
+                info=info,
+                decoding=decoding,
+                model=model,
+                encode_source=encode_source,
+                id_to_token=id_to_token,
+                source_id_to_token=source_id_to_token or id_to_token,
+                curves=curves,
+                curves_source=curves_source,
+                options=options,
+            )
     return files
 
 
@@ -129,7 +141,8 @@ def _write_translation_files(
             ],
         ),
     }
-    files["hypotheses"].write_text("".join(one_line(h) + "\n" for h in result.hypotheses), encoding="utf-8")
+    hypotheses = "".join(one_line(h) + "\n" for h in result.hypotheses)
+    write_text(files["hypotheses"], hypotheses, f"hypotheses.txt of {_size(hypotheses)}")
     return files
 
 
@@ -154,18 +167,19 @@ def write_classification_outputs(
     out_dir.mkdir(parents=True, exist_ok=True)
     files = _write_classification_files(out_dir, result, texts, info)
     if options.enabled:
-        files |= write_classification_report(
-            out_dir,
-            result,
-            info=info,
-            texts=texts,
-            model=model,
-            encode_source=encode_source,
-            id_to_token=id_to_token,
-            curves=curves,
-            curves_source=curves_source,
-            options=options,
-        )
+        with writing(out_dir / "report.md", "the report"):  # its figures name themselves
+            files |= write_classification_report(
+                out_dir,
+                result,
+                info=info,
+                texts=texts,
+                model=model,
+                encode_source=encode_source,
+                id_to_token=id_to_token,
+                curves=curves,
+                curves_source=curves_source,
+                options=options,
+            )
     return files
 
 

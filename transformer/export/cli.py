@@ -5,7 +5,7 @@
 
 Bad input (missing, truncated or unsafe checkpoint, a classification or masked-LM checkpoint, a setting
 the target cannot express, an output directory that is not empty) ends with one `error:` line on
-stderr, exit status 1, and nothing written.
+stderr, exit status 1, and nothing written; so does a full disk (the half-written directory is removed).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def _missing_dependency(module: str) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from transformer.checkpoint import CheckpointError  # after parsing: --help stays fast
+    from transformer.disk import disk_full_line
 
     try:
         if args.quantization is not None and args.to != "ctranslate2":
@@ -79,8 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ExportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except OSError as err:
-        print(f"error: cannot write {args.output}: {err}", file=sys.stderr)
+    except Exception as err:  # a full disk (also as safetensors or CTranslate2 report it), or another OSError
+        full = disk_full_line(err, args.output, then="free some space, then run the same command again")
+        if full is None and not isinstance(err, OSError):
+            raise
+        print(f"error: {full or f'cannot write {args.output}: {err}'}", file=sys.stderr)
         return 1
     print(f"exported {args.checkpoint} to {TARGETS[args.to]}: {output.summary()}")
     return 0

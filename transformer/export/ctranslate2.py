@@ -166,7 +166,8 @@ def export_ctranslate2(
     spec = to_ctranslate2_spec(source)
     spec.optimize(quantization=quantization)
     files = tokenizer_files(source)
-    with staged_output(output, force=force) as staging:
+    what = f"the CTranslate2 export ({quantization or 'float32'} weights)"
+    with staged_output(output, force=force, what=what) as staging:
         spec.save(str(staging))
         (staging / files["src"]).write_text(source.src_tokenizer_json, encoding="utf-8")
         (staging / files["tgt"]).write_text(source.tgt_tokenizer_json, encoding="utf-8")

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
+from transformer.disk import human_size, tensor_bytes
 from transformer.export.card import write_model_card
 from transformer.export.check import TOLERANCE, Exported, probe_batch, reference_log_probs
 from transformer.export.source import ExportError, ExportSource, staged_output
@@ -213,7 +214,8 @@ def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) 
     marian = to_marian(source.model)
     marian.generation_config = generation_config(source)
     tokenizer = fast_tokenizer(source)
-    with staged_output(output, force=force) as staging:
+    size = human_size(tensor_bytes(marian.state_dict()))
+    with staged_output(output, force=force, what=f"the transformers export of {size}") as staging:
         marian.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         _portable_tokenizer_class(staging / "tokenizer_config.json")

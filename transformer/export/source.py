@@ -155,21 +155,31 @@ def _own_scores(path: Path, checkpoint: Mapping[str, Any]) -> dict[str, float]:
 
 
 @contextmanager
-def staged_output(output: str | Path, *, force: bool = False) -> Iterator[Path]:
+def staged_output(output: str | Path, *, force: bool = False, what: str = "the export") -> Iterator[Path]:
     """A fresh temporary directory beside `output` to write into; renamed to `output` on success.
 
     An `output` that exists and is not an empty directory is refused unless `force` (then it is replaced,
-    only once the new directory is complete). On failure the temporary directory is removed and `output`
-    is untouched.
+    only once the new directory is complete). On failure the temporary directory (and the parent
+    directories made for it) are removed, `output` is untouched, and the error names `what` was written
+    to `output` (`transformer.disk`: a full disk ends aiayn-export with one line).
     """
     output = Path(output)
     check_output(output, force=force)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = _fresh_directory(output, ".tmp")
+    made = [p for p in (output.parent, *output.parent.parents) if not p.exists()]
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging = _fresh_directory(output, ".tmp")
+    except OSError as err:
+        _remove_empty(made)
+        err.add_note(f"while writing {what} to {output}")
+        raise
     try:
         yield staging
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(made)
+        if isinstance(err, Exception):
+            err.add_note(f"while writing {what} to {output}")
         raise
     if output.exists():  # (forced) swap: the old directory goes only after the new one is in place
         old = _fresh_directory(output, ".old")
@@ -178,6 +188,15 @@ def staged_output(output: str | Path, *, force: bool = False) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(output)
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    """Remove the directories (innermost first) that an export made and left empty."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
 def _fresh_directory(output: Path, suffix: str) -> Path:

@@ -11,9 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from transformer.disk import human_size, room_for, tensor_bytes, writing
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,12 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     removed by the next save into the directory (`remove_stale_temp_files`).
     """
     remove_stale_temp_files(path.parent)
+    with writing(path, f"the checkpoint of {human_size(tensor_bytes(obj))}"):
+        _save_through_temp_file(obj, path)
+    _fsync_dir(path.parent)  # the rename itself survives a power cut
+
+
+def _save_through_temp_file(obj: Any, path: Path) -> None:
     prefix = f".{path.name}.{_HOST}.{os.getpid()}."
     fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     try:
@@ -63,7 +73,37 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)  # the rename itself survives a power cut
+
+
+def check_room_for_checkpoint(trainer: L.Trainer, task: L.LightningModule) -> None:
+    """Before the first step: refuse (the full-disk OSError of `transformer.disk.room_for`) when the
+    filesystem of a checkpoint directory cannot hold even one checkpoint: the task's weights and buffers
+    plus its optimizer's state (2 tensors per trainable parameter for the Adam family, 1 for SGD with
+    momentum, none counted for others: a lower bound, so a run that fits is never refused)."""
+    directories = {
+        Path(callback.dirpath)
+        for callback in trainer.checkpoint_callbacks
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath and "://" not in str(callback.dirpath)
+    }
+    if not directories:
+        return
+    weights = tensor_bytes(task.state_dict())
+    trainable = tensor_bytes([p for p in task.parameters() if p.requires_grad])
+    state = _optimizer_slots(getattr(task, "optimizer_factory", None)) * trainable
+    needed = weights + state
+    what = f"the first checkpoint of {human_size(needed)} (weights {human_size(weights)}"
+    what += f", optimizer state {human_size(state)}), checked before the first step" if state else ")"
+    for directory in sorted(directories):
+        room_for(directory, needed, what)
+
+
+def _optimizer_slots(factory: Any) -> int:
+    """Tensors of optimizer state per trainable parameter, from the optimizer factory's name."""
+    name = getattr(getattr(factory, "func", factory), "__name__", "").lower()
+    if "adam" in name:
+        return 2
+    momentum = getattr(factory, "keywords", {}).get("momentum") if "sgd" in name else None
+    return 1 if momentum else 0
 
 
 _HOST = socket.gethostname().replace(".", "_") or "localhost"
