@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from transformer.disk import write_text
+
 
 def n_best_lines(index: int, hypotheses: Sequence[tuple[str, float]]) -> list[str]:
     """One source line's hypotheses [(text, score), ...] -> its n-best lines (newline-terminated)."""
@@ -14,8 +16,6 @@ def n_best_lines(index: int, hypotheses: Sequence[tuple[str, float]]) -> list[st
 
 
 def write_n_best(path: Path, n_best: Iterable[Sequence[tuple[str, float]]]) -> Path:
-    """Every sentence's n-best list, in split order, to `path`."""
-    with open(path, "w", encoding="utf-8") as file:
-        for index, hypotheses in enumerate(n_best):
-            file.writelines(n_best_lines(index, hypotheses))
-    return path
+    """Every sentence's n-best list, in split order, to `path` (whole, or not at all on a full disk)."""
+    lines = [line for index, hypotheses in enumerate(n_best) for line in n_best_lines(index, hypotheses)]
+    return write_text(path, "".join(lines), "the n-best list")
