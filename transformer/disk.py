@@ -50,10 +50,11 @@ def writing(path: str | Path, what: str) -> Iterator[Path]:
     existed = path.exists()
     try:
         yield path
-    except Exception as err:
+    except BaseException as err:  # a Ctrl-C too leaves no half-written file
         if not existed:
             _remove(path)
-        err.add_note(f"while writing {what} to {path}")
+        if isinstance(err, Exception):
+            err.add_note(f"while writing {what} to {path}")
         raise
 
 
@@ -98,6 +99,8 @@ def disk_full_line(err: BaseException, where: str | Path | None = None, then: st
         line += f" ({human_size(free)} free)"
     if what:
         line += f" writing {what}"
+    if code == errno.EROFS:  # no space to free: the path must change
+        then = "choose a directory on a writable filesystem"
     return f"{line}; {then}" if then else line
 
 

@@ -72,7 +72,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_continues(sma
     assert re.fullmatch(
         rf"error: {re.escape(str(run_dir / 'checkpoints'))}/(last|epoch_001)\.ckpt: no space left on device "
         r"\(\d+\.\d MB free\) writing the checkpoint of 12\.\d MB; free some space, then run the same "
-        r"command again \(training continues from its last whole checkpoint\)",
+        r"command again \(train.py continues from the last whole checkpoint\)",
         lines[0],
     ), lines[0]
     assert "Traceback" not in console and "Error executing job" not in console

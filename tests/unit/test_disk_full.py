@@ -162,7 +162,10 @@ def _nested() -> BaseException:
             r"^/data/x\.arrow: no space",
         ),
         (lambda: OSError(errno.EDQUOT, "Disk quota exceeded"), r"^/where: disk quota exceeded$"),
-        (lambda: OSError(errno.EROFS, "Read-only file system", "/ro/f"), r"^/ro/f: read-only file system$"),
+        (
+            lambda: OSError(errno.EROFS, "Read-only file system", "/ro/f"),
+            r"^/ro/f: read-only file system; choose a ",
+        ),
         (lambda: sqlite3.OperationalError("database or disk is full"), r"^/where: no space left on device"),
     ],
 )

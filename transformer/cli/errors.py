@@ -55,7 +55,7 @@ def user_error(err: BaseException) -> SystemExit:
     return SystemExit(f"error: {message}")
 
 
-AGAIN = "free some space, then run the same command again (training continues from its last whole checkpoint)"
+AGAIN = "free some space, then run the same command again (train.py continues from the last whole checkpoint)"
 
 
 def disk_full(err: BaseException, where: str | Path | None = None) -> str | None:
