@@ -140,7 +140,11 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     except Exception as err:
         full = errors.disk_full(err, cfg.paths.output_dir)  # any write on a full disk: one line, too
         if job is not None:  # the sweeper keeps only the message: the traceback goes to the job's log file
-            log.exception("The job failed")
+            if full is None:
+                log.exception("The job failed")
+            else:  # a full disk is the user's to fix, as a bad value: one line on the console
+                log.error("%s", full)
+                errors.traceback_to_log_file(full)
             job.fail(full or f"{type(err).__name__}: {errors.first_line(err)}")
             # Hydra keeps the exception until the next job has run: free what its frames hold
             # (activations on the GPU after an out-of-memory error) so that the next job gets it

@@ -28,6 +28,7 @@ from transformer.disk import disk_full_line
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "AGAIN",
     "USER_ERRORS",
     "ConfigError",
     "disk_full",
@@ -36,6 +37,7 @@ __all__ = [
     "lightning_refusals",
     "one_line",
     "run",
+    "traceback_to_log_file",
     "user_error",
 ]
 
@@ -113,11 +115,11 @@ def run(hydra_main: Callable[[], object], configs: Path, on_error: Callable[[Exc
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
         raise SystemExit(f"error: {one_line(str(err))}") from None
     except Exception as err:  # raised outside a job (a sweeper's storage), or a job that is not ours
-        message = disk_full(err)
-        if message is not None:
-            traceback_to_log_file(message)
-        else:
-            message = on_error(err)
+        message = on_error(err)  # a sweep's summary names its failed jobs' lines (a full disk's included)
+        if message is None:
+            message = disk_full(err)
+            if message is not None:
+                traceback_to_log_file(message)
         if message is not None:
             raise SystemExit(f"error: {message}") from None
         if _raised_by_hydra(err):  # e.g. `logger=null`, or hydra.run.dir under a file
