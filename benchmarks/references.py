@@ -293,6 +293,7 @@ def profile_split(prof: torch.profiler.profile) -> dict[str, float]:
 _REVISION_FILES = (
     *("config", "kernels", "packing", "cache", "attention_paths", "attention", "dropout", "positional"),
     *("layers", "embedding", "stacks", "model", "encoder_only", "losses", "decoding"),
+    *("search_step", "beam_search", "ensemble"),
 )
 
 

@@ -1,13 +1,16 @@
 """The encoder and decoder stacks (Vaswani et al., 2017, Section 3.1): N layers each, plus a final
 LayerNorm when pre-LN. Each stack runs padded batches, packed tokens (`forward_packed`) and, for the
-decoder, incremental decoding over a `DecoderCache`.
+decoder, incremental decoding over a `DecoderCache`. With activation checkpointing on, training
+passes keep only each layer's input and recompute the layer in the backward pass.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from transformer.cache import DecoderCache
 from transformer.config import TransformerConfig
@@ -15,7 +18,7 @@ from transformer.kernels import RotaryLike
 from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.packing import TokenPacking
 
-__all__ = ["Decoder", "Encoder", "build_decoder", "build_encoder"]
+__all__ = ["Decoder", "Encoder", "build_decoder", "build_encoder", "checkpoint_layers"]
 
 
 class _LayerStack(nn.Module):
@@ -42,8 +45,19 @@ class _LayerStack(nn.Module):
         # pre-LN leaves the residual stream un-normalized; post-LN layers already end with a norm
         self.norm = nn.LayerNorm(d_model) if norm_first else None
 
+    # recompute each layer in the backward pass instead of keeping its activations (training only)
+    activation_checkpointing: bool = False
+
     def _final_norm(self, x: Tensor) -> Tensor:
         return self.norm(x) if self.norm is not None else x
+
+    def _layer_call(self, layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """`layer(*args, **kwargs)` (a layer's own arguments, passed through), via `torch.utils.checkpoint`
+        when checkpointing a pass that builds a graph: non-reentrant, which saves and restores the RNG
+        state, so dropout draws the same masks when the layer runs again in the backward pass."""
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False, **kwargs)
+        return layer(*args, **kwargs)
 
 
 class Encoder(_LayerStack):
@@ -73,7 +87,7 @@ class Encoder(_LayerStack):
     ) -> Tensor:
         """x (N, D): the embedded non-pad tokens of a (B, S) batch (`packing`) -> memory (N, D)."""
         for layer in self.layers:
-            x, _ = layer(x, key_padding_mask, rotary=rotary, packing=packing)
+            x, _ = self._layer_call(layer, x, key_padding_mask, rotary=rotary, packing=packing)
         return self._final_norm(x)
 
     def _run(
@@ -81,7 +95,9 @@ class Encoder(_LayerStack):
     ) -> tuple[Tensor, list[Tensor]]:
         maps = []
         for layer in self.layers:
-            x, weights = layer(x, key_padding_mask, rotary=rotary, need_weights=need_weights)
+            x, weights = self._layer_call(
+                layer, x, key_padding_mask, rotary=rotary, need_weights=need_weights
+            )
             if weights is not None:
                 maps.append(weights)
         return self._final_norm(x), maps
@@ -136,7 +152,8 @@ class Decoder(_LayerStack):
         """x (N, D): embedded target tokens kept by `packing` of a (B, T) batch; memory (M, D) likewise
         for (B, S) -> (N, D). Every kept row must hold a prefix (causal attention sees only earlier ones)."""
         for layer in self.layers:
-            x, _, _ = layer(
+            x, _, _ = self._layer_call(
+                layer,
                 x,
                 memory,
                 memory_key_padding_mask,
@@ -160,7 +177,8 @@ class Decoder(_LayerStack):
         if cache is not None:  # in the beam layout: a mask that picks each beam's keys
             self_mask, rotary = cache.start_step(x.shape[1], self.layers[0].self_attn.num_heads, rotary)
         for i, layer in enumerate(self.layers):
-            x, self_weights, cross_weights = layer(
+            x, self_weights, cross_weights = self._layer_call(
+                layer,
                 x,
                 memory,
                 memory_key_padding_mask,
@@ -175,6 +193,15 @@ class Decoder(_LayerStack):
                 self_maps.append(self_weights)
                 cross_maps.append(cross_weights)
         return self._final_norm(x), self_maps, cross_maps
+
+
+def checkpoint_layers(model: nn.Module, enabled: bool = True) -> int:
+    """Turn activation checkpointing on (or off) in every encoder / decoder stack of `model`; returns how
+    many layers it applies to (0: nothing to recompute)."""
+    stacks = [module for module in model.modules() if isinstance(module, _LayerStack)]
+    for stack in stacks:
+        stack.activation_checkpointing = enabled
+    return sum(len(stack.layers) for stack in stacks)
 
 
 def build_encoder(config: TransformerConfig) -> Encoder:

@@ -18,6 +18,7 @@ from torchmetrics import MeanMetric, Metric
 
 from transformer.checkpoint import strip_compile_prefix
 from transformer.losses import TokenLoss
+from transformer.stacks import checkpoint_layers
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,14 @@ class TaskBase(L.LightningModule):
                 module.reset()
 
     def configure_model(self) -> None:
-        """`torch.compile` in place (`nn.Module.compile`): state_dict keys keep their names."""
+        """Activation checkpointing (`model.activation_checkpointing`: each encoder / decoder layer
+        recomputed in the backward pass), then `torch.compile` in place (`nn.Module.compile`): state_dict
+        keys keep their names."""
+        if self.hparams.get("activation_checkpointing") and not checkpoint_layers(self.model):
+            raise ValueError(
+                "model.activation_checkpointing=true, but the model has no encoder or decoder layer to "
+                "recompute"
+            )
         if self.hparams.get("compile") and not getattr(self, "_compiled", False):
             self.model.compile()
             self._compiled = True

@@ -45,6 +45,7 @@ class ClassificationTask(TaskBase):
         adversarial: float = 0.0,
         init_from: str | None = None,
         compile: bool = False,
+        activation_checkpointing: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)

@@ -43,6 +43,7 @@ class MaskedLMTask(TaskBase):
         mask_prob: float = 0.15,
         mask_id: int = 3,
         compile: bool = False,
+        activation_checkpointing: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)

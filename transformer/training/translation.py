@@ -41,6 +41,7 @@ class TranslationTask(TaskBase):
         test_decoding: Mapping[str, Any] | None = None,
         val_bleu_every_n_epochs: int = 1,
         compile: bool = False,
+        activation_checkpointing: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
