@@ -762,8 +762,13 @@ def test_cache_grows_in_blocks_and_keeps_autograd() -> None:
         steps = [module(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=cache)[0]
                  for t in range(x.size(1))]  # fmt: skip
         assert cache._key is not None and cache._key.shape[0] == 2 * KVCache.BLOCK  # position-major
-        cache.reorder(torch.tensor([1, 1, 0]))
-        assert len(cache) == x.size(1) and torch.equal(cache.key[2], cache.key[2].clone())
+        assert cache.key is not None and cache.value is not None
+        before_key, before_value = cache.key.clone(), cache.value.clone()  # longer than one block
+        index = torch.tensor([1, 1, 0])
+        cache.reorder(index)
+        assert len(cache) == x.size(1) and cache.key.shape[0] == 3
+        # every position of every kept row is the row it was selected from, across the block boundary
+        assert torch.equal(cache.key, before_key[index]) and torch.equal(cache.value, before_value[index])
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     # with gradients the cache concatenates, so backward through cached steps works
     grad_cache, y = KVCache(), x.clone().requires_grad_()

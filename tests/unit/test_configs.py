@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from unittest import mock
 
 import hydra
 import lightning as L
@@ -94,6 +96,22 @@ def test_every_experiment_composes_and_instantiates(fresh_hydra, tmp_path, exper
     assert trainer.checkpoint_callback is not None and trainer.checkpoint_callback.monitor == monitor
 
 
+@contextmanager
+def _pretend_cuda(count: int) -> Iterator[None]:
+    """Lightning sees `count` CUDA devices, so the gpu/ddp trainer configs instantiate on a CPU machine."""
+    import lightning.fabric.accelerators.cuda as fabric_cuda
+    import lightning.pytorch.accelerators.cuda as pytorch_cuda
+
+    with (
+        mock.patch.object(fabric_cuda, "num_cuda_devices", lambda: count),
+        mock.patch.object(pytorch_cuda, "num_cuda_devices", lambda: count),
+        mock.patch.object(fabric_cuda, "is_cuda_available", lambda: True),
+        mock.patch("torch.cuda.is_available", lambda: True),
+        mock.patch("torch.cuda.device_count", lambda: count),
+    ):
+        yield
+
+
 # ids spelled out: a bare "gpu" id would match the `gpu` marker's keyword and skip the test on CPU
 @pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu"], ids=lambda t: f"trainer={t}")
 def test_trainer_configs(fresh_hydra, tmp_path, trainer: str) -> None:
@@ -101,8 +119,12 @@ def test_trainer_configs(fresh_hydra, tmp_path, trainer: str) -> None:
     assert cfg.trainer.use_distributed_sampler is False  # the datamodules shard their own batches
     if trainer in ("gpu", "ddp"):
         assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-        return  # needs CUDA to instantiate
-    built = hydra.utils.instantiate(cfg.trainer, logger=False)
+    with _pretend_cuda(2) if trainer in ("gpu", "ddp") else nullcontext():
+        built = hydra.utils.instantiate(cfg.trainer, logger=False)  # no process group starts here
+    if trainer in ("gpu", "ddp"):
+        assert type(built.accelerator).__name__ == "CUDAAccelerator" and built.precision == "bf16-mixed"
+        expected = ("SingleDeviceStrategy", 1) if trainer == "gpu" else ("DDPStrategy", 2)  # -1 = all
+        assert (type(built.strategy).__name__, built.num_devices) == expected
     if trainer == "ddp_cpu":
         assert built.num_devices == 2 and type(built.strategy).__name__ == "DDPStrategy"
         assert built.strategy._process_group_backend == "gloo"

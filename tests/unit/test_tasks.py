@@ -408,7 +408,18 @@ def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_pa
     from transformer.training.callbacks import NonFiniteLossGuard
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=10_000)
-    guard = NonFiniteLossGuard(action="stop")
+    guard = NonFiniteLossGuard(action="skip")  # it would count (not raise on) a step it took for a fault
+    steps: list[tuple[float, float, bool]] = []  # (scale before, scale after, weights changed) per batch
+
+    class Snapshot(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            self.scale = scaler.get_scale()
+            self.weights = [p.detach().clone() for p in module.parameters()]
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            changed = any(not torch.equal(a, p) for a, p in zip(self.weights, module.parameters()))
+            steps.append((self.scale, scaler.get_scale(), changed))
+
     task = _translation()
     first = next(m for m in task.model.modules() if isinstance(m, torch.nn.Linear))
     dtypes: set[torch.dtype] = set()
@@ -420,13 +431,18 @@ def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_pa
         max_epochs=10,
         limit_val_batches=0,
         gradient_clip_val=1.0,
-        callbacks=[guard],
+        callbacks=[guard, Snapshot()],
         plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
     )
     trainer.fit(task, datamodule=CopyData())
     assert torch.float16 in dtypes
     assert scaler.get_scale() < 2.0**24  # overflowing steps were skipped and the scale lowered
     assert guard.skipped == 0 and math.isfinite(float(trainer.callback_metrics["train/loss"]))
+    overflowed = [changed for before_scale, after_scale, changed in steps if after_scale < before_scale]
+    taken = [changed for before_scale, after_scale, changed in steps if after_scale == before_scale]
+    assert overflowed and taken and len(overflowed) + len(taken) == len(steps)
+    assert not any(overflowed)  # a step whose gradients overflowed left every weight as it was
+    assert all(taken)  # and every step that fitted updated them
     after = task.state_dict()
     assert all(value.isfinite().all() for value in after.values() if value.is_floating_point())
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the steps that fit were taken
