@@ -3,6 +3,7 @@ memory-mapped Arrow file, finding a split's file in a directory, and a hub datas
 
 from __future__ import annotations
 
+import errno
 import gzip
 import itertools
 import uuid
@@ -85,7 +86,14 @@ def hub_splits(
 ) -> Iterator[tuple[str, str, datasets.Dataset]]:
     """(our split, the hub's name for it, its table) for each of `splits`, from hub dataset `name`."""
     split_names = split_names or {}
-    hub = datasets.load_dataset(name, config)
+    try:
+        hub = datasets.load_dataset(name, config)
+    except (OSError, ValueError) as err:  # not found, no network, unknown config: one line, not a traceback
+        if getattr(err, "errno", None) == errno.ENOSPC:
+            raise  # a full disk is reported as such (cli.errors.disk_full)
+        raise DataError(
+            f"cannot load hub dataset {name!r} (config {config!r}): {' '.join(str(err).split())}"
+        ) from err
     for split in splits:
         hub_split = split_names.get(split, split)
         if hub_split not in hub:

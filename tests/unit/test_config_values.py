@@ -4,8 +4,10 @@ zero for each key, through the checks and builders `train.py` runs before traini
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import REPO_ROOT
-from tests.unit.test_configs import _fake_data_fields, compose_train_cfg
+from tests.unit.test_configs import _fake_data_fields, _pretend_cuda, compose_train_cfg
 from transformer.cli import build, checks
 from transformer.cli.errors import ConfigError
 
@@ -25,22 +27,36 @@ FILES = {
     ("data", "synthetic"): [],
     ("data", "multi30k"): ["experiment=multi30k_de_en"],
     ("data", "sst2"): ["experiment=sst2"],
+    ("data", "iwslt14"): ["experiment=iwslt14_de_en"],
+    ("data", "wmt14"): ["experiment=wmt14_en_de_base"],
     ("model", "translation"): [],
     ("model", "classification"): ["experiment=sst2"],
     ("model", "masked_lm"): ["experiment=sst2_pretrain"],
     ("trainer", "default"): [],
+    ("trainer", "cpu"): ["trainer=cpu"],
+    ("trainer", "gpu"): ["trainer=gpu"],
+    ("trainer", "ddp"): ["trainer=ddp"],
+    ("trainer", "ddp_cpu"): ["trainer=ddp_cpu"],
 }
+CUDA_TRAINERS = ("trainer=gpu", "trainer=ddp")  # instantiated with Lightning shown 2 CUDA devices
 HOSTILE = ("oops", -1, 0)
 
 # Values that pass these checks on purpose, and why they are harmless (or caught later in one line).
 HARMLESS: dict[str, str] = {
     "data.src_lang=oops": "a language code: the synthetic task ignores it; files named by it are looked up "
-    "when the data is read (DataError: one line, test_data_values_that_only_the_files_can_refuse)",
+    "when the data is read (DataError: one line, test_multi30k_missing_file_lists_present_splits)",
     "data.tgt_lang=oops": "as data.src_lang",
-    "data.data_dir=oops": "a directory looked up when the data is read (DataError: one line)",
-    "data.train_split=oops": "a split looked up when the data is read (DataError: one line)",
+    "data.data_dir=oops": "a directory looked up when the data is read (DataError: one line, "
+    "test_missing_directory_names_path_and_layout)",
+    "data.train_split=oops": "a split looked up when the data is read (DataError: one line, "
+    "test_multi30k_hub_maps_split_names)",
     "data.val_split=oops": "as data.train_split",
     "data.test_split=oops": "as data.train_split",
+    "data.hub_name=oops": "a hub dataset looked up when the data is read (DataError: one line, "
+    "test_hub_dataset_that_cannot_be_loaded_is_one_data_error)",
+    "data.hub_config=oops": "as data.hub_name",
+    "data.hub_split_names.val=oops": "as data.train_split (the split's name on the hub)",
+    "data.num_workers=0": "batches are made in the main process",
     "data.cache_dir=oops": "a relative directory, created where the run starts",
     "data.min_frequency=0": "every pair of symbols may be merged",
     "data.seed=0": "a seed",
@@ -55,6 +71,7 @@ HARMLESS: dict[str, str] = {
     "model.decoding.max_len_a=0": "hypotheses of at most max_len_b tokens",
     "model.decoding.max_len_b=0": "hypotheses of at most max_len_a * source length tokens",
     "trainer.default_root_dir=oops": "a relative directory (the loggers write into paths.output_dir)",
+    "trainer.devices=-1": "every visible GPU",
     "trainer.min_epochs=-1": "no minimum",
     "trainer.min_epochs=0": "no minimum",
     "trainer.max_epochs=-1": "no epoch limit (max_steps ends the run)",
@@ -74,17 +91,32 @@ def _leaves(node: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
             continue
         if isinstance(value, dict):
             yield from _leaves(value, f"{prefix}{key}.")
-        elif not isinstance(value, list):
+        else:
             yield f"{prefix}{key}", value
+
+
+def _hostile_values(default: Any) -> Iterator[Any]:
+    """HOSTILE for the whole value; for a list also each element of it replaced by each HOSTILE value."""
+    yield from (value for value in HOSTILE if value != default)
+    if isinstance(default, list):
+        for i, element in enumerate(default):
+            if not isinstance(element, dict):  # a list of objects (trainer.plugins) is replaced whole
+                yield from ([*default[:i], value, *default[i + 1 :]] for value in HOSTILE if value != element)
 
 
 def _cases() -> Iterator[Any]:
     for (group, name), base in FILES.items():
         node = yaml.safe_load((CONFIGS / group / f"{name}.yaml").read_text())
         for key, default in _leaves(node, f"{group}."):
-            for value in HOSTILE:
-                if value != default:
-                    yield pytest.param(base, key, value, id=f"{name}:{key}={value}")
+            for value in _hostile_values(default):
+                yield pytest.param(base, key, value, id=f"{name}:{_override(key, value)}")
+
+
+def _override(key: str, value: Any) -> str:
+    """`KEY=VALUE` as it is typed on the command line (a list as [a,b])."""
+    if isinstance(value, list):
+        return f"{key}=[{','.join(str(v) for v in value)}]"
+    return f"{key}={value}"
 
 
 def _build(cfg: DictConfig, group: str) -> None:
@@ -114,7 +146,7 @@ SMALL = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "d_ff": 64}
 def test_a_hostile_value_is_refused_naming_its_key_or_is_harmless(
     base: list[str], key: str, value: Any
 ) -> None:
-    override = f"{key}={value}"
+    override = _override(key, value)
     cfg = copy.deepcopy(_composed(tuple(base)))  # what `KEY=VALUE` on the command line makes of it
     with open_dict(cfg):
         OmegaConf.update(cfg, key, value, merge=False)
@@ -122,7 +154,8 @@ def test_a_hostile_value_is_refused_naming_its_key_or_is_harmless(
             if f"model.config.{name}" != key:
                 cfg.model.config[name] = size
     try:
-        _build(cfg, key.split(".", 1)[0])
+        with _pretend_cuda(2) if set(base) & set(CUDA_TRAINERS) else contextlib.nullcontext():
+            _build(cfg, key.split(".", 1)[0])
     except ConfigError as err:
         assert key.rsplit(".", 1)[-1] in str(err), f"{override}: the message does not name the key: {err}"
         assert "\n" not in str(err)
@@ -133,5 +166,16 @@ def test_a_hostile_value_is_refused_naming_its_key_or_is_harmless(
 
 
 def test_every_harmless_value_is_still_a_case() -> None:
-    cases = {f"{p.values[1]}={p.values[2]}" for p in _cases()}
+    cases = {_override(p.values[1], p.values[2]) for p in _cases()}
     assert set(HARMLESS) <= cases, sorted(set(HARMLESS) - cases)
+
+
+def test_every_test_a_harmless_reason_names_exists() -> None:
+    """A reason that points at a test (test_...) points at one that is in the suite."""
+    defined = set(re.findall(r"^def (test_\w+)", _all_tests(), flags=re.M))
+    named = {name for reason in HARMLESS.values() for name in re.findall(r"\btest_\w+", reason)}
+    assert named and named <= defined, sorted(named - defined)
+
+
+def _all_tests() -> str:
+    return "\n".join(path.read_text() for path in (REPO_ROOT / "tests").rglob("test_*.py"))

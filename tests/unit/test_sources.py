@@ -257,3 +257,86 @@ def test_sst2_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     assert data["dev"][:] == {"text": ["good", "bad"], "label": [1, 0]}
     with pytest.raises(DataError, match="unlabeled"):
         check_labeled(data["test"], "test")
+
+
+# -- the hub datasets as published (tests/assets/hub_schemas.json) ---------------------------------
+HUB_SCHEMAS = json.loads((Path(__file__).parents[1] / "assets" / "hub_schemas.json").read_text())
+ROW = {"de": "Ein Hund läuft .", "en": "A dog runs ."}
+
+
+def _published(name: str, config: str | None) -> datasets.DatasetDict:
+    """Two rows per split of hub dataset `name`, with exactly its published features and split names."""
+    schema = HUB_SCHEMAS[name]
+    assert config == schema["config"], (
+        f"{name}: the config asks for {config!r}, the hub has {schema['config']!r}"
+    )
+    features = datasets.Features.from_dict(schema["features"])
+    splits = {}
+    for split in schema["splits"]:
+        if "translation" in features:
+            columns: dict = {"translation": [ROW, ROW]}
+        elif "sentence" in features:
+            label = -1 if split == "test" else 1  # GLUE's test split is unlabeled
+            columns = {"idx": [0, 1], "sentence": [" good film ", "good film"], "label": [label, label]}
+        else:
+            columns = {lang: [ROW[lang], ROW[lang]] for lang in features}
+        splits[split] = datasets.Dataset.from_dict(columns, features=features)
+    return datasets.DatasetDict(splits)
+
+
+@pytest.mark.parametrize(
+    ("experiment", "hub_name"),
+    [
+        ("multi30k_de_en", "bentrevett/multi30k"),
+        ("sst2", "stanfordnlp/sst2"),
+        ("iwslt14_de_en", "bbaaaa/iwslt14-de-en"),
+        ("wmt14_en_de_base", "wmt/wmt14"),
+    ],
+)
+def test_hub_loaders_read_the_published_schemas(
+    experiment: str, hub_name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each data config's train/val/test splits, through its datamodule's loader, on data shaped like the
+    hub dataset's card says (columns, feature types, split names, the config name)."""
+    import hydra
+    from omegaconf import open_dict
+
+    from tests.unit.test_configs import compose_train_cfg
+
+    calls: list[tuple[str, str | None]] = []
+
+    def load_dataset(name: str, config: str | None = None) -> datasets.DatasetDict:
+        calls.append((name, config))
+        return _published(name, config)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    cfg = compose_train_cfg([f"experiment={experiment}"], output_dir=tmp_path)
+    with open_dict(cfg):
+        cfg.data.data_dir = None  # from the hub, not a local copy
+    module = hydra.utils.instantiate(cfg.data)
+    splits = [cfg.data.train_split, cfg.data.val_split, cfg.data.test_split]
+    loaded = module._load_raw(splits)
+    assert {name for name, _ in calls} == {hub_name}
+    for split in splits:
+        if "src_lang" in cfg.data:
+            row = loaded[split][0]
+            assert row == {"src": ROW[cfg.data.src_lang], "tgt": ROW[cfg.data.tgt_lang]}, (split, row)
+        else:
+            assert loaded[split][:] == {"text": ["good film", "good film"], "label": [1, 1]}
+            assert loaded[split].features["label"].names == ["negative", "positive"]
+    if hub_name == sources.SST2_HUB:  # GLUE's test split: read, but refused for scoring
+        with pytest.raises(DataError, match="unlabeled"):
+            check_labeled(module._load_raw(["test"])["test"], "test")
+
+
+def test_hub_dataset_that_cannot_be_loaded_is_one_data_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No network, an unknown name or config: one DataError naming the dataset, not a traceback."""
+
+    def load_dataset(name: str, config: str | None = None) -> datasets.DatasetDict:
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(
+        DataError, match=r"cannot load hub dataset 'oops' \(config 'x'\).*OfflineModeIsEnabled"
+    ):
+        sources.load_translation_hub("oops", ["train"], "de", "en", "x")

@@ -70,6 +70,34 @@ def check_numbers(cfg: DictConfig) -> None:
         if value < low or (value == low and not inclusive):
             bound = f">= {low}" if inclusive else f"> {low}"
             raise ConfigError(f"`{key}` must be {bound}, got {value!r}")
+    check_trainer_choices(cfg)
+
+
+def check_trainer_choices(cfg: DictConfig) -> None:
+    """`trainer.devices`, `trainer.plugins` and the DDP backend, which Lightning refuses without naming
+    the key (the GPU device parser: "invalid literal for int()") or only once the processes start."""
+    devices = OmegaConf.select(cfg, "trainer.devices", default=None)
+    ok_int = isinstance(devices, int) and not isinstance(devices, bool) and (devices >= 1 or devices == -1)
+    ok_str = isinstance(devices, str) and (
+        devices == "auto" or all(part.strip().lstrip("-").isdigit() for part in devices.split(","))
+    )
+    ok_list = OmegaConf.is_list(devices) and all(isinstance(d, int) and d >= 0 for d in devices)
+    if devices is not None and not (ok_int or ok_str or ok_list):
+        raise ConfigError(
+            f"`trainer.devices` must be an integer >= 1, -1 (all), 'auto' or a list of device ids, "
+            f"got {devices!r}"
+        )
+    plugins = OmegaConf.select(cfg, "trainer.plugins", default=None)
+    if plugins is not None and not OmegaConf.is_list(plugins):
+        raise ConfigError(
+            f"`trainer.plugins` must be a list of plugin configs (_target_: ...), got {plugins!r}"
+        )
+    backend = OmegaConf.select(cfg, "trainer.strategy.process_group_backend", default=None)
+    names = [part.split(":")[-1] for part in str(backend).split(",")]
+    if backend is not None and not all(name in ("gloo", "nccl", "mpi", "ucc", "xccl") for name in names):
+        raise ConfigError(
+            f"`trainer.strategy.process_group_backend` must be gloo, nccl, mpi, ucc or xccl, got {backend!r}"
+        )
 
 
 def continue_earlier_run(cfg: DictConfig) -> None:
