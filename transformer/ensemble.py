@@ -54,7 +54,7 @@ class Ensemble(nn.Module):
 
     The models may differ in architecture (depth, width, positions) but must share the vocabularies
     and special tokens; `weights` (default: equal) are normalized to sum to 1. The ensemble's
-    `config` is the first model's, with the smallest `max_len` of them all.
+    `config` is the first model's, with the smallest `max_len` of them all. It is built in eval mode.
     """
 
     def __init__(self, models: Sequence[Seq2SeqTransformer], weights: Sequence[float] | None = None) -> None:
@@ -80,6 +80,7 @@ class Ensemble(nn.Module):
         self.register_buffer(
             "log_weights", torch.tensor([w / total for w in weights]).log(), persistent=False
         )
+        self.train(False)  # for inference: the members in eval mode (no dropout), whatever they were in
 
     def forward(self, src: Tensor, tgt_in: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) -> (B, T, V) log of the weighted mean

@@ -294,3 +294,12 @@ def test_min_len_bans_early_eos_but_not_the_max_length(settings: dict[str, objec
     assert min(len(r) for r in _rows(longer[:, 0])) >= 7  # 6 tokens, then EOS at the earliest
     capped = search(model, src, DecodingSettings(max_len_a=0, max_len_b=3, min_len=6, **settings))[0]  # type: ignore[arg-type]
     assert all(len(r) == 3 and r[-1] == EOS for r in _rows(capped[:, 0]))  # max length wins
+
+
+def test_an_ensemble_is_built_for_inference() -> None:
+    """Built in eval mode, so decoding through it cannot leave its members training (dropout on)."""
+    member = _model(0).train()
+    ensemble = Ensemble([member, _model(1)])
+    assert not ensemble.training and not member.training
+    greedy_search(ensemble, _sources(2), max_len_b=3)
+    assert not member.training
