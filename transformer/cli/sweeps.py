@@ -10,20 +10,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from transformer.cli.errors import ConfigError, first_line
 
 log = logging.getLogger("train")
 
 
-def objective(cfg: DictConfig, metrics: Mapping[str, Any], needed: bool) -> float | None:
-    """The value of `optimized_metric`, what a sweeper optimizes. A run without it (one that ended
-    before its first validation, e.g. `trainer.max_steps=20`) is fine on its own, and a failed trial
-    in a sweep whose sweeper needs the value (Optuna; a grid needs none)."""
-    name = cfg.get("optimized_metric") if cfg.get("train") else None
-    if not name or metrics.get(name) is not None:
-        return metrics.get(name) if name else None
+def objective(cfg: DictConfig, metrics: Mapping[str, Any], needed: bool) -> float | list[float] | None:
+    """The value of `optimized_metric`, what a sweeper optimizes (a list of values when it is a list of
+    metrics: a multi-objective study). A run without it (one that ended before its first validation,
+    e.g. `trainer.max_steps=20`) is fine on its own, and a failed trial in a sweep whose sweeper needs
+    the value (Optuna; a grid needs none)."""
+    names = cfg.get("optimized_metric") if cfg.get("train") else None
+    if isinstance(names, ListConfig):
+        values = [_one_objective(str(name), metrics, needed) for name in names]
+        return None if any(v is None for v in values) else values
+    return _one_objective(names, metrics, needed) if names else None
+
+
+def _one_objective(name: str, metrics: Mapping[str, Any], needed: bool) -> float | None:
+    if metrics.get(name) is not None:
+        return metrics[name]
     validated = sorted(k for k in metrics if k.startswith("val/"))
     if validated:
         problem = f"optimized_metric={name} was not logged; the validation logged {', '.join(validated)}"
@@ -67,21 +75,49 @@ JOBS: list[SweepJob] = []
 
 def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> SweepJob:
     """Record the sweep job that runs now; in a sweep every job is its own wandb run, grouped under the
-    sweep directory's name (the study name for `hparams_search`) unless `logger.wandb.group` is set."""
+    sweep directory's name (the study name for `hparams_search`) unless `logger.wandb.group` is set. A
+    trial of the Optuna sweeper gets the callback that reports to its trial (and prunes it)."""
     wandb = (cfg.get("logger") or {}).get("wandb")
     if wandb is not None and not wandb.get("group"):
         with open_dict(wandb):
             wandb.group = Path(hydra_cfg.sweep.dir).name
+    add_trial_callback(cfg, hydra_cfg.sweeper)
     job = SweepJob(hydra_cfg.job.num, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir))
     JOBS.append(job)
     return job
 
 
+TRIAL_CALLBACK = "transformer.training.optuna_trial.OptunaTrialReporter"
+
+
+def add_trial_callback(cfg: DictConfig, sweeper: DictConfig) -> None:
+    """`callbacks.optuna_trial` for a job of the Optuna sweeper (hydra/sweeper=aiayn_optuna), which names
+    the job's trial in `hydra.sweeper.trial_number`; nothing for other sweepers or an in-memory study."""
+    number, storage = sweeper.get("trial_number"), sweeper.get("storage")
+    if number is None or storage is None or not cfg.get("train"):
+        return
+    metric = cfg.get("optimized_metric")
+    pruner = sweeper.get("pruner")
+    node = {
+        "_target_": TRIAL_CALLBACK,
+        "storage": storage,
+        "study_name": sweeper.study_name,
+        "trial_number": number,
+        "monitor": None if isinstance(metric, ListConfig) else metric,  # several objectives: not reported
+        "pruner": OmegaConf.to_container(pruner, resolve=True) if pruner is not None else None,
+    }
+    with open_dict(cfg):
+        if cfg.get("callbacks") is None:
+            cfg.callbacks = {}
+        with open_dict(cfg.callbacks):
+            cfg.callbacks.optuna_trial = node
+
+
 def failure_summary(err: BaseException) -> str | None:
     """One line on a sweep that stopped with `err`: how many jobs failed, the first one's error, where
     the logs are. None outside a sweep."""
-    if not JOBS:
-        return None
+    if not JOBS:  # jobs in other processes (submitit): the sweeper's own line, if it has one
+        return first_line(err) if getattr(err, "user_facing", False) else None
     failed = [job for job in JOBS if job.error is not None]
     if not failed:
         return f"the sweep failed after {len(JOBS)} jobs: {type(err).__name__}: {first_line(err)}"

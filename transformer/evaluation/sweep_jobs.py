@@ -20,7 +20,10 @@ __all__ = [
     "Value",
     "default_metrics",
     "group_jobs",
+    "objective_directions",
     "objective_name",
+    "objective_names",
+    "pareto_front",
     "parse_override",
     "read_jobs",
     "swept_keys",
@@ -40,6 +43,21 @@ class Job:
     @property
     def finished(self) -> bool:
         return bool(self.metrics)
+
+    @property
+    def pruned_at_step(self) -> int | None:
+        """The optimizer step where the Optuna pruner stopped this job (its `metrics.json` says so)."""
+        if not self.metrics.get("optuna/pruned"):
+            return None
+        step = self.metrics.get("optuna/pruned_at_step")
+        return int(step) if step is not None else None
+
+    @property
+    def status(self) -> str:
+        """done, pruned (stopped early by the Optuna pruner, with its metrics) or failed (no metrics)."""
+        if not self.finished:
+            return "failed"
+        return "done" if self.pruned_at_step is None else "pruned"
 
 
 @dataclass
@@ -122,15 +140,60 @@ def _read_metrics(job_dir: Path) -> dict[str, float | None]:
 
 
 def objective_name(jobs: Sequence[Job]) -> str | None:
-    """`optimized_metric` from the first job's saved config (`.hydra/config.yaml`), if it has one."""
+    """`optimized_metric` from the first job's saved config (`.hydra/config.yaml`), if it has one (the
+    first of several objectives)."""
+    names = objective_names(jobs)
+    return names[0] if names else None
+
+
+def objective_names(jobs: Sequence[Job]) -> list[str]:
+    """`optimized_metric` from the first job's saved config: one name, or several (a multi-objective
+    study); [] if no job has it."""
     for job in jobs:
-        path = job.path / ".hydra" / "config.yaml"
-        if path.is_file():
-            config = yaml.safe_load(path.read_text()) or {}
-            name = config.get("optimized_metric") if isinstance(config, dict) else None
-            if isinstance(name, str) and "${" not in name:
-                return name
-    return None
+        config = _read_yaml(job.path / ".hydra" / "config.yaml")
+        name = config.get("optimized_metric")
+        names = name if isinstance(name, list) else [name]
+        if names and all(isinstance(n, str) and "${" not in n for n in names):
+            return list(names)
+    return []
+
+
+def objective_directions(jobs: Sequence[Job], n: int) -> list[str]:
+    """`hydra.sweeper.direction` of the sweep (`.hydra/hydra.yaml`), one per objective; `maximize` for
+    every objective when no job saved one."""
+    for job in jobs:
+        sweeper = (_read_yaml(job.path / ".hydra" / "hydra.yaml").get("hydra") or {}).get("sweeper") or {}
+        direction = sweeper.get("direction")
+        directions = [direction] if isinstance(direction, str) else direction
+        if isinstance(directions, list) and len(directions) == n:
+            return [str(d) for d in directions]
+    return ["maximize"] * n
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def pareto_front(jobs: Sequence[Job], names: Sequence[str], directions: Sequence[str]) -> list[Job]:
+    """The jobs no other job dominates on `names` (each maximized or minimized as `directions` says),
+    among those that finished unpruned with a finite value of every objective; in the order given."""
+    sign = [1.0 if d == "maximize" else -1.0 for d in directions]
+    scored = []
+    for job in jobs:
+        values = [job.metrics.get(n) for n in names]
+        if job.status == "done" and all(v is not None and math.isfinite(v) for v in values):
+            scored.append((job, [s * v for s, v in zip(sign, values)]))
+
+    def dominates(a: list[float], b: list[float]) -> bool:
+        return all(x >= y for x, y in zip(a, b)) and any(x > y for x, y in zip(a, b))
+
+    return [job for job, a in scored if not any(dominates(b, a) for _, b in scored)]
 
 
 def default_metrics(jobs: Sequence[Job], objective: str | None) -> list[str]:

@@ -30,7 +30,10 @@ from transformer.evaluation.sweep_jobs import (
     Value,
     default_metrics,
     group_jobs,
+    objective_directions,
     objective_name,
+    objective_names,
+    pareto_front,
     parse_override,
     read_jobs,
     swept_keys,
@@ -79,8 +82,9 @@ def plot_metric_vs_params(jobs: Sequence[Job], keys: Sequence[str], metric: str,
         return None
     figure = Figure(figsize=(4.0 * len(keys), 3.4), layout="constrained")
     axes = figure.subplots(1, len(keys), squeeze=False)[0]
+    pruned = [job.status == "pruned" for job, _ in points]
     for ax, key in zip(axes, keys):
-        _panel(ax, [job.overrides.get(key) for job, _ in points], [m for _, m in points])
+        _panel(ax, [job.overrides.get(key) for job, _ in points], [m for _, m in points], pruned)
         ax.set_xlabel(key, fontsize=8)
         ax.set_ylabel(metric, fontsize=8)
         ax.grid(alpha=0.3)
@@ -90,7 +94,7 @@ def plot_metric_vs_params(jobs: Sequence[Job], keys: Sequence[str], metric: str,
     return path
 
 
-def _panel(ax: Axes, values: Sequence[Value], scores: Sequence[float]) -> None:
+def _panel(ax: Axes, values: Sequence[Value], scores: Sequence[float], pruned: Sequence[bool]) -> None:
     if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         xs = [float(v) for v in values]
         if min(xs) > 0 and max(xs) / min(xs) >= 20:  # learning rates and the like
@@ -99,7 +103,11 @@ def _panel(ax: Axes, values: Sequence[Value], scores: Sequence[float]) -> None:
         labels = list(dict.fromkeys(str(v) for v in values))
         xs = [float(labels.index(str(v))) for v in values]
         ax.set_xticks(range(len(labels)), labels=labels, rotation=30, fontsize=8)
-    ax.scatter(xs, scores, s=14, alpha=0.6, label="job")
+    kept = [i for i, p in enumerate(pruned) if not p]
+    ax.scatter([xs[i] for i in kept], [scores[i] for i in kept], s=14, alpha=0.6, label="job")
+    if len(kept) < len(xs):  # stopped early by the pruner: their best value before the stop
+        cut = [i for i, p in enumerate(pruned) if p]
+        ax.scatter([xs[i] for i in cut], [scores[i] for i in cut], s=22, marker="x", c="gray", label="pruned")
     at_x: dict[float, list[float]] = {}
     for x, score in zip(xs, scores):
         at_x.setdefault(x, []).append(score)
@@ -136,13 +144,19 @@ def write_report(
     groups = group_jobs(jobs, keys, names, seed_key)
 
     job_rows = [
-        [_status(j), *(j.overrides.get(k) for k in keys), *(j.metrics.get(n) for n in names)] for j in jobs
+        [
+            _status(j),
+            j.pruned_at_step,
+            *(j.overrides.get(k) for k in keys),
+            *(j.metrics.get(n) for n in names),
+        ]
+        for j in jobs
     ]
     job_names = [j.path.relative_to(sweep_dir).as_posix() for j in jobs]
     written = {
         "jobs_csv": _write_csv(
             out_dir / "jobs.csv",
-            ["job", "status", *keys, *names],
+            ["job", "status", "pruned_at_step", *keys, *names],
             [[name, *row] for name, row in zip(job_names, job_rows)],
         ),
         "summary_csv": _write_summary_csv(out_dir / "summary.csv", groups, group_keys, names),
@@ -150,11 +164,15 @@ def write_report(
     plot_path = out_dir / f"{_slug(metric or 'metric')}_vs_params.png"
     if metric is not None and plot_metric_vs_params(jobs, group_keys or keys, metric, plot_path):
         written["plot"] = plot_path
+    objectives = objective_names(jobs)
+    front = _pareto(jobs, objectives, out_dir, written) if len(objectives) > 1 and not metrics else None
 
     report = MarkdownReport(f"Sweep {sweep_dir.name}")
     _overview(report, sweep_dir, jobs, keys, metric)
     if any(len(g.jobs) > 1 for g in groups):
         _groups_section(report, groups, group_keys, names, seed_key)
+    if front is not None:
+        _pareto_section(report, sweep_dir, front, objectives, keys, written.get("pareto_plot"), out_dir)
     _jobs_section(report, job_names, job_rows, keys, names)
     if "plot" in written:
         report.heading(f"`{metric}` against each swept parameter")
@@ -194,9 +212,12 @@ def _overview(
     report: MarkdownReport, sweep_dir: Path, jobs: Sequence[Job], keys: Sequence[str], metric: str | None
 ) -> None:
     """How many jobs finished, the objective, and the overrides every job shares."""
+    n_pruned = sum(job.status == "pruned" for job in jobs)
+    pruned = f" ({n_pruned} of them pruned)" if n_pruned else ""
     report.text(
-        f"`{sweep_dir}`: {len(jobs)} jobs, {_n_finished(jobs)} finished, {len(jobs) - _n_finished(jobs)} "
-        "failed or unfinished (no `metrics.json`)." + (f" Objective: `{metric}`." if metric else "")
+        f"`{sweep_dir}`: {len(jobs)} jobs, {_n_finished(jobs)} finished{pruned}, "
+        f"{len(jobs) - _n_finished(jobs)} failed or unfinished (no `metrics.json`)."
+        + (f" Objective: `{metric}`." if metric else "")
     )
     fixed = {k: v for k, v in jobs[0].overrides.items() if k not in keys}
     if fixed:
@@ -233,18 +254,77 @@ def _jobs_section(
     report.table(
         ["job", "status", *keys, *names],
         [
-            [name, status, *map(_fmt_param, row[: len(keys)]), *map(_fmt_metric, row[len(keys) :])]
-            for name, (status, *row) in zip(job_names, job_rows)
+            [
+                name,
+                _fmt_status(status, step),
+                *map(_fmt_param, row[: len(keys)]),
+                *map(_fmt_metric, row[len(keys) :]),
+            ]
+            for name, (status, step, *row) in zip(job_names, job_rows)
         ],
     )
 
 
 def _status(job: Job) -> str:
-    return "done" if job.finished else "failed"
+    return job.status
+
+
+def _fmt_status(status: str, pruned_at_step: int | None) -> str:
+    return f"pruned at step {pruned_at_step}" if pruned_at_step is not None else status
 
 
 def _n_finished(jobs: Sequence[Job]) -> int:
     return sum(job.finished for job in jobs)
+
+
+def _pareto(jobs: Sequence[Job], objectives: list[str], out_dir: Path, written: dict[str, Path]) -> list[Job]:
+    """The Pareto front of a multi-objective sweep; its plot (the first two objectives) into `written`."""
+    directions = objective_directions(jobs, len(objectives))
+    front = pareto_front(jobs, objectives, directions)
+    x_name, y_name = objectives[:2]
+    points = [
+        j for j in jobs if j.status == "done" and None not in (j.metrics.get(x_name), j.metrics.get(y_name))
+    ]
+    if points:
+        figure = Figure(figsize=(5.0, 4.0), layout="constrained")
+        ax = figure.subplots()
+        ax.scatter([j.metrics[x_name] for j in points], [j.metrics[y_name] for j in points], s=14, alpha=0.5,
+                   label="trial")  # fmt: skip
+        on_front = sorted((j.metrics[x_name], j.metrics[y_name]) for j in front)
+        ax.plot(*zip(*on_front), "-o", c="C3", markersize=5, label="Pareto front")
+        ax.set_xlabel(f"{x_name} ({directions[0]})", fontsize=8)
+        ax.set_ylabel(f"{y_name} ({directions[1]})", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        written["pareto_plot"] = out_dir / "pareto_front.png"
+        figure.savefig(written["pareto_plot"], format="png", dpi=110)
+    return front
+
+
+def _pareto_section(
+    report: MarkdownReport,
+    sweep_dir: Path,
+    front: Sequence[Job],
+    objectives: Sequence[str],
+    keys: Sequence[str],
+    plot: Path | None,
+    out_dir: Path,
+) -> None:
+    report.heading("Pareto front")
+    report.text(
+        f"The {len(front)} trials that no other finished trial beats on every objective "
+        f"({', '.join(f'`{o}`' for o in objectives)})."
+    )
+    report.table(
+        ["job", *keys, *objectives],
+        [
+            [j.path.relative_to(sweep_dir).as_posix(), *(_fmt_param(j.overrides.get(k)) for k in keys)]
+            + [_fmt_metric(j.metrics.get(o)) for o in objectives]
+            for j in front
+        ],
+    )
+    if plot is not None:
+        report.image(plot, "the objectives of every trial and the Pareto front", relative_to=out_dir)
 
 
 # --- command line -------------------------------------------------------------------------------------
