@@ -3,7 +3,7 @@
     choice(a, b, ...), a,b,...          CategoricalDistribution([a, b, ...])
     range(start, stop[, step])          IntDistribution(start, stop, step) for integers (stop included,
                                         as in hydra-optuna-sweeper), FloatDistribution with step for floats;
-                                        shuffle(range(...)) a CategoricalDistribution of its values
+                                        shuffle(range(...)) a CategoricalDistribution of its values (sorted)
     interval(low, high)                 FloatDistribution(low, high)
     int(interval(low, high))            IntDistribution(low, high)
     tag(log, interval(...))             the same with log=True (also around int(interval(...)))
@@ -60,7 +60,8 @@ def parse_space(params: dict[str, Any] | None, arguments: list[str]) -> SearchSp
         except HydraException as err:
             key = line.split("=", 1)[0]
             where = f"{origin}.{key}" if origin else key
-            raise SweepConfigError(f"{where}: {' '.join(str(err).split())}") from None
+            message = " ".join(str(err).split()).split(" See https://hydra.cc")[0]
+            raise SweepConfigError(f"{where}: {message}") from None
         name = override.key_or_group
         where = f"{origin}.{name}" if origin else name
         space.distributions.pop(name, None)
@@ -101,8 +102,8 @@ def _range(override: Override, value: RangeSweep, where: str) -> BaseDistributio
         raise SweepConfigError(f"{where}: range() needs a positive step, got {step}")
     if start is None or stop is None or stop <= start:
         raise SweepConfigError(f"{where}: range({start}, {stop}) is empty or inverted; it needs start < stop")
-    if value.shuffle:
-        return CategoricalDistribution(list(override.sweep_iterator(transformer=Transformer.encode)))
+    if value.shuffle:  # the order is Optuna's concern: sorted, so that a resumed study compares equal
+        return CategoricalDistribution(sorted(override.sweep_iterator(transformer=Transformer.encode)))
     if all(isinstance(x, int) for x in (start, stop, step)):
         return IntDistribution(int(start), int(stop), step=int(step))
     return FloatDistribution(float(start), float(stop), step=float(step))

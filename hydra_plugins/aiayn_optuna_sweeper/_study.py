@@ -217,15 +217,16 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[list[JobReturn]]:
     job_idx = 0
     while job_idx < settings.n_trials:
         size = min(settings.n_jobs, settings.n_trials - job_idx)
-        trials = [study.ask(settings.space.distributions) for _ in range(size)]
-        batch = [
-            [*settings.space.overrides(t.params), *extra, f"hydra.sweeper.trial_number={t.number}"]
-            for t in trials
-        ]
-        sweeper.validate_batch_is_legal(batch)
-        try:
+        trials: list[optuna.Trial] = []
+        try:  # Ctrl-C or a launcher error, from the first ask on: the study keeps no RUNNING trial
+            trials += [study.ask(settings.space.distributions) for _ in range(size)]
+            batch = [
+                [*settings.space.overrides(t.params), *extra, f"hydra.sweeper.trial_number={t.number}"]
+                for t in trials
+            ]
+            sweeper.validate_batch_is_legal(batch)
             results = sweeper.launcher.launch(batch, initial_job_idx=job_idx)
-        except BaseException:  # Ctrl-C, a launcher error: the study keeps no RUNNING trial
+        except BaseException:
             _fail_running(study, trials)
             raise
         job_idx += size
@@ -257,7 +258,19 @@ def _sqlite_directory(storage: str) -> None:
 
 def _fail_running(study: optuna.Study, trials: list[optuna.Trial]) -> None:
     for trial in trials:
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        _tell_study(study, trial, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def _tell_study(study: optuna.Study, trial: optuna.Trial, values: Any = None, **kwargs: Any) -> None:
+    """`study.tell`. The grid sampler calls `study.stop()` once every point is tried, which Optuna only
+    allows inside `study.optimize` (RuntimeError); the trial is stored by then, and further trials
+    repeat grid points (as the grid sampler does in `study.optimize` beyond its grid)."""
+    try:
+        study.tell(trial, values, **kwargs)
+    except RuntimeError as err:
+        if "Study.stop" not in str(err):
+            raise
+        log.info("The grid sampler has tried every point of its grid")
 
 
 def _tell(
@@ -269,7 +282,7 @@ def _tell(
     except Exception as err:  # the job raised: its log file has the traceback
         error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         log.warning("Trial %d failed: %s", trial.number, error)
-        study.tell(trial, state=TrialState.FAIL)
+        _tell_study(study, trial, state=TrialState.FAIL)
         return TrialState.FAIL, error
     frozen = next(
         (
@@ -281,15 +294,15 @@ def _tell(
     )
     if frozen is not None and PRUNED_AT_STEP in frozen.user_attrs:
         log.info("Trial %d pruned at step %s", trial.number, frozen.user_attrs[PRUNED_AT_STEP])
-        study.tell(trial, state=TrialState.PRUNED)
+        _tell_study(study, trial, state=TrialState.PRUNED)
         return TrialState.PRUNED, ""
     values = _values(value, len(settings.directions))
     if values is None:
         error = f"the job returned {value!r}, not {len(settings.directions)} finite number(s)"
         log.warning("Trial %d failed: %s", trial.number, error)
-        study.tell(trial, state=TrialState.FAIL)
+        _tell_study(study, trial, state=TrialState.FAIL)
         return TrialState.FAIL, error
-    study.tell(trial, values)
+    _tell_study(study, trial, values)
     log.info("Trial %d finished with %s", trial.number, values[0] if len(values) == 1 else values)
     return TrialState.COMPLETE, ""
 

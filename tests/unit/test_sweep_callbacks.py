@@ -1,4 +1,5 @@
-"""transformer.cli.sweep_callbacks: the Optuna resume callback on configs composed as the CLI does."""
+"""transformer.cli.sweep_callbacks: the Optuna sweep callback on configs composed as the CLI does (the
+sweeper's resume and seed offset: tests/unit/test_sweep_space.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import optuna
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -38,26 +38,6 @@ def _compose(overrides: list[str]) -> DictConfig:
 )
 def test_sqlite_path(url: str, path: Path | None) -> None:
     assert sqlite_path(url) == path
-
-
-def test_resume_creates_the_directory_then_offsets_the_seed(tmp_path: Path) -> None:
-    overrides = ["hparams_search=quickstart_optuna", f"paths.log_dir={tmp_path}"]
-    cfg = _compose(overrides)
-    database = tmp_path / "train" / "sweeps" / "quickstart_optuna" / "optuna.db"
-    assert cfg.hydra.sweeper.storage == f"sqlite:///{database}"
-    ResumeOptunaStudy().on_multirun_start(config=cfg)
-    assert database.parent.is_dir() and cfg.hydra.sweeper.sampler.seed == 42  # a new study: untouched
-
-    study = optuna.create_study(study_name="quickstart_optuna", storage=cfg.hydra.sweeper.storage)
-    for value in (1.0, 2.0):
-        study.tell(study.ask(), value)
-    cfg = _compose(overrides)
-    ResumeOptunaStudy().on_multirun_start(config=cfg)
-    assert cfg.hydra.sweeper.sampler.seed == 44  # 42 + the 2 trials so far
-
-    other = _compose([*overrides, "hydra.sweeper.study_name=another"])  # same file, other study
-    ResumeOptunaStudy().on_multirun_start(config=other)
-    assert other.hydra.sweeper.sampler.seed == 42
 
 
 def test_every_job_of_a_run_gets_the_runs_start_time(tmp_path: Path, monkeypatch) -> None:

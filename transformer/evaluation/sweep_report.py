@@ -152,12 +152,13 @@ def write_report(
         ]
         for j in jobs
     ]
+    pruned_column = ["pruned_at_step"] if any(j.pruned_at_step is not None for j in jobs) else []
     job_names = [j.path.relative_to(sweep_dir).as_posix() for j in jobs]
     written = {
         "jobs_csv": _write_csv(
             out_dir / "jobs.csv",
-            ["job", "status", "pruned_at_step", *keys, *names],
-            [[name, *row] for name, row in zip(job_names, job_rows)],
+            ["job", "status", *pruned_column, *keys, *names],
+            [[name, row[0], *row[2 - len(pruned_column) :]] for name, row in zip(job_names, job_rows)],
         ),
         "summary_csv": _write_summary_csv(out_dir / "summary.csv", groups, group_keys, names),
     }
