@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 
 import lightning as L
 import pytest
@@ -478,3 +479,31 @@ def test_mixed_precision_clipping_with_a_forced_fused_optimizer_names_the_keys(t
     )
     with pytest.raises(ValueError, match=r"model\.optimizer\.fused=true .* trainer\.gradient_clip_val=null"):
         trainer.fit(task, datamodule=CopyData())
+
+
+def test_tokens_per_s_is_the_previous_steps_real_tokens_over_the_time_between_steps(
+    tmp_path, monkeypatch
+) -> None:
+    """README: `train/tokens_per_s` = non-pad source + target tokens per second and process, data loading
+    included. With a clock that advances 0.25 s per training step, the value logged at step k is the
+    non-pad src + tgt_out tokens of batch k-1 divided by 0.25; the first step of an epoch logs nothing."""
+    from transformer.training import base
+
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(perf_counter=lambda: 0.25 * next(ticks)))
+    pad = CharTokenizer.pad_id
+    real: list[int] = []
+    logged: list[float | None] = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            real.append(int(batch["src"].ne(pad).sum() + batch["tgt_out"].ne(pad).sum()))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            value = trainer.callback_metrics.get("train/tokens_per_s")
+            logged.append(None if value is None or batch_idx == 0 else float(value))
+
+    trainer = _trainer(tmp_path, max_steps=4, limit_val_batches=0, callbacks=[Record()], log_every_n_steps=1)
+    trainer.fit(_translation(), datamodule=CopyData())
+    assert len(real) == 4 and len(set(real)) > 1  # batches of different sizes: the value follows them
+    assert logged[1:] == [pytest.approx(tokens / 0.25) for tokens in real[:-1]]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from transformer.checkpoint import load_checkpoint
 from transformer.cli.errors import ConfigError
 from transformer.cli.process import local_rank
 from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
@@ -132,12 +133,14 @@ def check_output_dir(path: Path) -> None:
 
 
 def peek_checkpoint(path: str) -> dict[str, Any]:
-    """The checkpoint's plain data (memory-mapped: tensors are not read)."""
+    """The checkpoint's plain data (memory-mapped: tensors are not read). One that cannot be read so is
+    loaded by `transformer.checkpoint.load_checkpoint`, whose CheckpointError says why: truncated or
+    corrupt, or refused for holding code (as evaluate.py says it)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # truncated, not a checkpoint, unsafe pickle: one line, nothing trained
-        first_line = (str(err).strip().splitlines() or [""])[0]  # weights_only refusals run to pages
-        raise ConfigError(f"cannot read ckpt_path={path}: {type(err).__name__}: {first_line}") from err
+    except Exception:  # the reason comes from load_checkpoint, below
+        pass
+    return load_checkpoint(path)
 
 
 _SHAPE_KEYS = (
