@@ -1,9 +1,11 @@
 """Decoding A/B in CPU time: this checkout's greedy and beam-4 search vs our code at a git revision, the
 same weights (d256 3+3, vocab 10k, 64 sentences x 40 tokens), one thread, rounds interleaved. CPU time
 (`time.process_time`) instead of wall time, so that other jobs on a shared machine disturb it less.
-Both must give the same tokens.
+Both must give the same tokens. `--features` instead times what sampling (top-k 10) costs over greedy
+search and a 2-model ensemble over one model (beam 4), in the same way.
 
     python benchmarks/decode_ab.py REVISION [ROUNDS]
+    python benchmarks/decode_ab.py --features [ROUNDS]
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from references import load_revision
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
+from transformer.decoding import beam_search, greedy_search, sample
+from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
 
 SHAPE = {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024}
@@ -32,9 +35,55 @@ def _cpu_seconds(run: Callable[[], object]) -> float:
     return time.process_time() - start
 
 
+def _paired(
+    name: str, first: Callable[[], object], second: Callable[[], object], rounds: int
+) -> tuple[float, float, list[float]]:
+    """Median CPU seconds of `first` and `second` over interleaved rounds, and second / first per round."""
+    times: dict[str, list[float]] = {"first": [], "second": []}
+    for r in range(rounds):
+        order = (
+            [("first", first), ("second", second)] if r % 2 == 0 else [("second", second), ("first", first)]
+        )
+        for key, run in order:
+            times[key].append(_cpu_seconds(run))
+    ratios = [b / a for a, b in zip(times["first"], times["second"])]
+    return statistics.median(times["first"]), statistics.median(times["second"]), ratios
+
+
+def _features(rounds: int) -> None:
+    values = {"src_vocab_size": 10_000, "dropout": 0.0, "max_len": 256, **SHAPE}
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(TransformerConfig(**values)).eval()  # type: ignore[arg-type]
+    torch.manual_seed(1)
+    ensemble = Ensemble([model, Seq2SeqTransformer(TransformerConfig(**values))])  # type: ignore[arg-type]
+    src = torch.randint(4, 10_000, (64, 24), generator=torch.Generator().manual_seed(1))
+    src[:, 0], src[:, -1] = 1, 2
+    limit = {"max_len_a": 0, "max_len_b": 40}
+    draws = torch.Generator().manual_seed(0)
+    cases = {
+        "sampling top-k 10 / greedy": (
+            lambda: greedy_search(model, src, **limit),
+            lambda: sample(model, src, top_k=10, generator=draws, **limit),
+        ),
+        "ensemble of 2 / one model, beam 4": (
+            lambda: beam_search(model, src, beam_size=4, **limit),
+            lambda: beam_search(ensemble, src, beam_size=4, **limit),
+        ),
+    }
+    for name, (first, second) in cases.items():
+        a, b, ratios = _paired(name, first, second, rounds)
+        print(
+            f"{name:34} {b:.3f} s / {a:.3f} s CPU: median ratio {statistics.median(ratios):.3f}, "
+            f"rounds {[round(x, 3) for x in ratios]}"
+        )
+
+
 def main() -> None:
-    revision, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
     torch.set_num_threads(1)
+    if sys.argv[1] == "--features":
+        _features(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+        return
+    revision, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
     old = load_revision(revision)
     values = {"src_vocab_size": 10_000, "dropout": 0.0, "max_len": 256, **SHAPE}
     torch.manual_seed(0)
@@ -57,16 +106,10 @@ def main() -> None:
     for name, (new, before) in cases.items():
         if not torch.equal(new(), before()):
             raise RuntimeError(f"{name}: this checkout and {revision} decode different tokens")
-        times: dict[str, list[float]] = {"new": [], "old": []}
-        for r in range(rounds):
-            order = [("new", new), ("old", before)] if r % 2 == 0 else [("old", before), ("new", new)]
-            for key, run in order:
-                times[key].append(_cpu_seconds(run))
-        ratios = [o / n for n, o in zip(times["new"], times["old"])]
+        now, then, ratios = _paired(name, new, before, rounds)
         print(
-            f"{name:7} this checkout {statistics.median(times['new']):.3f} s CPU, {revision} "
-            f"{statistics.median(times['old']):.3f} s; {revision} / this (> 1: this faster): median "
-            f"{statistics.median(ratios):.3f}, rounds {[round(x, 3) for x in ratios]}"
+            f"{name:7} this checkout {now:.3f} s CPU, {revision} {then:.3f} s; {revision} / this (> 1: this "
+            f"faster): median {statistics.median(ratios):.3f}, rounds {[round(x, 3) for x in ratios]}"
         )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -77,23 +77,27 @@ class Ensemble(nn.Module):
         self.models = nn.ModuleList(models)
         self.config = dataclasses.replace(first, max_len=min(model.config.max_len for model in models))
         total = sum(weights)
-        self.register_buffer(
-            "log_weights", torch.tensor([w / total for w in weights]).log(), persistent=False
-        )
+        self.log_weights = [math.log(w / total) if w > 0 else -math.inf for w in weights]  # plain floats
         self.train(False)  # for inference: the members in eval mode (no dropout), whatever they were in
 
     def forward(self, src: Tensor, tgt_in: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) -> (B, T, V) log of the weighted mean
         probability, or (N, V) at `positions` (B, T) bool only (`Seq2SeqTransformer.forward`)."""
-        log_probs = torch.stack(
-            [model(src, tgt_in, positions=positions).float().log_softmax(dim=-1) for model in self.models]
-        )  # (M, ..., V)
-        return self._mixture(log_probs)
+        outputs = (model(src, tgt_in, positions=positions) for model in self.models)
+        return self._mixture(outputs, 1.0)
 
-    def _mixture(self, log_probs: Tensor) -> Tensor:
-        """(M, ..., V) per-model log-probabilities -> (..., V) log of their weighted mean."""
-        weights = self.log_weights.view(-1, *[1] * (log_probs.dim() - 1))
-        return (log_probs + weights).logsumexp(dim=0)
+    def _mixture(self, logits: Iterable[Tensor], temperature: float) -> Tensor:
+        """Each model's (..., V) logits -> (..., V) log of the weighted mean of their softmax(logits / T),
+        accumulated model by model (log-add-exp in place: no (M, ..., V) stack)."""
+        mixture: Tensor | None = None
+        for log_weight, model_logits in zip(self.log_weights, logits):
+            log_probs = model_logits.float()
+            if temperature != 1.0:
+                log_probs = log_probs / temperature
+            log_probs = log_probs.log_softmax(dim=-1).add_(log_weight)
+            mixture = log_probs if mixture is None else torch.logaddexp(mixture, log_probs, out=mixture)
+        assert mixture is not None  # at least one model (checked in __init__)
+        return mixture
 
     def padding_mask(self, tokens: Tensor) -> Tensor:
         """tokens (B, L) long -> (B, L) bool, True where tokens == pad_id (shared by all models)."""
@@ -107,14 +111,17 @@ class Ensemble(nn.Module):
         return EnsembleCache([model.new_cache() for model in self.models])
 
     def decode(
-        self, tgt_in: Tensor, memory: list[Tensor], src_padding_mask: Tensor, cache: EnsembleCache
+        self,
+        tgt_in: Tensor,
+        memory: list[Tensor],
+        src_padding_mask: Tensor,
+        cache: EnsembleCache,
+        temperature: float = 1.0,
     ) -> Tensor:
-        """One cached step of every model -> (B, T, V) log of the weighted mean probability (a
-        normalized log-distribution, so it serves as logits)."""
-        log_probs = torch.stack(
-            [
-                model.decode(tgt_in, model_memory, src_padding_mask, model_cache).float().log_softmax(dim=-1)
-                for model, model_memory, model_cache in zip(self.models, memory, cache.caches)
-            ]
-        )  # (M, B, T, V)
-        return self._mixture(log_probs)  # (B, T, V)
+        """One cached step of every model -> (B, T, V) log of the weighted mean of the models'
+        probabilities, each at `temperature` (a normalized log-distribution: it also serves as logits)."""
+        outputs = (
+            model.decode(tgt_in, model_memory, src_padding_mask, model_cache)
+            for model, model_memory, model_cache in zip(self.models, memory, cache.caches)
+        )
+        return self._mixture(outputs, temperature)  # (B, T, V)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
+from transformer.ensemble import Ensemble
 
 
 class Searchable(Protocol):
@@ -114,10 +115,7 @@ def next_log_probs(
     The rules are written in place into the fresh log-softmax output: column writes, and at most one
     pass over (N, V) per rule that can touch every token.
     """
-    logits = model.decode(last_tokens.unsqueeze(1), memory, src_padding_mask, cache)[:, -1]  # (N, V)
-    if rules.temperature != 1.0:
-        logits = logits.float() / rules.temperature
-    log_probs = logits.float().log_softmax(dim=-1)  # (N, V), a new tensor: ours to write into
+    log_probs = _log_softmax(model, last_tokens, memory, src_padding_mask, cache, rules.temperature)
     eos = log_probs[:, rules.eos_id].clone()  # (N,) EOS's real log-probability, for the forced rows
     log_probs[:, rules.pad_id] = -math.inf  # never emitted: they would break the output layout
     log_probs[:, rules.bos_id] = -math.inf
@@ -131,6 +129,24 @@ def next_log_probs(
         log_probs.masked_fill_(at_max_length.unsqueeze(1), -math.inf)
         log_probs[:, rules.eos_id] = torch.where(at_max_length, eos, log_probs[:, rules.eos_id])
     return log_probs
+
+
+def _log_softmax(
+    model: Searchable,
+    last_tokens: Tensor,
+    memory: object,
+    src_padding_mask: Tensor,
+    cache: object,
+    temperature: float,
+) -> Tensor:
+    """(N, V) float32 log-probabilities of the next token at `temperature`, a new tensor (the caller writes
+    into it). An ensemble mixes its models' distributions itself, each at the temperature."""
+    if isinstance(model, Ensemble):
+        return model.decode(last_tokens.unsqueeze(1), memory, src_padding_mask, cache, temperature)[:, -1]
+    logits = model.decode(last_tokens.unsqueeze(1), memory, src_padding_mask, cache)[:, -1]  # (N, V)
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    return logits.float().log_softmax(dim=-1)
 
 
 def repeated_ngram_ends(history: Tensor, n: int, vocab_size: int) -> Tensor:
