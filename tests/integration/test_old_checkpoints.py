@@ -8,11 +8,13 @@ the test needs the repository's history; a shallow clone without that commit ski
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO_ROOT, run_script
 from tests.integration.test_train import TINY
@@ -74,4 +76,24 @@ def test_a_checkpoint_from_before_the_redesign_evaluates_the_same_and_continues(
     ]
     _run(REPO_ROOT, "train.py", args)
     resumed = json.loads((more / "metrics.json").read_text())
-    assert resumed["epoch"] == 3 and resumed["global_step"] > 0
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    old_steps = _train_steps(run / "csv" / "metrics.csv")  # epoch -> its logged training steps
+    per_epoch = len(old_steps[0])
+    assert saved["epoch"] == 1 and sorted(old_steps) == [0, 1] and len(old_steps[1]) == per_epoch > 0
+    assert saved["global_step"] == 2 * per_epoch
+    # exactly one more epoch, starting where the old run stopped (a run ignoring ckpt_path would log
+    # steps from 0 and end at global_step per_epoch)
+    assert resumed["epoch"] == 3 and resumed["global_step"] == saved["global_step"] + per_epoch
+    new_steps = _train_steps(more / "csv" / "metrics.csv")
+    assert sorted(new_steps) == [2]
+    assert new_steps[2] == list(range(saved["global_step"], saved["global_step"] + per_epoch))
+
+
+def _train_steps(metrics_csv: Path) -> dict[int, list[int]]:
+    """epoch -> the steps at which the CSV log has a per-step training loss."""
+    steps: dict[int, list[int]] = {}
+    with metrics_csv.open() as f:
+        for row in csv.DictReader(f):
+            if row.get("train/loss"):
+                steps.setdefault(int(row["epoch"]), []).append(int(row["step"]))
+    return steps

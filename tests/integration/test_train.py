@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -99,8 +100,10 @@ def test_quickstart_run_directory(quickstart: tuple[Path, dict]) -> None:
 
 
 def test_checkpoint_is_self_sufficient(quickstart: tuple[Path, dict]) -> None:
+    from data.sources import load_synthetic
     from data.tokenization import BPETokenizer
     from transformer.decoding import greedy_search
+    from transformer.evaluation.scoring import corpus_scores
 
     run_dir, metrics = quickstart
     checkpoint = torch.load(
@@ -115,10 +118,30 @@ def test_checkpoint_is_self_sufficient(quickstart: tuple[Path, dict]) -> None:
     assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
     tokenizer = BPETokenizer.from_json(checkpoint["TranslationDataModule"]["tokenizers"]["joint"])
     assert tokenizer.vocab_size == config["model"]["config"]["tgt_vocab_size"]
-    # weights + hyperparameters + tokenizer from the file alone translate a sentence
-    task = TranslationTask.load_from_checkpoint(metrics["best_ckpt_path"], map_location="cpu")
-    src = torch.tensor([tokenizer.encode("yesterday we bought two red cups .")])
-    assert isinstance(tokenizer.decode(greedy_search(task.model, src)[0].tolist()), str)
+    # weights + hyperparameters + tokenizer from the file alone translate the test split into the very
+    # sentences the run scored: the same test BLEU and exact match (the run tested the best checkpoint)
+    best = torch.load(metrics["best_ckpt_path"], map_location="cpu", weights_only=True)
+    tokenizer = BPETokenizer.from_json(best["TranslationDataModule"]["tokenizers"]["joint"])
+    task = TranslationTask.load_from_checkpoint(metrics["best_ckpt_path"], map_location="cpu").eval()
+    data = config["data"]
+    test = load_synthetic(["test"], seed=data["seed"], sizes=data["synthetic_sizes"])["test"]
+    settings = task.hparams.decoding  # test_decoding is null: the validation settings
+    with torch.no_grad():
+        hypotheses = [
+            tokenizer.decode(
+                greedy_search(
+                    task.model,
+                    torch.tensor([tokenizer.encode(source)]),
+                    max_len_a=settings["max_len_a"],
+                    max_len_b=settings["max_len_b"],
+                )[0].tolist()
+            )
+            for source in test["src"]
+        ]
+    assert sum(bool(h.strip()) for h in hypotheses) == len(test) == metrics["test/n_sentences"]
+    scores = corpus_scores(hypotheses, test["tgt"])
+    assert scores["bleu"] == pytest.approx(metrics["test/bleu"], abs=1e-6)
+    assert scores["exact_match"] == pytest.approx(metrics["test/exact_match"], abs=1e-6)
 
 
 def test_test_only_run_reproduces_the_test_metrics(quickstart: tuple[Path, dict], tmp_path: Path) -> None:
@@ -215,16 +238,88 @@ def test_cli_bad_value_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert "dropout" in done.stderr and "Traceback" not in done.stderr
 
 
+class RecordTraining(L.Callback):
+    """Write `directory`/rank{R}.pt at the end of training: the example ids of every training batch this
+    process took (with its epoch), its global_step and its weights."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory, self.batches = Path(directory), []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, *args) -> None:
+        self.batches.append((trainer.current_epoch, batch["id"].tolist()))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        (guard,) = (c for c in trainer.callbacks if type(c).__name__ == "NonFiniteLossGuard")
+        record = {"global_step": trainer.global_step, "batches": self.batches, "weights": weights}
+        torch.save({**record, "skipped": guard.skipped}, self.directory / f"rank{trainer.global_rank}.pt")
+
+
+class PoisonOneRank(L.Callback):
+    """On rank `rank` only, make optimizer step `step` (1-based) see a NaN loss: one weight is NaN during
+    that step's forward pass and restored afterwards, so anything that let the step through would show."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step, self.saved = rank, step, None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step + 1 == self.step:
+            weight = next(pl_module.parameters())
+            self.saved = weight.detach().clone()
+            with torch.no_grad():
+                weight.fill_(float("nan"))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        if self.saved is not None:
+            with torch.no_grad():
+                next(pl_module.parameters()).copy_(self.saved)
+            self.saved = None
+
+
+def _check_ranks_split_the_epochs(ranks: list[dict], epochs: int, n_train: int) -> None:
+    """Each epoch's distinct batches are dealt out between the 2 ranks: together they cover every
+    training example, each rank takes ceil(n/2) of the n batches (one batch repeated when n is odd, so
+    that the ranks step together), and global_step counts a rank's share, not the whole epoch."""
+    total = 0
+    for epoch in range(epochs):
+        per_rank = [[frozenset(ids) for e, ids in rank["batches"] if e == epoch] for rank in ranks]
+        distinct = set(per_rank[0]) | set(per_rank[1])
+        share = -(-len(distinct) // 2)
+        assert [len(b) for b in per_rank] == [share, share], (epoch, len(distinct))
+        assert len(set(per_rank[0]) & set(per_rank[1])) == 2 * share - len(distinct)  # 0, or 1 if n is odd
+        assert set().union(*distinct) == set(range(n_train))  # the whole epoch, between the two ranks
+        assert sum(len(b) for b in distinct) == n_train  # each example in one batch
+        total += share
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == total
+
+
 def test_ddp_cpu_two_processes_one_run_directory(tmp_path: Path) -> None:
     small_batches = "+data.eval_max_tokens=128"  # the 30 test sentences in several batches, not one
-    done = _cli([*TINY, small_batches, "trainer=ddp_cpu", f"paths.log_dir={tmp_path / 'logs'}"], cwd=tmp_path)
+    record = [
+        f"+callbacks.record._target_={__name__}.RecordTraining",
+        f"+callbacks.record.directory={tmp_path}",
+    ]
+    # rank 1 alone sees a NaN loss at step 3: the guard's decision is shared, so both ranks skip that step
+    poison = [f"+callbacks.poison._target_={__name__}.PoisonOneRank", "+callbacks.poison.rank=1"]
+    record += [*poison, "+callbacks.poison.step=3", "callbacks.non_finite_loss.action=skip"]
+    done = _cli(
+        [*TINY, small_batches, *record, "trainer=ddp_cpu", f"paths.log_dir={tmp_path / 'logs'}"], cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    _check_ranks_split_the_epochs(ranks, epochs=2, n_train=600)
+    # the same weights on both ranks after training (gradients all-reduced every step), none NaN: rank 0,
+    # whose own loss was finite, skipped step 3 with rank 1 (stepping would have applied NaN gradients)
+    assert [rank["skipped"] for rank in ranks] == [1, 1]
+    assert all(torch.isfinite(w).all() for rank in ranks for w in rank["weights"].values())
+    assert ranks[0]["weights"].keys() == ranks[1]["weights"].keys()
+    assert all(torch.equal(ranks[0]["weights"][k], ranks[1]["weights"][k]) for k in ranks[0]["weights"])
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     assert done.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
     assert done.stdout.count("run directory:") == 1  # printed by rank 0 only
     assert (run_dir / "train_ddp_process_1.log").is_file()  # the second process ran in the same directory
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert Path(metrics["last_ckpt_path"]).is_file()
+    assert Path(metrics["last_ckpt_path"]).is_file() and metrics["global_step"] == ranks[0]["global_step"]
     # The test step scored the hypotheses of all 30 test sentences, gathered from both processes: the
     # same scores as one process testing the same checkpoint (a lost rank would score a part of them).
     assert metrics["test/n_sentences"] == 30 and metrics["val/n_sentences"] == 30
