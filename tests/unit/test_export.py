@@ -613,6 +613,28 @@ def test_an_export_that_computes_something_else_is_not_written(
     assert not any(tmp_path.iterdir())
 
 
+def test_a_ctranslate2_export_that_computes_something_else_is_not_written(
+    trained: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The same for CTranslate2 (float32, where the comparison is enforced): one feed-forward layer's
+    first weight scaled by 1.5 in the converted model fails the export, and nothing is left behind."""
+    from transformer.export import ctranslate2 as ct2
+
+    original = ct2._set_feed_forward
+    wrong_layers: list[object] = []
+
+    def wrong(spec, module) -> None:  # type: ignore[no-untyped-def]
+        original(spec, module)
+        if not wrong_layers:  # the first layer converted only
+            wrong_layers.append(spec)
+            spec.linear_0.weight = spec.linear_0.weight * 1.5
+
+    monkeypatch.setattr(ct2, "_set_feed_forward", wrong)
+    argv = [str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(tmp_path / "ct2")]
+    _refused(capsys, argv, "log-probabilities differ from")
+    assert wrong_layers and not any(tmp_path.iterdir())
+
+
 def test_cli_reports_the_measured_difference(trained: dict, tmp_path: Path, capsys) -> None:
     assert main([str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(tmp_path / "ct2")]) == 0
     line = capsys.readouterr().out.strip()
