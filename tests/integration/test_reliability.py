@@ -60,6 +60,19 @@ class SignalAtStep(L.Callback):
             os.kill(os.getpid(), getattr(signal, self.signal))
 
 
+class SignalAtBatch(L.Callback):
+    """Send this process `signal` once, at the end of training batch `batch` (0-based, whole run): with
+    gradient accumulation, possibly in the middle of an accumulation window."""
+
+    def __init__(self, batch: int, signal: str) -> None:
+        self.batch, self.signal, self.seen = batch, signal, 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.seen += 1
+        if self.seen == self.batch + 1:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
 class SignalDuringValidation(L.Callback):
     """Send this process `signal` once, as validation batch `batch` of epoch `epoch` starts."""
 
@@ -144,16 +157,17 @@ def _parallel(jobs: dict[str, tuple[Path, list[str]]]) -> dict[str, subprocess.C
         return {name: future.result() for name, future in futures.items()}
 
 
-def _curves(run_dir: Path) -> dict[tuple[str, int], float]:
+def _curves(run_dir: Path, once: bool = True) -> dict[tuple[str, int], float]:
     """(metric, step) -> value for the per-step training loss and learning rate, and the validation
-    loss and BLEU, in the CSV log."""
+    loss and BLEU, in the CSV log (the last value where, with gradient accumulation, `once=False`
+    allows several rows per optimizer step)."""
     curves = {}
     with (run_dir / "csv" / "metrics.csv").open() as f:
         for row in csv.DictReader(f):
             for name in ("train/loss", "lr-AdamW/pg1", "train/skipped_steps", "val/loss", "val/bleu"):
                 if row.get(name):
                     key = (name, int(row["step"]))
-                    assert key not in curves, f"{key} logged twice"
+                    assert not once or key not in curves, f"{key} logged twice"
                     curves[key] = float(row[name])
     return curves
 
@@ -238,6 +252,39 @@ def test_sigterm_mid_epoch_then_resume_equals_the_straight_run(tmp_path: Path) -
             a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()
         ):
             assert all(torch.equal(state_a[k], state_b[k]) for k in state_a), name
+
+
+@pytest.mark.slow
+def test_sigterm_mid_accumulation_with_ema_then_resume_equals_the_straight_run(tmp_path: Path) -> None:
+    """The README's exact resume with an EMA of the weights (the SST-2 recipe) and accumulate_grad_batches
+    > 1: SIGTERM at the end of micro-batch 5 (the first half of optimizer step 3's window), resume to 8
+    optimizer steps: bitwise the same losses, averaged and raw weights as the straight run."""
+    straight, killed, resumed = tmp_path / "straight", tmp_path / "killed", tmp_path / "resumed"
+    common = [
+        *EXACT,
+        *EVERY_STEP,
+        "trainer.max_steps=8",
+        "trainer.accumulate_grad_batches=2",
+        "callbacks=[default,ema]",
+    ]
+    term = [f"+callbacks.sigterm._target_={HOOK}.SignalAtBatch", "+callbacks.sigterm.batch=3"]
+    results = _parallel(
+        {
+            "straight": (straight, common),
+            "killed": (killed, [*common, *term, "+callbacks.sigterm.signal=SIGTERM"]),
+        }
+    )
+    assert results["straight"].returncode == 0, results["straight"].stderr[-3000:]
+    assert results["killed"].returncode == 128 + signal.SIGTERM, results["killed"].stderr[-3000:]
+    done = _cli(resumed, [*common, f"ckpt_path={killed / 'checkpoints' / 'last.ckpt'}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = _curves(killed, once=False), _curves(resumed, once=False)
+    assert {**before, **after} == _curves(straight, once=False)
+    a, b = _load(straight / "checkpoints" / "last.ckpt"), _load(resumed / "checkpoints" / "last.ckpt")
+    assert a["global_step"] == b["global_step"] == 8
+    for part in ("state_dict", "current_model_state"):
+        for key, value in a[part].items():
+            assert torch.equal(value, b[part][key]), f"{part}: {key}"
 
 
 # --- crash safety: SIGKILL, atomic files ---------------------------------------------------------------

@@ -29,7 +29,8 @@ class SaveOnSignal(L.Callback):
     raises KeyboardInterrupt wherever the program is (possibly mid optimizer step). This callback
     replaces both handlers for the duration of training with one that only sets a flag; the flag is
     acted on at the end of a training step, where the state is consistent (the same point where
-    `every_n_train_steps` checkpoints are taken, so resuming is exact). A second signal of the same
+    `every_n_train_steps` checkpoints are taken, so resuming is exact; with accumulate_grad_batches > 1,
+    at the end of the accumulation window). A second signal of the same
     kind exits at once. Under DDP the ranks agree on stopping (one all-reduce of a flag per step).
 
     A signal during validation (which can take minutes when it decodes for BLEU) is acted on after
@@ -76,6 +77,8 @@ class SaveOnSignal(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.fit_loop.epoch_loop._should_accumulate():  # mid-window: the summed gradient is not saved
+            return  # (the same on every rank) so act at the window's optimizer step, where resuming is exact
         received = self.received is not None
         if trainer.world_size > 1:
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
