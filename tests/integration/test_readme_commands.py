@@ -82,7 +82,8 @@ def documented_commands() -> list[Documented]:
             match = COMMAND.search(code)
             if not match:
                 continue
-            rest = re.sub(r"\[[^\]]*\]", " ", match.group("rest"))  # synopsis: `[key=value ...]`
+            # a synopsis's optional part, `[key=value ...]`, goes; a list value, `key=[a,b]`, stays
+            rest = re.sub(r"(?<!=)\[[^\]]*\]", " ", match.group("rest"))
             args = shlex.split(rest, comments=True)
             text = " ".join(["python", f"{match.group('script')}.py", *args])
             if text in seen:
@@ -103,10 +104,10 @@ COMMANDS = documented_commands()
 
 
 def _split_values(value: str) -> list[str]:
-    """`1,2,3` -> ['1', '2', '3'] (commas inside parentheses stay: `choice(2,4)`)."""
+    """`1,2,3` -> ['1', '2', '3'] (commas inside brackets stay: `choice(2,4)`, `[maximize,minimize]`)."""
     parts, depth, current = [], 0, ""
     for char in value:
-        depth += (char == "(") - (char == ")")
+        depth += (char in "([") - (char in ")]")
         if char == "," and depth == 0:
             parts.append(current)
             current = ""
