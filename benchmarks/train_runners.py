@@ -147,7 +147,7 @@ def build_runner(
             name,
             model,
             lambda b: ours_token_loss(model, b, loss_fn),
-            model._packing_on(device),
+            model.packing_on(device),
             True,
             fused_adamw=variant != "foreachadamw",
         )
@@ -156,8 +156,8 @@ def build_runner(
         old_config = modules["config"].TransformerConfig(**vars(config))
         model = modules["model"].Seq2SeqTransformer(old_config)
         packs = (
-            model._packing_on(device)
-            if hasattr(model, "_packing_on")
+            model.packing_on(device)
+            if hasattr(model, "packing_on")
             else bool(getattr(model, "pack_tokens", False))
         )
         loss_fn = modules["losses"].label_smoothed_cross_entropy

@@ -58,7 +58,8 @@ class Dropout(nn.Module):
 
     For float32 on CPU the mask takes 16 random bits per element instead of torch's 64 (`_dropout_mask`),
     so p is rounded to a multiple of 2^-16 (0.1 -> 0.1000061) and survivors are scaled by 1 / (1 - that
-    p): the expectation stays exact. Elsewhere torch's own (fused, on GPUs) dropout runs.
+    p): the expectation stays exact. Elsewhere, and in code that `torch.compile` traces (whose compiler
+    fuses torch's dropout into the neighbouring kernels), torch's own dropout runs.
     """
 
     def __init__(self, p: float = 0.1) -> None:
@@ -73,7 +74,12 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         if not self.training or self.p == 0.0:
             return x if residual is None else residual + x
-        if x.device.type != "cpu" or x.dtype != torch.float32 or self.p == 1.0:
+        if (
+            torch.compiler.is_compiling()
+            or x.device.type != "cpu"
+            or x.dtype != torch.float32
+            or self.p == 1.0
+        ):
             dropped = F.dropout(x, self.p, training=True)
             return dropped if residual is None else residual + dropped
         return _DropoutAdd.apply(x, self.p, residual)

@@ -343,9 +343,9 @@ def test_packed_tokens_give_the_padded_numbers_and_gradients(overrides: dict[str
     for packed, padded in zip(results[True][3], results[False][3]):
         torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-4)
     model.pack_tokens = None  # the default: packs on the CPU, not on a GPU (measured slower there)
-    assert model._packing_on(torch.device("cpu")) and not model._packing_on(torch.device("cuda"))
+    assert model.packing_on(torch.device("cpu")) and not model.packing_on(torch.device("cuda"))
     model.pack_tokens = True
-    assert model._packing_on(torch.device("cuda"))
+    assert model.packing_on(torch.device("cuda"))
     odd = keep.clone()
     odd[0, 1] = False  # positions that are not each row's prefix
     torch.testing.assert_close(

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from transformer.checkpoint import load_checkpoint
 from transformer.cli.errors import ConfigError
 from transformer.cli.process import local_rank
+from transformer.training.compiling import compile_unavailable
 from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
 
 log = logging.getLogger("train")
@@ -43,6 +44,23 @@ def check_config(cfg: DictConfig) -> None:
             "the model would get sequences longer than its positions"
         )
     check_numbers(cfg)
+    check_compile(cfg)
+
+
+def check_compile(cfg: DictConfig) -> None:
+    """`model.compile` and `model.activation_checkpointing` are true or false, and torch.compile can run
+    on the run's device (a supported Python; inductor's C++ compiler on the CPU, Triton on CUDA)."""
+    for key in ("model.compile", "model.activation_checkpointing"):
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    if not OmegaConf.select(cfg, "model.compile", default=False):
+        return
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    reason = compile_unavailable("cuda" if on_gpu else "cpu")
+    if reason is not None:
+        raise ConfigError(f"`model.compile`=true cannot work here: {reason} (set model.compile=false)")
 
 
 # key -> (kind, lowest allowed, lowest is allowed): the Trainer's numbers, which Lightning checks late or

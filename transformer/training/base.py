@@ -19,6 +19,7 @@ from torchmetrics import MeanMetric, Metric
 from transformer.checkpoint import strip_compile_prefix
 from transformer.losses import TokenLoss
 from transformer.stacks import checkpoint_layers
+from transformer.training.compiling import CompiledStep
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +37,19 @@ def plain(value: Any) -> Any:
 
 
 class Throughput:
-    """Tokens per second between consecutive training steps (data loading + forward + backward + update)."""
+    """Tokens per second between consecutive training steps (data loading + forward + backward + update).
+
+    Token counts stay on the device: the rate is a device tensor (the previous step's count over the
+    host-timed gap), which the logger reads back only when it writes (`log_every_n_steps`)."""
 
     def __init__(self) -> None:
         self._last_time: float | None = None
-        self._last_tokens = 0
+        self._last_tokens: Tensor | None = None
 
-    def step(self, n_tokens: int) -> float | None:
+    def step(self, n_tokens: Tensor) -> Tensor | None:
         now = time.perf_counter()
         rate = None
-        if self._last_time is not None and now > self._last_time:
+        if self._last_time is not None and self._last_tokens is not None and now > self._last_time:
             rate = self._last_tokens / (now - self._last_time)
         self._last_time, self._last_tokens = now, n_tokens
         return rate
@@ -81,6 +85,7 @@ class TaskBase(L.LightningModule):
 
     model: nn.Module
     best_metric: tuple[str, Literal["max", "min"]]  # the validation metric tracked as val/<name>_best
+    _compiled_step: CompiledStep | None = None  # a task's compiled training step (`_compile`)
 
     def __init__(
         self,
@@ -130,16 +135,20 @@ class TaskBase(L.LightningModule):
 
     def configure_model(self) -> None:
         """Activation checkpointing (`model.activation_checkpointing`: each encoder / decoder layer
-        recomputed in the backward pass), then `torch.compile` in place (`nn.Module.compile`): state_dict
-        keys keep their names."""
+        recomputed in the backward pass), then `torch.compile` (`_compile`)."""
         if self.hparams.get("activation_checkpointing") and not checkpoint_layers(self.model):
             raise ValueError(
                 "model.activation_checkpointing=true, but the model has no encoder or decoder layer to "
                 "recompute"
             )
         if self.hparams.get("compile") and not getattr(self, "_compiled", False):
-            self.model.compile()
+            self._compile()
             self._compiled = True
+
+    def _compile(self) -> None:
+        """`model.compile=true`: the model's forward through `torch.compile`, in place (`nn.Module.compile`:
+        state_dict keys keep their names). A task may compile its training step instead."""
+        self.model.compile()
 
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
@@ -181,12 +190,18 @@ class TaskBase(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self.throughput.reset()
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._compiled_step is not None:
+            self._compiled_step.finished()  # logs how long a compilation in this step took
+
     def on_validation_start(self) -> None:
         self.throughput.reset()
 
-    def _log_throughput(self, n_real: int, n_total: int, batch_size: int) -> None:
-        rate = self.throughput.step(n_real)
-        self.log("train/pad_ratio", 1.0 - n_real / max(n_total, 1), batch_size=batch_size)
+    def _log_throughput(self, n_real: Tensor, n_total: int, batch_size: int) -> None:
+        """`n_real` (a device scalar): the batch's non-pad tokens; `n_total`: all its positions. Nothing is
+        read back here (the logger reads the values when it writes)."""
+        rate = self.throughput.step(n_real.detach())
+        self.log("train/pad_ratio", 1.0 - n_real.detach() / max(n_total, 1), batch_size=batch_size)
         if rate is not None:  # per process; non-pad tokens
             self.log("train/tokens_per_s", rate, prog_bar=True, batch_size=batch_size)
 

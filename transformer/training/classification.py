@@ -165,7 +165,7 @@ class ClassificationTask(TaskBase):
         loss = self._step("train", batch)
         B = batch["src"].size(0)
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
-        self._log_throughput(int(batch["src"].ne(self.pad_id).sum()), batch["src"].numel(), B)
+        self._log_throughput(batch["src"].ne(self.pad_id).sum(), batch["src"].numel(), B)
         return loss
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:

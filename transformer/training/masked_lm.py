@@ -105,7 +105,7 @@ class MaskedLMTask(TaskBase):
         B = batch["src"].size(0)
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
         self.log("train/acc", acc, batch_size=B)
-        self._log_throughput(int(batch["src"].ne(self.pad_id).sum()), batch["src"].numel(), B)
+        self._log_throughput(batch["src"].ne(self.pad_id).sum(), batch["src"].numel(), B)
         return loss
 
     def _eval_step(self, stage: str, batch: Mapping[str, Tensor], batch_idx: int) -> None:

@@ -22,14 +22,21 @@ from transformer.training.base import (
     TokenMeans,
     plain,
 )
+from transformer.training.compiling import CompiledStep
 
 log = logging.getLogger(__name__)
 
 
 class TranslationTask(TaskBase):
-    """Sequence-to-sequence training (section 5) with validation BLEU from greedy or beam search."""
+    """Sequence-to-sequence training (section 5) with validation BLEU from greedy or beam search.
+
+    With `compile=True` the training forward and loss run as one `torch.compile`d graph over the padded
+    batch (`_padded_token_loss`, `transformer.training.compiling`); validation and test stay eager.
+    """
 
     best_metric = ("bleu", "max")
+    compile_backend = "inductor"  # torch.compile's backend for the training step (tests use "eager")
+    compile_fullgraph = False  # True: a graph break is an error (the tests' setting)
 
     def __init__(
         self,
@@ -69,7 +76,29 @@ class TranslationTask(TaskBase):
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         return self.model(src, tgt_in)
 
+    def _compile(self) -> None:
+        self._compiled_step = CompiledStep(
+            self._padded_token_loss,
+            "the training step (forward and label-smoothed loss)",
+            backend=self.compile_backend,
+            fullgraph=self.compile_fullgraph,
+        )
+
+    def _padded_token_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> TokenLoss:
+        """The loss over the padded (B, T) layout (pads ignored by the loss): fixed shapes, what compiles."""
+        logits = self.model(src, tgt_in)  # (B, T, V)
+        return label_smoothed_cross_entropy(
+            logits, tgt_out, ignore_index=self.pad_id, label_smoothing=self.hparams.label_smoothing
+        )
+
     def _token_loss(self, batch: Mapping[str, Tensor]) -> TokenLoss:
+        """The batch's loss terms. Packed (the CPU's eager path): only the non-pad positions reach the
+        output projection and the softmax. Otherwise (GPU, compiled) the padded layout, whose shapes do
+        not depend on the data: nothing is read back to the host."""
+        if self._compiled_step is not None and self.training and torch.is_grad_enabled():
+            return self._compiled_step(batch["src"], batch["tgt_in"], batch["tgt_out"])
+        if not self.model.packing_on(batch["src"].device):
+            return self._padded_token_loss(batch["src"], batch["tgt_in"], batch["tgt_out"])
         tgt_out = batch["tgt_out"]
         keep = tgt_out.ne(self.pad_id)  # (B, T)
         # only the non-pad positions: the layers, the (D x V) projection and the softmax skip the padding
@@ -85,8 +114,8 @@ class TranslationTask(TaskBase):
         self.log("train/loss", out.loss, prog_bar=True, batch_size=B)
         self.log("train/ppl", out.nll.detach().exp(), batch_size=B)
         self.log("train/token_acc", out.n_correct / out.n_tokens.clamp(min=1), batch_size=B)
-        n_src = int(batch["src"].ne(self.pad_id).sum())
-        self._log_throughput(n_src + int(out.n_tokens), batch["src"].numel() + batch["tgt_out"].numel(), B)
+        n_real = batch["src"].ne(self.pad_id).sum() + out.n_tokens  # on the device: no host read per step
+        self._log_throughput(n_real, batch["src"].numel() + batch["tgt_out"].numel(), B)
         return out.loss
 
     # --- validation and test: token metrics, then decoding and BLEU -------------------------------

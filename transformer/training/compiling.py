@@ -1,0 +1,102 @@
+"""`model.compile=true`: a task's training forward and loss through `torch.compile`, as one graph.
+
+What compiles is the padded (B, L) layout: the packed path's shapes depend on the data (`Seq2SeqTransformer`
+never packs under tracing) and the CPU dropout's 16-bit masks use an op Dynamo cannot trace
+(`transformer.dropout` runs torch's dropout there, which the compiler fuses). Every dimension of the
+step's input tensors is marked dynamic, so bucketed batches of any shape share one graph: the first
+call compiles it (with shapes as symbols), and only a shape that breaks a guard (a batch of one row,
+which Dynamo specializes) compiles again. Python scalars (the learning rate, the step) never enter the
+graph: the optimizer and the schedule run outside it. Each compilation is timed and logged;
+`TORCH_LOGS=graph_breaks,recompiles` shows Dynamo's own account.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch import Tensor
+
+__all__ = ["CompiledStep", "compile_unavailable"]
+
+log = logging.getLogger(__name__)
+
+
+def _graphs_compiled() -> int:
+    """How many graphs Dynamo has compiled in this process (any function, any backend)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class CompiledStep:
+    """`fn(*tensors)` through `torch.compile(fn, backend=..., fullgraph=...)`, each input's dimensions
+    marked dynamic. A call that compiled starts a clock that `finished()` (at the end of the training
+    step: the backward graph compiles in the backward pass) stops and logs."""
+
+    def __init__(
+        self, fn: Callable[..., Any], name: str, *, backend: str = "inductor", fullgraph: bool = False
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self._compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+        self.compilations = 0  # calls that compiled a graph
+        self.seconds = 0.0  # their wall time, forward to end of step (compiling plus one run)
+        self._started: float | None = None
+        self._shapes = ""
+
+    def __call__(self, *tensors: Tensor) -> Any:
+        for tensor in tensors:
+            for dim in range(tensor.dim()):
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        before, start = _graphs_compiled(), time.perf_counter()
+        out = self._compiled(*tensors)
+        if _graphs_compiled() > before:
+            self._started = start
+            self._shapes = ", ".join("x".join(map(str, t.shape)) for t in tensors)
+        return out
+
+    def finished(self) -> None:
+        """The step that called it has ended: log the compilation it triggered, if it did."""
+        if self._started is None:
+            return
+        seconds = time.perf_counter() - self._started
+        self._started = None
+        self.compilations += 1
+        self.seconds += seconds
+        log.info(
+            "torch.compile (%s): compiled %s in %.1f s (compilation %d, %.1f s in all; inputs %s)",
+            self.backend,
+            self.name,
+            seconds,
+            self.compilations,
+            self.seconds,
+            self._shapes,
+        )
+
+    def __deepcopy__(self, memo: dict) -> None:
+        """A copy of the task (e.g. the averaged weights of EMA) runs eagerly: None in its place."""
+        return None
+
+
+def compile_unavailable(device_type: str) -> str | None:
+    """Why `torch.compile` (with its default backend, inductor) cannot run on `device_type` here, or None."""
+    if not torch._dynamo.is_dynamo_supported():
+        import sys
+
+        return f"torch {torch.__version__} cannot compile on Python {sys.version.split()[0]}"
+    if device_type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return "inductor needs Triton on CUDA, which is not installed (pip install triton)"
+        return None
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as err:  # no C++ compiler on PATH (inductor's CPU code is C++)
+        return f"inductor needs a C++ compiler on the CPU ({type(err).__name__}: {err})"
+    return None
