@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import ctypes
+import hashlib
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -109,31 +111,36 @@ class PoisonSteps(L.Callback):
 
 
 class RecordStop(L.Callback):
-    """Write to `path`, when training stops on an exception, the weights and optimizer state at that moment
-    and those after the last training step that ended normally."""
+    """Write to `path`, when training stops on an exception, a digest of the weights and optimizer state at
+    that moment, before training and after every training step that ended (by global step)."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.last_good = path, None
+        self.path, self.steps = path, {}
 
     @staticmethod
     def _state(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        def digest(tensor: torch.Tensor) -> str:
+            return hashlib.sha256(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy()).hexdigest()
+
         return {
             "global_step": trainer.global_step,
-            "weights": {k: v.detach().clone() for k, v in pl_module.state_dict().items()},
+            "weights": {k: digest(v) for k, v in pl_module.state_dict().items()},
             "optimizer": {
-                f"{index}.{key}": value.clone()
+                f"{index}.{key}": digest(value)
                 for index, state in trainer.optimizers[0].state_dict()["state"].items()
                 for key, value in state.items()
             },
         }
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self.last_good = self._state(trainer, pl_module)
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.steps[trainer.global_step] = self._state(trainer, pl_module)
+
+    on_train_batch_end = on_train_start
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        torch.save({"last_good": self.last_good, "at_error": self._state(trainer, pl_module)}, self.path)
+        torch.save({"steps": self.steps, "at_error": self._state(trainer, pl_module)}, self.path)
 
 
 # --- helpers -------------------------------------------------------------------------------------------
@@ -426,12 +433,14 @@ def _decay(step: int) -> float:
 class _Toy(L.LightningModule):
     """One linear layer under AdamW and a per-step schedule; the loss is NaN at the optimizer steps in
     `nan_steps` (1-based). After every batch it records the weights, every optimizer state tensor
-    (exp_avg, exp_avg_sq, step), the learning rate and the global step."""
+    (exp_avg, exp_avg_sq, step), the learning rate and the global step. `fused`: the fused AdamW kernel,
+    which the guard makes skip a step on the device (no read per step); otherwise the guard reads."""
 
-    def __init__(self, nan_steps: set[int]) -> None:
+    def __init__(self, nan_steps: set[int], fused: bool = False) -> None:
         super().__init__()
         self.layer = nn.Linear(4, 1)
         self.nan_steps = nan_steps
+        self.fused = fused
         self.history: list[dict[str, Any]] = []
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
@@ -455,7 +464,7 @@ class _Toy(L.LightningModule):
         )
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1, fused=self.fused)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _decay)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -494,9 +503,10 @@ def _differ(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and not any(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_skip_leaves_weights_and_optimizer_untouched(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["read-per-step", "on-device"])
+def test_skip_leaves_weights_and_optimizer_untouched(tmp_path: Path, fused: bool) -> None:
     guard = NonFiniteLossGuard(action="skip")
-    model = _fit(guard, {3, 4}, tmp_path)
+    model = _fit(guard, {3, 4}, tmp_path, _Toy({3, 4}, fused))
     h = model.history
     assert guard.skipped == 2 and len(h) == 8
     names = {f"{n}.{k}" for n, _ in model.named_parameters() for k in ("exp_avg", "exp_avg_sq", "step")}
@@ -516,14 +526,21 @@ def test_skip_leaves_weights_and_optimizer_untouched(tmp_path: Path) -> None:
     assert all(torch.isfinite(v).all() for v in h[-1]["weights"].values())
 
 
-def test_stop_names_the_step_before_updating(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["read-per-step", "on-device"])
+def test_stop_names_the_step_before_updating(tmp_path: Path, fused: bool) -> None:
+    """Read per step, the guard stops in step 3; on the device it reads back at the end of the epoch
+    (step 8), and steps 3 to 8 were skipped by the optimizer: the same weights and moments either way."""
     from transformer.training.callbacks import NonFiniteLossError
 
-    model = _Toy({3})
+    model = _Toy({3}, fused)
     with pytest.raises(NonFiniteLossError, match=r"nan at optimizer step 3 .*stopped before updating"):
         _fit(NonFiniteLossGuard(action="stop"), {3}, tmp_path, model)
-    last_good = model.history[-1]
-    assert len(model.history) == 2 and last_good["global_step"] == 2
+    last_good = model.history[1]
+    assert len(model.history) == (8 if fused else 2) and last_good["global_step"] == 2
+    for later in model.history[2:]:
+        assert _same(later["weights"], last_good["weights"]) and _same(
+            later["optimizer"], last_good["optimizer"]
+        )
     optimizer = model.trainer.optimizers[0]
     moments = {
         f"{name}.{key}": value
@@ -534,11 +551,17 @@ def test_stop_names_the_step_before_updating(tmp_path: Path) -> None:
     assert len(moments) == 6 and _same(moments, last_good["optimizer"])  # nor a moment or the step count
 
 
-def test_skip_gives_up_after_consecutive_skips(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["read-per-step", "on-device"])
+def test_skip_gives_up_after_consecutive_skips(tmp_path: Path, fused: bool) -> None:
     from transformer.training.callbacks import NonFiniteLossError
 
-    with pytest.raises(NonFiniteLossError, match=r"3 steps in a row skipped"):
-        _fit(NonFiniteLossGuard(action="skip", max_consecutive_skips=3), {2, 3, 4, 5}, tmp_path)
+    model = _Toy({2, 3, 4, 6}, fused)
+    with pytest.raises(NonFiniteLossError, match=r"at optimizer step 4 .*3 steps in a row skipped"):
+        _fit(NonFiniteLossGuard(action="skip", max_consecutive_skips=3), set(), tmp_path, model)
+    after_step_1 = model.history[0]  # steps 2, 3, 4 skipped, then the run halted: 5 and later no-ops
+    assert len(model.history) == (8 if fused else 3)
+    for later in model.history[1:]:
+        assert _same(later["weights"], after_step_1["weights"])
 
 
 def test_guard_arguments() -> None:
@@ -582,13 +605,14 @@ def test_cli_nan_loss_skip_and_stop(tmp_path: Path) -> None:
     assert line.startswith("error: training loss is nan at optimizer step "), stop.stderr[-3000:]
     assert "Traceback" not in stop.stderr
     state = torch.load(tmp_path / "stop_state.pt", weights_only=True)
-    good, at_error = state["last_good"], state["at_error"]
-    assert good is not None and line.startswith(
-        f"error: training loss is nan at optimizer step {good['global_step'] + 1} "
-    )
-    assert at_error["global_step"] == good["global_step"] and good["optimizer"]
-    assert _same(at_error["weights"], good["weights"])  # the step that stopped updated no weight
-    assert _same(at_error["optimizer"], good["optimizer"])  # nor a moment or the optimizer's step count
+    steps, at_error = state["steps"], state["at_error"]
+    bad = int(re.match(r"error: training loss is nan at optimizer step (\d+) ", line).group(1))
+    good = steps[bad - 1]  # after the step before the one the error names
+    assert bad >= 2 and good["optimizer"] and good["weights"] != steps[bad - 2]["weights"]  # a real update
+    assert (
+        at_error["weights"] == good["weights"]
+    )  # the step that stopped, and any after it, updated no weight
+    assert at_error["optimizer"] == good["optimizer"]  # nor a moment or the optimizer's step count
 
 
 # --- hostile input: one line, non-zero exit, nothing written over --------------------------------------

@@ -57,8 +57,13 @@ def check_compile(cfg: DictConfig) -> None:
     if not OmegaConf.select(cfg, "model.compile", default=False):
         return
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
-    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    reason = compile_unavailable("cuda" if on_gpu else "cpu")
+    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        device = "cuda"
+    elif accelerator in ("cpu", "auto"):
+        device = "cpu"
+    else:  # a GPU run without a GPU: Lightning's own error says so
+        return
+    reason = compile_unavailable(device)
     if reason is not None:
         raise ConfigError(f"`model.compile`=true cannot work here: {reason} (set model.compile=false)")
 

@@ -58,6 +58,26 @@ class Throughput:
         self._last_time = None
 
 
+class ProgressValues:
+    """Values for the progress bar, each device tensor read back once (when the bar next asks), not
+    after every batch."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Tensor] = {}
+        self._values: dict[str, float] = {}
+
+    def set(self, name: str, value: Tensor) -> None:
+        self._pending[name] = value.detach()
+
+    def read(self) -> dict[str, float]:
+        if self._pending:
+            names = list(self._pending)
+            values = torch.stack([self._pending[n].float().to(self._pending[names[0]].device) for n in names])
+            self._values.update(zip(names, values.tolist()))  # one read for all of them
+            self._pending.clear()
+        return dict(self._values)
+
+
 class TokenMeans(nn.Module):
     """Token-weighted means over an epoch (synced across processes by torchmetrics)."""
 
@@ -99,6 +119,7 @@ class TaskBase(L.LightningModule):
         # the resolved Hydra config of the run, stored in every checkpoint (not a hyperparameter)
         self.run_config = plain(run_config) if run_config is not None else None
         self.throughput = Throughput()
+        self.progress_values = ProgressValues()
         self.best = self._worst()
 
     def _worst(self) -> float:
@@ -197,13 +218,26 @@ class TaskBase(L.LightningModule):
     def on_validation_start(self) -> None:
         self.throughput.reset()
 
+    def _log_training_loss(self, loss: Tensor, batch_size: int) -> None:
+        """`train/loss` to the loggers every step, and as `loss` on the progress bar (`_on_progress_bar`)."""
+        self.log("train/loss", loss, batch_size=batch_size)
+        self._on_progress_bar("loss", loss, batch_size)
+
+    def _on_progress_bar(self, name: str, value: Tensor, batch_size: int) -> None:
+        """Show `value` on the progress bar as `name` (`transformer.training.callbacks.RichProgressBar`),
+        refreshed when the logs are written (every `log_every_n_steps`). Not `self.log(prog_bar=True)`:
+        Lightning reads those back to the host after every batch, a wait for the device each step."""
+        if self.trainer._logger_connector.should_update_logs:
+            self.progress_values.set(name, value)
+
     def _log_throughput(self, n_real: Tensor, n_total: int, batch_size: int) -> None:
         """`n_real` (a device scalar): the batch's non-pad tokens; `n_total`: all its positions. Nothing is
         read back here (the logger reads the values when it writes)."""
         rate = self.throughput.step(n_real.detach())
         self.log("train/pad_ratio", 1.0 - n_real.detach() / max(n_total, 1), batch_size=batch_size)
         if rate is not None:  # per process; non-pad tokens
-            self.log("train/tokens_per_s", rate, prog_bar=True, batch_size=batch_size)
+            self.log("train/tokens_per_s", rate, batch_size=batch_size)
+            self._on_progress_bar("tokens/s", rate, batch_size)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # a model compiled from the outside: its parameters are saved under their own names

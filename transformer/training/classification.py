@@ -164,7 +164,7 @@ class ClassificationTask(TaskBase):
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         loss = self._step("train", batch)
         B = batch["src"].size(0)
-        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        self._log_training_loss(loss, B)
         self._log_throughput(batch["src"].ne(self.pad_id).sum(), batch["src"].numel(), B)
         return loss
 

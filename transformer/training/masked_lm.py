@@ -103,7 +103,7 @@ class MaskedLMTask(TaskBase):
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         loss, acc, _ = self._loss(batch)
         B = batch["src"].size(0)
-        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        self._log_training_loss(loss, B)
         self.log("train/acc", acc, batch_size=B)
         self._log_throughput(batch["src"].ne(self.pad_id).sum(), batch["src"].numel(), B)
         return loss

@@ -111,7 +111,7 @@ class TranslationTask(TaskBase):
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         out = self._token_loss(batch)
         B = batch["src"].size(0)
-        self.log("train/loss", out.loss, prog_bar=True, batch_size=B)
+        self._log_training_loss(out.loss, B)
         self.log("train/ppl", out.nll.detach().exp(), batch_size=B)
         self.log("train/token_acc", out.n_correct / out.n_tokens.clamp(min=1), batch_size=B)
         n_real = batch["src"].ne(self.pad_id).sum() + out.n_tokens  # on the device: no host read per step

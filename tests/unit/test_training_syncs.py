@@ -1,0 +1,71 @@
+"""The training step reads nothing back to the host except when the logs are written (`log_every_n_steps`):
+token counts and throughput stay device tensors, the non-finite-loss guard decides on the device (fused
+AdamW skips a bad step itself), and the progress bar shows values read back at those steps only. Counted
+on the CPU, on the GPU's code path (padded batches, no token packing), with the calls that would make a
+GPU wait (`tests/unit/test_decoding_syncs.py`); moving a CPU batch to the CPU is not one of them."""
+
+from __future__ import annotations
+
+import functools
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch.overrides import TorchFunctionMode
+
+from tests.unit.test_decoding_syncs import _is_sync
+from tests.unit.test_tasks import TINY, CopyData, _trainer
+from transformer.training import TranslationTask
+from transformer.training.callbacks import NonFiniteLossGuard, RichProgressBar
+from transformer.training.optim import adamw
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class _PerBatch(TorchFunctionMode, L.Callback):
+    """Counts host reads per training batch (index 0: everything before the first batch)."""
+
+    def __init__(self) -> None:
+        TorchFunctionMode.__init__(self)
+        self.per_batch = [0]
+
+    def on_train_batch_start(self, *args) -> None:  # type: ignore[no-untyped-def]
+        self.per_batch.append(0)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if _is_sync(func, args, kwargs) and getattr(func, "__name__", "") not in ("to", "cpu"):
+            self.per_batch[-1] += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) -> None:
+    torch.manual_seed(0)
+    task = TranslationTask(
+        {**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3), compile=compiled
+    )
+    task.model.pack_tokens = False  # the GPU's path
+    task.compile_backend = "eager"
+    counter, progress = _PerBatch(), RichProgressBar()
+    trainer = _trainer(
+        tmp_path,
+        max_steps=12,
+        max_epochs=2,  # 8 batches each: the epoch ends at a log write
+        limit_val_batches=0,
+        log_every_n_steps=4,
+        logger=CSVLogger(tmp_path),
+        enable_progress_bar=True,
+        callbacks=[NonFiniteLossGuard(action="stop"), counter, progress],
+    )
+    with counter:
+        trainer.fit(task, datamodule=CopyData())
+    assert trainer.global_step == 12
+    reads = counter.per_batch[1:]  # batch 1 .. 12
+    assert [n for i, n in enumerate(reads, start=1) if i % 4] == [0] * 9, reads
+    assert all(reads[i - 1] > 0 for i in (4, 8, 12)), reads  # the logger and the guard read then
+    shown = progress.get_metrics(trainer, task)
+    assert {"loss", "tokens/s"} <= shown.keys() and all(
+        isinstance(shown[k], float) for k in ("loss", "tokens/s")
+    )
