@@ -120,7 +120,8 @@ class RecordStop(L.Callback):
     @staticmethod
     def _state(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         def digest(tensor: torch.Tensor) -> str:
-            return hashlib.sha256(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy()).hexdigest()
+            data = tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+            return hashlib.sha256(data.numpy()).hexdigest()
 
         return {
             "global_step": trainer.global_step,
