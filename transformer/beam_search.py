@@ -4,7 +4,8 @@ with every piece of bookkeeping on the device.
 Each sentence keeps its K best finished hypotheses in fixed-size tensors (tokens (B, K, L), scores
 (B, K)), merged with the step's newly ended ones by one sort; the stop test compares tensors. The loop
 reads back one number per step, how many sentences are still searching, and sentences that are done
-leave the batch (the work shrinks as decoding goes), so no result depends on the others in its batch.
+leave the batch (the work shrinks as decoding goes), so no result depends on the others in its batch;
+with a static KV cache they stay, masked (`transformer.static_cache`: fixed shapes for a compiled step).
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.search_step import LengthLimits, Searchable, StepRules, length_normalizer, next_log_probs
+from transformer.search_step import (
+    LengthLimits,
+    Searchable,
+    Stepping,
+    StepRules,
+    length_normalizer,
+    next_log_probs,
+)
+from transformer.static_cache import new_static_cache, static_capacity
 
 
 @dataclass
@@ -55,6 +64,7 @@ def beam_search_loop(
     max_len_a: float,
     max_len_b: float,
     n_best: int,
+    stepping: Stepping | None = None,
 ) -> tuple[Tensor, Tensor]:
     """src (B, S) long -> (hypotheses (B, n_best, L) long, scores (B, n_best) float), best first.
 
@@ -62,8 +72,10 @@ def beam_search_loop(
     hypothesis, the best K others live on (so EOS never crowds out live beams, as in fairseq). A
     sentence stops at its max length (EOS forced), or once K hypotheses have ended and its best live
     beam, normalized at the current length, does not beat the K-th of them (Hugging Face's default
-    heuristic; exact when length_penalty=0).
+    heuristic; exact when length_penalty=0). With a static cache (`stepping.static`) a sentence that is
+    done stays in the batch and adds nothing more (the same results, fixed shapes).
     """
+    stepping = stepping or Stepping()
     config, device, batch = model.config, src.device, src.size(0)
     limits = LengthLimits.of(config, src, max_len_a, max_len_b)  # the one read before the loop
     lengths, longest = limits.per_sentence, limits.longest  # (B,), int
@@ -76,21 +88,32 @@ def beam_search_loop(
     # (B, S), then (n, S) for the live sentences: the beams of a sentence share its memory row
     sentence_padding_mask = src_padding_mask = model.padding_mask(src)
     memory = model.encode(src)
-    cache = model.new_cache()
-    cache.reserve(1 + (longest - 1) * beam_size)  # BOS, then K keys per step in the beam layout
+    if stepping.static:
+        position = torch.zeros((), dtype=torch.long, device=device)  # the step, on the device
+        cache = new_static_cache(model, batch, static_capacity(longest, beam_size), position)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,) sentences that stopped
+    else:
+        cache = model.new_cache()
+        cache.reserve(1 + (longest - 1) * beam_size)  # BOS, then K keys per step in the beam layout
 
     sentences = torch.arange(batch, device=device)  # (n,) original index of each live sentence
     beams, step = 1, 0  # one beam at the first step: all beams would be equal
     scores = torch.zeros(batch, 1, device=device)  # (n, beams) summed log-probabilities
     history = src.new_full((batch, 1), config.bos_id)  # (n * beams, 1 + t): BOS and the tokens so far
+    last_tokens = history[:, 0]  # (n * beams,) its last column, contiguous (one stride for a compiled step)
     per_beam = min(2 * beam_size, config.tgt_vocab_size)  # tokens considered per beam
     while True:
         n = sentences.numel()
-        at_max_length = limits.reached(sentences, step)  # (n,) or None
+        if stepping.static:  # the same graph at every step: the step and max lengths as tensors
+            step_fn, step_number = stepping.step if step else next_log_probs, position
+            at_max_length = lengths == step + 1  # (B,)
+        else:
+            step_fn, step_number = next_log_probs, step
+            at_max_length = limits.reached(sentences, step)  # (n,) or None
         if at_max_length is not None:
             at_max_length = at_max_length.repeat_interleave(beams)  # (n * beams,)
-        log_probs = next_log_probs(
-            model, history[:, -1], memory, src_padding_mask, cache, rules, step, at_max_length, history
+        log_probs = step_fn(
+            model, last_tokens, memory, src_padding_mask, cache, rules, step_number, at_max_length, history
         )  # (n * beams, V)
 
         # 1. the 2K best candidates of each sentence: their scores, tokens and parent beams
@@ -102,6 +125,8 @@ def beam_search_loop(
         normalizer = length_normalizer(step + 1, length_penalty)
         is_eos = cand_tokens == config.eos_id  # (n, 2K)
         ended = is_eos[:, :beam_size] & torch.isfinite(cand_scores[:, :beam_size])  # (n, K)
+        if stepping.static:
+            ended &= ~done.unsqueeze(1)  # a done sentence's beams run on, ending nothing
         ended_tokens = _ended_tokens(history, cand_rows[:, :beam_size], longest, config.pad_id, config.eos_id)
         ended_scores = (cand_scores[:, :beam_size] / normalizer).masked_fill(~ended, -math.inf)
         finished.add(sentences, ended_tokens, ended_scores)
@@ -114,22 +139,29 @@ def beam_search_loop(
         #    normalized at the current length, scores below the K-th of them (exact for
         #    length_penalty=0; with one beam it stops exactly where greedy search stops)
         kth_best = finished.scores[sentences, -1]  # (n,) -inf until K have ended
-        done = (lengths[sentences] <= step + 1) | (kth_best >= scores[:, 0] / normalizer)  # (n,)
-        n_live = n - int(done.sum())  # the one value read back per step
+        stops = (lengths[sentences] <= step + 1) | (kth_best >= scores[:, 0] / normalizer)  # (n,)
+        if stepping.static:
+            done = stops = done | stops
+        n_live = n - int(stops.sum())  # the one value read back per step
         if not n_live:
             break
-        live = None if n_live == n else done.byte().argsort(stable=True)[:n_live]  # (n',) in order
+        live = None
+        if n_live < n and not stepping.static:
+            live = stops.byte().argsort(stable=True)[:n_live]  # (n',) in order
         parents = cand_parents.gather(1, pick)  # (n, K)
         rows = cand_rows.gather(1, pick)  # (n, K) parent rows of the new beams
         if live is not None:
             parents, rows, new_tokens, scores = parents[live], rows[live], new_tokens[live], scores[live]
             sentences = sentences[live]
             src_padding_mask = sentence_padding_mask[sentences]  # (n', S)
-        history = torch.cat([history[rows.view(-1)], new_tokens.view(-1, 1)], dim=1)  # (n' * K, 2 + t)
+        last_tokens = new_tokens.view(-1)  # (n' * K,)
+        history = torch.cat([history[rows.view(-1)], last_tokens.unsqueeze(1)], dim=1)  # (n' * K, 2 + t)
         # a beam's parent is a beam of the same sentence: the caches (one row per sentence) only lose
         # the sentences that are done, and each new beam points at its parent's keys
         cache.select_beams(parents, live)
         step += 1
+        if stepping.static:
+            position.add_(1)
     return finished.n_best(n_best, config.pad_id)
 
 

@@ -7,11 +7,14 @@ position through the cached decoder, log-softmax, the step rules), on a `Seq2Seq
 its next token; beam search (`transformer.beam_search`) ranks K per sentence. Hypotheses are returned
 without the leading BOS, ending with EOS, right-padded with pad_id. Bookkeeping stays on the device:
 each step reads back one number, how many rows are still decoding; rows that finish leave the batch,
-so no sentence's result depends on the others in its batch.
+so no sentence's result depends on the others in its batch. With a static KV cache
+(`DecodingSettings.kv_cache`, `transformer.static_cache`) the rows stay and finished ones are masked,
+so every step has the same shapes and the step can run as one compiled graph; the outputs are the same.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -25,16 +28,20 @@ from transformer.search_step import (
     LengthLimits,
     Sampler,
     Searchable,
+    Stepping,
     StepRules,
     eval_mode,
     length_normalizer,
     next_log_probs,
 )
+from transformer.static_cache import new_static_cache, static_capacity
 
 __all__ = ["DecodingSettings", "beam_search", "decode", "greedy_search", "sample", "search"]
 
 # auto: greedy search for beam_size 1, beam search otherwise; sample: sampling (beam_size unused)
 SEARCHES = ("auto", "greedy", "beam", "sample")
+# the decoder's self-attention KV cache and how the step runs over it (`DecodingSettings.kv_cache`)
+KV_CACHES = ("auto", "dynamic", "static", "compiled")
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,6 +52,14 @@ class DecodingSettings(Mapping[str, Any]):
     A read-only mapping of its fields, so that it is stored in checkpoints and reports as plain data.
     Defaults: greedy search (beam 1), GNMT length penalty alpha 0.6, at most 1.2 * source length + 10
     tokens, one hypothesis per sentence, no sampling cut-offs, no length or n-gram constraints.
+
+    `kv_cache` changes how fast, never what is decoded: "dynamic" grows the cache as decoding goes and
+    drops finished rows from the batch; "static" preallocates it at the search's maximum length and
+    keeps every row (finished ones masked), so every step after the first has the same shapes;
+    "compiled" is "static" with the step through `torch.compile` (CUDA graphs on CUDA, see
+    `compile_step`). "auto" is "dynamic" on every device for now: on the CPU the static and compiled
+    steps were measured slower (benchmarks/decode_ab.py --kv-cache), and on CUDA nothing has been
+    measured yet; "auto" turns "compiled" on for CUDA only once a GPU run shows it faster.
     """
 
     search: str = "auto"  # auto | greedy | beam | sample (auto: greedy for beam_size 1, else beam)
@@ -58,6 +73,7 @@ class DecodingSettings(Mapping[str, Any]):
     temperature: float = 1.0  # the logits are divided by it before the softmax
     min_len: int = 0  # EOS is banned before this many tokens (fairseq's --min-len)
     no_repeat_ngram_size: int = 0  # no n-gram of this size occurs twice in a hypothesis (0 = off)
+    kv_cache: str = "auto"  # auto | dynamic | static | compiled (auto: dynamic; see above)
 
     def __post_init__(self) -> None:
         _check_settings(dict(self))
@@ -84,6 +100,14 @@ class DecodingSettings(Mapping[str, Any]):
     @property
     def sampling(self) -> bool:
         return self.search == "sample"
+
+    def stepping(self, device: torch.device) -> Stepping:
+        """How the searches run their steps on `device`, as `kv_cache` says."""
+        if self.kv_cache in ("auto", "dynamic"):  # auto: no device measured faster otherwise (yet)
+            return Stepping()
+        return Stepping(
+            static=True, step=compile_step(device) if self.kv_cache == "compiled" else next_log_probs
+        )
 
     def rules(self, model: Searchable) -> StepRules:
         """The step rules these settings give `model`'s special tokens."""
@@ -130,6 +154,15 @@ def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
     search = settings.get("search", "auto")
     if search not in SEARCHES:
         raise ValueError(f"{prefix}search must be one of {list(SEARCHES)}, got {search!r}")
+    kv_cache = settings.get("kv_cache", "auto")
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"{prefix}kv_cache must be one of {list(KV_CACHES)}, got {kv_cache!r}")
+    if kv_cache == "compiled" and settings.get("no_repeat_ngram_size", 0):
+        raise ValueError(
+            f"{prefix}kv_cache=compiled cannot block repeated n-grams ({prefix}no_repeat_ngram_size="
+            f"{settings['no_repeat_ngram_size']}): the history it reads grows every step, which would "
+            "compile the step again each time; use kv_cache=static or dynamic"
+        )
     if search == "greedy" and beam_size != 1:
         raise ValueError(f"{prefix}search=greedy keeps one hypothesis, but {prefix}beam_size={beam_size}")
     if search != "sample" and n_best > beam_size:
@@ -154,17 +187,49 @@ def search(
     first. Scores are the search's own: summed log-probabilities / ((5 + len) / 6) ** length_penalty.
     `generator` fixes sampling's draws (None: torch's global RNG, as seeded by the entry points)."""
     lengths = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
-    rules = settings.rules(model)
+    rules, stepping = settings.rules(model), settings.stepping(src.device)
     with eval_mode(model):
         if settings.sampling:
             sampler = Sampler(settings.top_k, settings.top_p, generator)
-            return _samples(model, src, rules, sampler, settings.n_best, settings.length_penalty, lengths)
+            return _samples(
+                model, src, rules, sampler, settings.n_best, settings.length_penalty, lengths, stepping
+            )
         if settings.greedy:
-            tokens, scores = _row_search(model, src, rules, _argmax, settings.length_penalty, **lengths)
+            tokens, scores = _row_search(
+                model, src, rules, _argmax, settings.length_penalty, **lengths, stepping=stepping
+            )
             return tokens.unsqueeze(1), scores.unsqueeze(1)
         return beam_search_loop(
-            model, src, rules, settings.beam_size, settings.length_penalty, n_best=settings.n_best, **lengths
+            model,
+            src,
+            rules,
+            settings.beam_size,
+            settings.length_penalty,
+            n_best=settings.n_best,
+            stepping=stepping,
+            **lengths,
         )
+
+
+def compile_step(device: torch.device) -> Callable[..., Tensor]:
+    """`next_log_probs` through `torch.compile` as one graph (fullgraph; the static searches give it
+    the same shapes at every step): on CUDA in mode "reduce-overhead", i.e. captured as a CUDA graph and
+    replayed each step (the KV buffers are marked as fixed-address inputs, `transformer.static_cache`);
+    elsewhere inductor's default code generation. Compiled once per process and input shapes."""
+    if device.type != "cuda":
+        return _compiled_step(None)
+    compiled = _compiled_step("reduce-overhead")
+
+    def step(*args: object) -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
+        return compiled(*args)
+
+    return step
+
+
+@functools.cache
+def _compiled_step(mode: str | None) -> Callable[..., Tensor]:
+    return torch.compile(next_log_probs, mode=mode, fullgraph=True)
 
 
 def decode(
@@ -280,11 +345,18 @@ def _samples(
     n_best: int,
     length_penalty: float,
     lengths: Mapping[str, float],
+    stepping: Stepping,
 ) -> tuple[Tensor, Tensor]:
     """n_best samples per sentence (each source repeated n_best times), sorted best first."""
     batch = src.size(0)
     tokens, scores = _row_search(
-        model, src.repeat_interleave(n_best, dim=0), rules, sampler, length_penalty, **lengths
+        model,
+        src.repeat_interleave(n_best, dim=0),
+        rules,
+        sampler,
+        length_penalty,
+        **lengths,
+        stepping=stepping,
     )
     tokens, scores = tokens.view(batch, n_best, -1), scores.view(batch, n_best)
     scores, order = scores.sort(dim=1, descending=True, stable=True)
@@ -299,9 +371,13 @@ def _row_search(
     length_penalty: float,
     max_len_a: float,
     max_len_b: float,
+    stepping: Stepping,
 ) -> tuple[Tensor, Tensor]:
     """One hypothesis per row, its next token chosen by `pick` (argmax: greedy search; a `Sampler`)
-    -> (hypotheses (B, L), scores (B,) length-normalized)."""
+    -> (hypotheses (B, L), scores (B,) length-normalized).
+
+    Rows that finish leave the decoder batch; with a static cache they stay in it (fixed shapes, their
+    outputs unused) and `pick` sees the live rows only, as it would without (so sampling draws alike)."""
     config, batch = model.config, src.size(0)
     limits = LengthLimits.of(config, src, max_len_a, max_len_b)  # the one read before the loop
     longest = limits.longest
@@ -310,29 +386,56 @@ def _row_search(
     log_prob_sums = torch.zeros(batch, device=src.device)
     step = 0
     if batch:
-        src_padding_mask = model.padding_mask(src)  # (N, S) for the rows still decoding
+        src_padding_mask = model.padding_mask(src)  # (N, S) for the rows in the decoder batch
         memory = model.encode(src)  # projected once into the cross-attention caches
-        cache = model.new_cache()
-        cache.reserve(longest)
+        if stepping.static:
+            position = torch.zeros((), dtype=torch.long, device=src.device)  # the step, on the device
+            cache = new_static_cache(model, batch, static_capacity(longest, 1), position)
+        else:
+            cache = model.new_cache()
+            cache.reserve(longest)
         rows = torch.arange(batch, device=src.device)  # (N,) original row of each row still decoding
-        last_tokens = hypotheses[:, 0]
+        last_tokens = hypotheses[:, 0]  # (N,), or (B,) with a static cache
         while True:
-            at_max_length = limits.reached(rows, step)  # (N,) or None
-            history = hypotheses[rows, : step + 1] if rules.no_repeat_ngram_size else None
-            log_probs = next_log_probs(
-                model, last_tokens, memory, src_padding_mask, cache, rules, step, at_max_length, history
-            )  # (N, V)
-            last_tokens = pick(log_probs)  # (N,)
-            log_prob_sums.index_add_(0, rows, log_probs.gather(1, last_tokens.unsqueeze(1)).squeeze(1))
-            hypotheses[rows, step + 1] = last_tokens
+            if stepping.static:  # the same graph at every step: the step and max lengths as tensors
+                step_fn, step_number = stepping.step if step else next_log_probs, position
+                at_max_length = limits.per_sentence == step + 1  # (B,)
+                history = hypotheses[:, : step + 1] if rules.no_repeat_ngram_size else None
+            else:
+                step_fn, step_number = next_log_probs, step
+                at_max_length = limits.reached(rows, step)  # (N,) or None
+                history = hypotheses[rows, : step + 1] if rules.no_repeat_ngram_size else None
+            log_probs = step_fn(
+                model,
+                last_tokens,
+                memory,
+                src_padding_mask,
+                cache,
+                rules,
+                step_number,
+                at_max_length,
+                history,
+            )  # (N, V), or (B, V) with a static cache
+            if log_probs.shape[0] != rows.numel():
+                log_probs = log_probs.index_select(0, rows)  # (N, V) the live rows of a static batch
+            tokens = pick(log_probs)  # (N,)
+            log_prob_sums.index_add_(0, rows, log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1))
+            hypotheses[rows, step + 1] = tokens
             step += 1
-            running = last_tokens != config.eos_id  # (N,)
+            running = tokens != config.eos_id  # (N,)
             n_live = int(running.sum())  # the one value read back per step
             if not n_live:
                 break
-            if n_live < rows.numel():  # finished rows leave the batch and the caches
+            if stepping.static:
+                last_tokens = last_tokens.index_copy(0, rows, tokens)  # (B,) finished rows repeat theirs
+                position.add_(1)
+            else:
+                last_tokens = tokens
+            if n_live < rows.numel():  # finished rows leave the batch and the caches, or are masked
                 keep = (~running).byte().argsort(stable=True)[:n_live]  # (N',) in order
-                rows, last_tokens, src_padding_mask = rows[keep], last_tokens[keep], src_padding_mask[keep]
-                cache.reorder(keep)
+                rows = rows[keep]
+                if not stepping.static:
+                    last_tokens, src_padding_mask = last_tokens[keep], src_padding_mask[keep]
+                    cache.reorder(keep)
     tokens = hypotheses[:, 1 : 1 + step]  # (B, L)
     return tokens, log_prob_sums / length_normalizer(tokens.ne(config.pad_id).sum(dim=1), length_penalty)

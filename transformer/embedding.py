@@ -26,7 +26,9 @@ class Embedder(nn.Module):
         self.scale = math.sqrt(embedding.embedding_dim)
         self.dropout = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0, packing: TokenPacking | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, offset: int | Tensor = 0, packing: TokenPacking | None = None
+    ) -> Tensor:
         """tokens (B, T) long at positions offset .. offset+T-1 -> (B, T, D), or (N, D) for the
         positions that `packing` keeps."""
         if packing is None:

@@ -32,6 +32,17 @@ def _check_span(offset: int, length: int, max_len: int) -> None:
         )
 
 
+def _rows(table: Tensor, offset: int | Tensor, length: int) -> Tensor:
+    """Rows offset .. offset+length-1 of a (max_len, ...) table. A tensor offset (0-dim long on the
+    table's device: the position of a static decoding step) is looked up on the device, so a compiled
+    step serves every position; it is not range-checked here (that would read it back), the searches
+    keep positions below max_len (`LengthLimits`)."""
+    if isinstance(offset, Tensor):
+        return table.index_select(0, offset + torch.arange(length, device=table.device))
+    _check_span(offset, length, table.shape[0])
+    return table[offset : offset + length]
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sinusoids added to the embeddings (Section 3.5)."""
 
@@ -41,11 +52,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         # not persistent: a pure function of the shape, so checkpoints need not carry it
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """x (B, T, D) at positions offset .. offset+T-1 -> x + PE, same shape."""
-        length = x.size(1)
-        _check_span(offset, length, self.max_len)
-        return x + self.table[offset : offset + length].to(x.dtype)  # (T, D) broadcasts over B
+        return x + _rows(self.table, offset, x.size(1)).to(x.dtype)  # (T, D) broadcasts over B
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -56,11 +65,9 @@ class LearnedPositionalEmbedding(nn.Module):
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """x (B, T, D) at positions offset .. offset+T-1 -> x + P, same shape."""
-        length = x.size(1)
-        _check_span(offset, length, self.max_len)
-        return x + self.embedding.weight[offset : offset + length].to(x.dtype)  # (T, D)
+        return x + _rows(self.embedding.weight, offset, x.size(1)).to(x.dtype)  # (T, D)
 
 
 class RotaryEmbedding(nn.Module):
@@ -82,12 +89,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """x (B, H, L, Dh) at positions offset .. offset+L-1 -> rotated x, same shape."""
         length = x.size(-2)
-        _check_span(offset, length, self.max_len)
-        cos = self.cos[offset : offset + length].to(x.dtype)  # (L, Dh)
-        sin = self.sin[offset : offset + length].to(x.dtype)
+        cos = _rows(self.cos, offset, length).to(x.dtype)  # (L, Dh)
+        sin = _rows(self.sin, offset, length).to(x.dtype)
         first, second = x.chunk(2, dim=-1)  # (B, H, L, Dh/2) each
         rotated_half = torch.cat([-second, first], dim=-1)  # (B, H, L, Dh)
         return x * cos + rotated_half * sin

@@ -9,7 +9,7 @@ a search that calls it once per step syncs only where it decides itself (`transf
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -102,24 +102,30 @@ def next_log_probs(
     src_padding_mask: Tensor,
     cache: object,
     rules: StepRules,
-    step: int,
+    step: int | Tensor,
     at_max_length: Tensor | None,
     history: Tensor | None = None,
 ) -> Tensor:
     """The shared search step: last_tokens (N,) -> log-probabilities of the next token (N, V), float32.
 
-    `step` counts the tokens already generated; `at_max_length` (N,) bool rows may only produce EOS
-    (keeping its real log-probability), None when no row is at its maximum length; `history` (N, t)
-    holds BOS and the tokens so far, needed only for n-gram blocking. Banned tokens get -inf; the rest
-    keep their log-probabilities (no renormalization, as in fairseq), so scores are the model's own.
-    The rules are written in place into the fresh log-softmax output: column writes, and at most one
-    pass over (N, V) per rule that can touch every token.
+    `step` counts the tokens already generated: an int, or a 0-dim long device tensor (the static
+    searches', whose step is one compiled graph whatever the step number); `at_max_length` (N,) bool
+    rows may only produce EOS (keeping its real log-probability), None when no row is at its maximum
+    length; `history` (N, t) holds BOS and the tokens so far, needed only for n-gram blocking. Banned
+    tokens get -inf; the rest keep their log-probabilities (no renormalization, as in fairseq), so
+    scores are the model's own. The rules are written in place into the fresh log-softmax output:
+    column writes, and at most one pass over (N, V) per rule that can touch every token.
     """
     log_probs = _log_softmax(model, last_tokens, memory, src_padding_mask, cache, rules.temperature)
     eos = log_probs[:, rules.eos_id].clone()  # (N,) EOS's real log-probability, for the forced rows
     log_probs[:, rules.pad_id] = -math.inf  # never emitted: they would break the output layout
     log_probs[:, rules.bos_id] = -math.inf
-    if step < rules.min_len:
+    if isinstance(step, Tensor):  # decided on the device: the graph does not depend on the step number
+        if rules.min_len:
+            log_probs[:, rules.eos_id] = log_probs[:, rules.eos_id].masked_fill(
+                step < rules.min_len, -math.inf
+            )
+    elif step < rules.min_len:
         log_probs[:, rules.eos_id] = -math.inf
     if rules.no_repeat_ngram_size and history is not None:
         log_probs.masked_fill_(
@@ -129,6 +135,19 @@ def next_log_probs(
         log_probs.masked_fill_(at_max_length.unsqueeze(1), -math.inf)
         log_probs[:, rules.eos_id] = torch.where(at_max_length, eos, log_probs[:, rules.eos_id])
     return log_probs
+
+
+@dataclass(frozen=True)
+class Stepping:
+    """How a search runs its steps (`DecodingSettings.kv_cache`): over the growing `DecoderCache`, rows
+    leaving the batch as they finish (`static=False`), or over a `StaticDecoderCache`
+    (`transformer.static_cache`) whose rows stay, finished ones masked, so that every step after the
+    first has the same shapes; `step` is `next_log_probs` or (static only) a compiled version of it.
+    The first step always runs `next_log_probs` eagerly: it fills the cross-attention caches and, in
+    beam search, has one beam per sentence, so its graph is not the later steps'."""
+
+    static: bool = False
+    step: Callable[..., Tensor] = next_log_probs
 
 
 def _log_softmax(

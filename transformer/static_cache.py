@@ -1,0 +1,189 @@
+"""The static KV cache: decoder self-attention keys and values in buffers preallocated at the search's
+maximum length, so that every decoding step after the first has the same tensor shapes whatever the
+step number (the condition for one compiled graph, or one CUDA graph, serving every step).
+
+`StaticDecoderCache` has the interface of `DecoderCache` (the decoder and the searches use either),
+with three differences: rows never leave (finished ones are masked by the search instead), the
+position of the step is a device tensor owned by the search, and each step's queries attend to all
+C slots of the buffer under a visibility mask (n, g, C) that says which slots form each row's
+prefix (g = the beams of a sentence sharing a cache row, 1 outside beam search).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transformer.cache import KVCache, _at_position
+from transformer.ensemble import Ensemble, EnsembleCache
+from transformer.kernels import RotaryLike
+
+__all__ = ["StaticDecoderCache", "StaticKVCache", "new_static_cache", "static_capacity"]
+
+
+def static_capacity(longest: int, beam_size: int) -> int:
+    """Self-attention slots per cache row for hypotheses of up to `longest` tokens: BOS, then one key per
+    step and beam (the last token is never fed back), rounded up to KVCache.BLOCK so that batches of
+    nearby lengths share one shape (one compiled graph)."""
+    slots = 1 + max(longest - 1, 0) * beam_size
+    return -(-slots // KVCache.BLOCK) * KVCache.BLOCK
+
+
+class StaticKVCache:
+    """One decoder self-attention layer's keys and values in (C, n, H, Dh) position-major buffers of
+    fixed capacity C, zero-filled (a masked slot then weighs 0 times a finite value, never NaN).
+
+    The first update (the search's first step, run eagerly) allocates the buffers in the dtype the keys
+    come in (autocast included), writes them at slots 0 .. g-1 and returns only those, like `KVCache`.
+    Every later update writes its g new keys per row at `slots` ((g,) long on the device, set by
+    `StaticDecoderCache.start_step`) with `index_copy_` and returns all C slots; `len()` is then C - g,
+    the number of keys `MultiHeadAttention` counts before the new ones, so that it expects masks over C.
+    """
+
+    static = False  # an appending self-attention cache, in `MultiHeadAttention`'s terms
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._key: Tensor | None = None  # (C, n, H, Dh)
+        self._value: Tensor | None = None
+        self._first = 0  # keys the first step wrote (returned alone by that step)
+        self.slots: Tensor | None = None  # (g,) long: where this step's new keys go
+        self.new = 1  # g: new keys per row this step
+
+    @property
+    def key(self) -> Tensor | None:
+        """(n, H, C, Dh) every slot (unwritten ones hold zeros), or None before the first step."""
+        return None if self._key is None else self._key.permute(1, 2, 0, 3)
+
+    @property
+    def value(self) -> Tensor | None:
+        """(n, H, C, Dh), like `key`."""
+        return None if self._value is None else self._value.permute(1, 2, 0, 3)
+
+    def __len__(self) -> int:
+        return 0 if self._key is None else self.capacity - self.new
+
+    def __repr__(self) -> str:
+        shape = None if self.key is None else tuple(self.key.shape)
+        return f"StaticKVCache(capacity={self.capacity}, key_shape={shape})"
+
+    def reorder(self, index: Tensor) -> None:
+        raise RuntimeError("a static KV cache keeps its rows; beams move through the visibility mask")
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new (n, H, g, Dh) keys/values; return the first step's (n, H, g, Dh), later all C."""
+        new_key, new_value = key.permute(2, 0, 1, 3), value.permute(2, 0, 1, 3)  # (g, n, H, Dh)
+        if self._key is None or self._value is None:
+            self._key = new_key.new_zeros(self.capacity, *new_key.shape[1:])  # (C, n, H, Dh)
+            self._value = new_value.new_zeros(self.capacity, *new_value.shape[1:])
+            for buffer in (self._key, self._value):
+                torch._dynamo.mark_static_address(buffer)  # written in place: one address for CUDA graphs
+            self._first = key.shape[2]
+            self._key[: self._first] = new_key
+            self._value[: self._first] = new_value
+            return self._key[: self._first].permute(1, 2, 0, 3), self._value[: self._first].permute(
+                1, 2, 0, 3
+            )
+        assert self.slots is not None, "StaticDecoderCache.start_step sets the slots"
+        self._key.index_copy_(0, self.slots, new_key)
+        self._value.index_copy_(0, self.slots, new_value)
+        return self.key, self.value  # (n, H, C, Dh)
+
+
+class _MemoryKVCache(KVCache):
+    """The cross-attention cache of a `StaticDecoderCache`: a `KVCache(static=True)` whose memory
+    projections (made once, at the first step) are marked as fixed-address inputs for CUDA graphs, so a
+    replay reads them in place instead of copying them in."""
+
+    def __init__(self) -> None:
+        super().__init__(static=True)
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        key, value = super().update(key, value)
+        torch._dynamo.mark_static_address(key)
+        torch._dynamo.mark_static_address(value)
+        return key, value
+
+
+class StaticDecoderCache:
+    """Incremental-decoding state of a `Decoder` with fixed shapes: per layer a `StaticKVCache` and a
+    cross-attention cache, `rows` cache rows of `capacity` slots each, and `visible` (rows, g, C) bool,
+    True where a slot belongs to the prefix of the row's beam (its own new key included).
+
+    `position` (0-dim long on the device) is the target position of the next step; the search owns it
+    and advances it in place after each step (it is also the step count of the step rules). The first
+    step runs like `DecoderCache`'s (one key per row at slot 0, attended alone); from the second on,
+    `start_step` writes the step's keys at the slots after the ones used, and attention reads all C.
+    `select_beams(parents)` gathers the visibility mask (the beam layout of `DecoderCache`, without
+    ever dropping a sentence); `reorder` is refused: rows stay, whatever finishes.
+    """
+
+    def __init__(self, n_layers: int, rows: int, capacity: int, position: Tensor) -> None:
+        self.self_attn = [StaticKVCache(capacity) for _ in range(n_layers)]
+        self.cross_attn: list[KVCache] = [_MemoryKVCache() for _ in range(n_layers)]
+        self.position = position
+        device = position.device
+        self.visible = torch.zeros(rows, 1, capacity, dtype=torch.bool, device=device)  # (n, g, C)
+        self.visible[:, :, 0] = True  # BOS, which the first step writes at slot 0
+        self.cursor = torch.ones((), dtype=torch.long, device=device)  # the first free slot
+        for state in (self.visible, self.cursor):
+            torch._dynamo.mark_static_address(state)
+
+    @property
+    def beams(self) -> int:
+        """g: decoder rows per cache row."""
+        return self.visible.shape[1]
+
+    @property
+    def offset(self) -> Tensor:
+        """The position of the step about to run, (0-dim long) on the device."""
+        return self.position
+
+    def reserve(self, keys: int) -> None:
+        if keys > self.self_attn[0].capacity:
+            raise ValueError(f"a static cache of {self.self_attn[0].capacity} slots cannot hold {keys} keys")
+
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        raise RuntimeError("a static DecoderCache keeps its rows: the search masks finished ones instead")
+
+    def select_beams(self, parents: Tensor, sentences: Tensor | None = None) -> None:
+        """New beam j of sentence i extends beam `parents[i, j]` ((n, g') long): its visibility row is its
+        parent's. In place once the beam count is fixed (the buffer keeps its address); `sentences` must
+        be None (no sentence leaves a static cache)."""
+        if sentences is not None:
+            raise RuntimeError("a static DecoderCache keeps every sentence: the search masks done ones")
+        chosen = self.visible.gather(1, parents.unsqueeze(-1).expand(-1, -1, self.visible.shape[-1]))
+        if chosen.shape == self.visible.shape:
+            self.visible.copy_(chosen)
+        else:  # the first step's one beam becomes g
+            self.visible = chosen  # (n, g', C)
+            torch._dynamo.mark_static_address(self.visible)
+
+    def start_step(
+        self, length: int, heads: int, rotary: RotaryLike | None
+    ) -> tuple[Tensor | None, RotaryLike | None]:
+        """Begin a decoder pass over one new position: (the (n * heads, g, C) bool self-attention mask,
+        True = masked, and the rotary at `position`); (None, rotary) at the first step."""
+        if length != 1:
+            raise ValueError(f"a StaticDecoderCache takes one position per step, got {length}")
+        if self.self_attn[0].key is None:  # the first step: the buffers are allocated by its keys
+            return None, rotary
+        rows, beams, capacity = self.visible.shape
+        slots = self.cursor + torch.arange(beams, device=self.cursor.device)  # (g,) beam j's new key
+        self.cursor.add_(beams)
+        self.visible.scatter_(2, slots.view(1, beams, 1).expand(rows, beams, 1), True)  # (n, g, C)
+        for cache in self.self_attn:
+            cache.slots, cache.new = slots, beams
+        masked = (~self.visible).unsqueeze(1).expand(-1, heads, -1, -1)  # (n, H, g, C)
+        rotary = None if rotary is None else _at_position(rotary, self.position)
+        return masked.reshape(rows * heads, beams, capacity), rotary
+
+
+def new_static_cache(
+    model: object, rows: int, capacity: int, position: Tensor
+) -> StaticDecoderCache | EnsembleCache:
+    """A static cache for `model` (a `Seq2SeqTransformer`, or an `Ensemble`: one per member, sharing
+    `position`): `rows` cache rows (sentences) of `capacity` self-attention slots."""
+    if isinstance(model, Ensemble):
+        return EnsembleCache([new_static_cache(member, rows, capacity, position) for member in model.models])
+    return StaticDecoderCache(len(model.decoder.layers), rows, capacity, position)
