@@ -243,6 +243,7 @@ def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_pat
         "temperature": 1.0,
         "min_len": 0,
         "no_repeat_ngram_size": 0,
+        "kv_cache": "auto",
     }
     assert evaluated["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert evaluated["split"] == "test" and evaluated["num_examples"] == 40

@@ -1,0 +1,203 @@
+"""The static KV cache (`decode.kv_cache=static|compiled`, `transformer.static_cache`): the same tokens and
+scores as the growing cache for every search, fixed shapes that compile to one graph with no graph break
+and no recompilation from step to step, and no more host reads per step. Compiled with the cheap
+`aot_eager` backend (functionalizes the in-place cache writes as inductor would, without generating code)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import transformer.decoding as decoding
+from tests.unit.test_decoding_syncs import _count
+from transformer.config import TransformerConfig
+from transformer.decoding import DecodingSettings, search
+from transformer.ensemble import Ensemble
+from transformer.model import Seq2SeqTransformer
+from transformer.search_step import next_log_probs
+from transformer.static_cache import StaticDecoderCache, static_capacity
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 24
+SEARCHES = {
+    "greedy": {"beam_size": 1},
+    "beam4_nbest": {"beam_size": 4, "n_best": 4},
+    "sample": {"search": "sample", "top_k": 5, "top_p": 0.9, "n_best": 2},
+    "constrained_beam": {"beam_size": 4, "min_len": 3, "no_repeat_ngram_size": 2},
+    "constrained_greedy": {"beam_size": 1, "min_len": 4, "no_repeat_ngram_size": 2},
+}
+
+
+def _model(seed: int, d_model: int = 32, layers: int = 2, **overrides: Any) -> Seq2SeqTransformer:
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        src_vocab_size=VOCAB,
+        tgt_vocab_size=VOCAB,
+        d_model=d_model,
+        n_heads=4,
+        n_encoder_layers=layers,
+        n_decoder_layers=layers,
+        d_ff=2 * d_model,
+        dropout=0.0,
+        max_len=64,
+        **overrides,
+    )
+    model = Seq2SeqTransformer(config).eval()
+    with torch.no_grad():
+        model.output_projection.weight.mul_(3.0)  # peaked distributions: sentences end at many lengths
+    return model
+
+
+def _sources(batch: int, seed: int = 0) -> torch.Tensor:
+    """[BOS, 1-11 tokens, EOS], right-padded: sources of different lengths in one batch."""
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.zeros(batch, 14, dtype=torch.long)
+    for row in range(batch):
+        length = int(torch.randint(1, 12, (1,), generator=generator))
+        src[row, 0], src[row, length + 1] = 1, 2
+        src[row, 1 : length + 1] = torch.randint(4, VOCAB, (length,), generator=generator)
+    return src
+
+
+def _decode(
+    model: Any, src: torch.Tensor, kv_cache: str, **settings: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    settings = {"max_len_b": 20, **settings}
+    return search(
+        model, src, DecodingSettings(kv_cache=kv_cache, **settings), torch.Generator().manual_seed(7)
+    )
+
+
+def _assert_same(expected: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Token for token; scores equal up to float32 summation order (attention sums over the C slots)."""
+    assert torch.equal(got[0], expected[0])
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-5)  # -inf where expected has -inf
+
+
+@pytest.fixture
+def aot_eager_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """kv_cache=compiled compiles with aot_eager (fullgraph: a graph break fails the search), from a
+    clean Dynamo cache, and counts the graphs in `counters["stats"]["unique_graphs"]`."""
+    compiled = torch.compile(next_log_probs, backend="aot_eager", fullgraph=True)
+    monkeypatch.setattr(decoding, "compile_step", lambda device: compiled)
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_static_cache_decodes_what_the_growing_cache_decodes(name: str) -> None:
+    model, src = _model(0), _sources(12)
+    dynamic = _decode(model, src, "dynamic", **SEARCHES[name])
+    assert dynamic[0].shape[-1] > 5 and dynamic[0].eq(0).any(), "sentences should end at different lengths"
+    _assert_same(dynamic, _decode(model, src, "static", **SEARCHES[name]))
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"positional": "learned"}, {"positional": "rope"}, {"norm_first": True}], ids=str
+)
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_static_cache_with_every_position_kind(overrides: dict[str, Any], beam_size: int) -> None:
+    """Tensor positions through learned positions and rotary (in the beam layout too)."""
+    model, src = _model(1, **overrides), _sources(6, seed=1)
+    _assert_same(
+        _decode(model, src, "dynamic", beam_size=beam_size),
+        _decode(model, src, "static", beam_size=beam_size),
+    )
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_static_cache_decodes_an_ensemble_alike(beam_size: int) -> None:
+    ensemble = Ensemble([_model(0), _model(1, d_model=16, layers=1)])
+    src = _sources(8, seed=2)
+    _assert_same(
+        _decode(ensemble, src, "dynamic", beam_size=beam_size),
+        _decode(ensemble, src, "static", beam_size=beam_size),
+    )
+
+
+@pytest.mark.usefixtures("aot_eager_step")
+@pytest.mark.parametrize("name", ["greedy", "beam4_nbest", "sample"])
+def test_compiled_step_is_one_graph_for_every_step(name: str) -> None:
+    """fullgraph (no graph break); one graph for all steps after the first (eager) one, and a second
+    search of the same shapes compiles nothing (error_on_recompile)."""
+    model, src = _model(0), _sources(12)
+    settings = {**SEARCHES[name], "min_len": 2}  # the min_len rule on the device too
+    dynamic = _decode(model, src, "dynamic", **settings)
+    _assert_same(dynamic, _decode(model, src, "compiled", **settings))
+    assert counters["stats"]["unique_graphs"] == 1
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _assert_same(dynamic, _decode(model, src, "compiled", **settings))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.usefixtures("aot_eager_step")
+def test_compiled_step_of_an_ensemble_is_one_graph() -> None:
+    ensemble = Ensemble([_model(0), _model(1, d_model=16, layers=1)])
+    src = _sources(8, seed=2)
+    _assert_same(
+        _decode(ensemble, src, "dynamic", beam_size=4), _decode(ensemble, src, "compiled", beam_size=4)
+    )
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.usefixtures("aot_eager_step")
+def test_compiled_step_over_batches_of_other_shapes() -> None:
+    """A batch of another shape compiles once more (Dynamo then marks the sizes dynamic), and later
+    shapes reuse that graph: the outputs stay the growing cache's."""
+    model = _model(2, d_model=16, layers=1)
+    for batch, graphs in ((6, 1), (3, 2), (9, 2)):
+        src = _sources(batch, seed=batch)
+        _assert_same(_decode(model, src, "dynamic"), _decode(model, src, "compiled"))
+        assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize("name", ["greedy", "beam4_nbest", "sample", "constrained_beam"])
+def test_static_cache_reads_back_one_value_per_step(name: str) -> None:
+    """Fixed rows do not cost host reads: still exactly one per step (test_decoding_syncs' counter)."""
+    model = _model(0)
+    model.pack_tokens = False  # the GPU's encoder path, as in test_decoding_syncs
+    per_step = _count(
+        model, _sources(16), DecodingSettings(max_len_b=20, kv_cache="static", **SEARCHES[name])
+    )
+    assert len(per_step) > 6 and set(per_step[1:-1]) == {1}, per_step
+    assert per_step[0] == 1 and per_step[-1] <= 2, per_step
+
+
+def test_static_cache_shapes_do_not_change_with_the_step() -> None:
+    """Every step after the first reads the same (n, H, C, Dh) buffers and an (n * H, g, C) mask."""
+    model, src = _model(0), _sources(4)
+    position = torch.zeros((), dtype=torch.long)
+    capacity = static_capacity(12, 1)
+    assert capacity == 16  # rounded up to KVCache.BLOCK
+    cache = StaticDecoderCache(len(model.decoder.layers), 4, capacity, position)
+    memory, mask = model.encode(src), model.padding_mask(src)
+    shapes, tokens = set(), torch.full((4,), model.config.bos_id)
+    with torch.no_grad():
+        for _ in range(6):
+            logits = model.decode(tokens.unsqueeze(1), memory, mask, cache)[:, -1]
+            tokens = logits.argmax(-1)
+            position.add_(1)
+            key = cache.self_attn[0].key
+            shapes.add((tuple(key.shape), tuple(cache.visible.shape)))
+    assert shapes == {((4, 4, capacity, 8), (4, 1, capacity))}
+    assert cache.visible[:, 0].sum(-1).tolist() == [6] * 4  # BOS and 5 fed-back tokens visible
+    with pytest.raises(RuntimeError, match="keeps its rows"):
+        cache.reorder(torch.tensor([0, 1]))
+
+
+def test_kv_cache_setting() -> None:
+    assert DecodingSettings().kv_cache == "auto"
+    for value in ("auto", "dynamic"):  # auto: the growing cache on every device until a GPU says otherwise
+        assert not DecodingSettings(kv_cache=value).stepping(torch.device("cpu")).static
+    assert DecodingSettings(kv_cache="static").stepping(torch.device("cpu")).static
+    with pytest.raises(ValueError, match=r"decode\.kv_cache must be one of"):
+        DecodingSettings.from_values({"kv_cache": "cuda_graph"}, prefix="decode.")
+    with pytest.raises(ValueError, match="kv_cache=compiled cannot block repeated n-grams"):
+        DecodingSettings(kv_cache="compiled", no_repeat_ngram_size=3)
