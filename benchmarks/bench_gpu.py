@@ -11,7 +11,8 @@ warm-up steps' time beyond what they take compiled) and recompilations. A case t
 longer than --compile-timeout) is reported in the table, and the others still run.
 
 Decoding (gpu_decode.py): beam 4 and greedy, batches of 64 and 256 sentences, bf16: ours vs transformers
-`generate` (and CTranslate2 when a CUDA build of it is importable), sentences/s and tokens/s.
+`generate` (and CTranslate2 when a CUDA build of it is importable), sentences/s and tokens/s; on CUDA also
+"ours compiled step" (`decode.kv_cache=compiled`: static KV cache, the decoder step as a CUDA graph).
 
     python benchmarks/bench_gpu.py                  # on one GPU, a few minutes
     python benchmarks/bench_gpu.py --smoke          # the same code on the CPU in seconds (tiny, fp32)

@@ -2,10 +2,14 @@
 same weights (d256 3+3, vocab 10k, 64 sentences x 40 tokens), one thread, rounds interleaved. CPU time
 (`time.process_time`) instead of wall time, so that other jobs on a shared machine disturb it less.
 Both must give the same tokens. `--features` instead times what sampling (top-k 10) costs over greedy
-search and a 2-model ensemble over one model (beam 4), in the same way.
+search and a 2-model ensemble over one model (beam 4), in the same way. `--kv-cache` times the
+`decode.kv_cache` modes against the default ("dynamic": the growing cache) in one run, greedy and beam 4:
+"static" (preallocated, fixed shapes, eager) and "compiled" (the static step through torch.compile's
+default inductor backend on the CPU; compiled before the timed rounds, the compile time printed).
 
     python benchmarks/decode_ab.py REVISION [ROUNDS]
     python benchmarks/decode_ab.py --features [ROUNDS]
+    python benchmarks/decode_ab.py --kv-cache [ROUNDS]
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from references import load_revision
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search, sample
+from transformer.decoding import DecodingSettings, beam_search, greedy_search, sample, search
 from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
 
@@ -78,10 +82,42 @@ def _features(rounds: int) -> None:
         )
 
 
+def _kv_cache(rounds: int) -> None:
+    values = {"src_vocab_size": 10_000, "dropout": 0.0, "max_len": 256, **SHAPE}
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(TransformerConfig(**values)).eval()  # type: ignore[arg-type]
+    src = torch.randint(4, 10_000, (64, 24), generator=torch.Generator().manual_seed(1))
+    src[:, 0], src[:, -1] = 1, 2
+
+    def run(beam_size: int, kv_cache: str) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        settings = DecodingSettings(beam_size=beam_size, max_len_a=0, max_len_b=40, kv_cache=kv_cache)
+        return lambda: search(model, src, settings)
+
+    for beam_size in (1, 4):
+        start = time.perf_counter()
+        compiled = run(beam_size, "compiled")()  # compiles the step (later rounds reuse it)
+        compile_s = time.perf_counter() - start
+        dynamic = run(beam_size, "dynamic")()
+        for kv_cache in ("static", "compiled"):
+            tokens = compiled[0] if kv_cache == "compiled" else run(beam_size, kv_cache)()[0]
+            if not torch.equal(tokens, dynamic[0]):
+                raise RuntimeError(f"beam {beam_size}: kv_cache={kv_cache} decodes other tokens than dynamic")
+            base, other, ratios = _paired(
+                kv_cache, run(beam_size, "dynamic"), run(beam_size, kv_cache), rounds
+            )
+            print(
+                f"beam {beam_size} {kv_cache:8} {other:.3f} s / dynamic {base:.3f} s CPU: median ratio "
+                f"{statistics.median(ratios):.3f} (> 1: slower than dynamic), "
+                f"rounds {[round(x, 3) for x in ratios]}"
+            )
+        print(f"beam {beam_size} first compiled search (compiling included): {compile_s:.1f} s wall")
+
+
 def main() -> None:
     torch.set_num_threads(1)
-    if sys.argv[1] == "--features":
-        _features(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+    if sys.argv[1] in ("--features", "--kv-cache"):
+        mode = _features if sys.argv[1] == "--features" else _kv_cache
+        mode(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
         return
     revision, rounds = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
     old = load_revision(revision)

@@ -26,7 +26,7 @@ from references import BOS, EOS, PAD, MarianReference
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
+from transformer.decoding import DecodingSettings, beam_search, greedy_search, search
 from transformer.model import Seq2SeqTransformer
 
 MODES = {"beam4": 4, "greedy": 1}
@@ -101,6 +101,11 @@ def _methods(
         "ours": run_ours,
         "transformers generate": lambda: [marian_generate(marian, src, length, beams) for src in batches],
     }
+    if batches and batches[0].is_cuda:  # decode.kv_cache=compiled: static cache, the step as a CUDA graph
+        compiled = DecodingSettings(
+            beam_size=beams, length_penalty=LENGTH_PENALTY, max_len_a=0, max_len_b=length, kv_cache="compiled"
+        )
+        methods["ours compiled step"] = lambda: [search(ours, src, compiled)[0][:, 0] for src in batches]
     if ct2 is not None:
         strings = [[[f"t{i}" for i in row if i > 3] for row in src.tolist()] for src in batches]
 

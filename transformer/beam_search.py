@@ -89,8 +89,9 @@ def beam_search_loop(
     sentence_padding_mask = src_padding_mask = model.padding_mask(src)
     memory = model.encode(src)
     if stepping.static:
-        position = torch.zeros((), dtype=torch.long, device=device)  # the step, on the device
-        cache = new_static_cache(model, batch, static_capacity(longest, beam_size), position)
+        capacity = static_capacity(longest, beam_size)
+        cache = new_static_cache(model, batch, capacity, device, stepping.buffers)
+        position = cache.offset  # the step, on the device
         done = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,) sentences that stopped
     else:
         cache = model.new_cache()

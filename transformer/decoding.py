@@ -34,7 +34,7 @@ from transformer.search_step import (
     length_normalizer,
     next_log_probs,
 )
-from transformer.static_cache import new_static_cache, static_capacity
+from transformer.static_cache import StaticBuffers, new_static_cache, static_capacity
 
 __all__ = ["DecodingSettings", "beam_search", "decode", "greedy_search", "sample", "search"]
 
@@ -105,9 +105,9 @@ class DecodingSettings(Mapping[str, Any]):
         """How the searches run their steps on `device`, as `kv_cache` says."""
         if self.kv_cache in ("auto", "dynamic"):  # auto: no device measured faster otherwise (yet)
             return Stepping()
-        return Stepping(
-            static=True, step=compile_step(device) if self.kv_cache == "compiled" else next_log_probs
-        )
+        if self.kv_cache == "static":
+            return Stepping(static=True)
+        return Stepping(static=True, step=compile_step(device), buffers=_compiled_step_buffers())
 
     def rules(self, model: Searchable) -> StepRules:
         """The step rules these settings give `model`'s special tokens."""
@@ -230,6 +230,13 @@ def compile_step(device: torch.device) -> Callable[..., Tensor]:
 @functools.cache
 def _compiled_step(mode: str | None) -> Callable[..., Tensor]:
     return torch.compile(next_log_probs, mode=mode, fullgraph=True)
+
+
+@functools.cache
+def _compiled_step_buffers() -> StaticBuffers:
+    """The static caches' storage for the compiled step, kept from search to search: CUDA graphs are
+    recorded on input addresses (`StaticBuffers`); process-wide like the compiled step itself."""
+    return StaticBuffers()
 
 
 def decode(
@@ -389,8 +396,8 @@ def _row_search(
         src_padding_mask = model.padding_mask(src)  # (N, S) for the rows in the decoder batch
         memory = model.encode(src)  # projected once into the cross-attention caches
         if stepping.static:
-            position = torch.zeros((), dtype=torch.long, device=src.device)  # the step, on the device
-            cache = new_static_cache(model, batch, static_capacity(longest, 1), position)
+            cache = new_static_cache(model, batch, static_capacity(longest, 1), src.device, stepping.buffers)
+            position = cache.offset  # the step, on the device
         else:
             cache = model.new_cache()
             cache.reserve(longest)

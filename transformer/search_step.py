@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
 from transformer.ensemble import Ensemble
+from transformer.static_cache import StaticBuffers
 
 
 class Searchable(Protocol):
@@ -142,12 +143,14 @@ class Stepping:
     """How a search runs its steps (`DecodingSettings.kv_cache`): over the growing `DecoderCache`, rows
     leaving the batch as they finish (`static=False`), or over a `StaticDecoderCache`
     (`transformer.static_cache`) whose rows stay, finished ones masked, so that every step after the
-    first has the same shapes; `step` is `next_log_probs` or (static only) a compiled version of it.
+    first has the same shapes; `step` is `next_log_probs` or (static only) a compiled version of it,
+    whose static caches take their tensors from `buffers` (the same addresses search after search).
     The first step always runs `next_log_probs` eagerly: it fills the cross-attention caches and, in
     beam search, has one beam per sentence, so its graph is not the later steps'."""
 
     static: bool = False
     step: Callable[..., Tensor] = next_log_probs
+    buffers: StaticBuffers | None = None
 
 
 def _log_softmax(

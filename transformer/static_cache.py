@@ -6,10 +6,13 @@ step number (the condition for one compiled graph, or one CUDA graph, serving ev
 with three differences: rows never leave (finished ones are masked by the search instead), the
 position of the step is a device tensor owned by the search, and each step's queries attend to all
 C slots of the buffer under a visibility mask (n, g, C) that says which slots form each row's
-prefix (g = the beams of a sentence sharing a cache row, 1 outside beam search).
+prefix (g = the beams of a sentence sharing a cache row, 1 outside beam search). `StaticBuffers` keeps
+their storage from one search to the next, so that a CUDA graph recorded once keeps being replayed.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -18,7 +21,7 @@ from transformer.cache import KVCache, _at_position
 from transformer.ensemble import Ensemble, EnsembleCache
 from transformer.kernels import RotaryLike
 
-__all__ = ["StaticDecoderCache", "StaticKVCache", "new_static_cache", "static_capacity"]
+__all__ = ["StaticBuffers", "StaticDecoderCache", "StaticKVCache", "new_static_cache", "static_capacity"]
 
 
 def static_capacity(longest: int, beam_size: int) -> int:
@@ -27,6 +30,50 @@ def static_capacity(longest: int, beam_size: int) -> int:
     nearby lengths share one shape (one compiled graph)."""
     slots = 1 + max(longest - 1, 0) * beam_size
     return -(-slots // KVCache.BLOCK) * KVCache.BLOCK
+
+
+class StaticBuffers:
+    """Zero-filled tensors for the static caches of successive searches, at fixed addresses.
+
+    CUDA graphs replay on the addresses they were recorded with, and inductor's cudagraph trees record
+    again whenever an input marked static (`torch._dynamo.mark_static_address`) comes at a new one. So
+    the i-th tensor a search asks for is a view at the start of the same storage as the i-th of the
+    search before (the order is fixed: layers, then ensemble members), reallocated (at least doubled)
+    only when too small: a search of the same shapes replays the graph recorded by an earlier one.
+    The storage of the largest search stays allocated between searches; one search at a time.
+    `None` instead of a `StaticBuffers` allocates afresh (eager static searches).
+    """
+
+    def __init__(self) -> None:
+        self._storage: list[Tensor] = []
+        self._taken = 0
+
+    def start(self) -> None:
+        """A new search: hand out the storage from the first one again."""
+        self._taken = 0
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        numel = math.prod(shape)
+        index, self._taken = self._taken, self._taken + 1
+        held = self._storage[index] if index < len(self._storage) else None
+        if held is None or held.dtype != dtype or held.device != device or held.numel() < numel:
+            grown = max(numel, 2 * held.numel()) if held is not None and held.dtype == dtype else numel
+            held = torch.empty(grown, dtype=dtype, device=device)
+            if index < len(self._storage):
+                self._storage[index] = held
+            else:
+                self._storage.append(held)
+        view = held[:numel].view(shape).zero_()
+        torch._dynamo.mark_static_address(view)  # written in place: one address for CUDA graphs
+        return view
+
+
+def _zeros(
+    buffers: StaticBuffers | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    if buffers is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return buffers.zeros(shape, dtype, device)
 
 
 class StaticKVCache:
@@ -42,8 +89,9 @@ class StaticKVCache:
 
     static = False  # an appending self-attention cache, in `MultiHeadAttention`'s terms
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, buffers: StaticBuffers | None = None) -> None:
         self.capacity = capacity
+        self.buffers = buffers
         self._key: Tensor | None = None  # (C, n, H, Dh)
         self._value: Tensor | None = None
         self._first = 0  # keys the first step wrote (returned alone by that step)
@@ -74,10 +122,9 @@ class StaticKVCache:
         """Write new (n, H, g, Dh) keys/values; return the first step's (n, H, g, Dh), later all C."""
         new_key, new_value = key.permute(2, 0, 1, 3), value.permute(2, 0, 1, 3)  # (g, n, H, Dh)
         if self._key is None or self._value is None:
-            self._key = new_key.new_zeros(self.capacity, *new_key.shape[1:])  # (C, n, H, Dh)
-            self._value = new_value.new_zeros(self.capacity, *new_value.shape[1:])
-            for buffer in (self._key, self._value):
-                torch._dynamo.mark_static_address(buffer)  # written in place: one address for CUDA graphs
+            shape = (self.capacity, *new_key.shape[1:])  # (C, n, H, Dh)
+            self._key = _zeros(self.buffers, shape, new_key.dtype, new_key.device)
+            self._value = _zeros(self.buffers, shape, new_value.dtype, new_value.device)
             self._first = key.shape[2]
             self._key[: self._first] = new_key
             self._value[: self._first] = new_value
@@ -92,17 +139,18 @@ class StaticKVCache:
 
 class _MemoryKVCache(KVCache):
     """The cross-attention cache of a `StaticDecoderCache`: a `KVCache(static=True)` whose memory
-    projections (made once, at the first step) are marked as fixed-address inputs for CUDA graphs, so a
-    replay reads them in place instead of copying them in."""
+    projections (made once, at the first step) are copied into `StaticBuffers`, fixed-address inputs
+    that a CUDA graph replay reads in place."""
 
-    def __init__(self) -> None:
+    def __init__(self, buffers: StaticBuffers | None) -> None:
         super().__init__(static=True)
+        self.buffers = buffers
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        key, value = super().update(key, value)
-        torch._dynamo.mark_static_address(key)
-        torch._dynamo.mark_static_address(value)
-        return key, value
+        if self.buffers is not None:
+            key = self.buffers.zeros(tuple(key.shape), key.dtype, key.device).copy_(key)  # (n, H, S, Dh)
+            value = self.buffers.zeros(tuple(value.shape), value.dtype, value.device).copy_(value)
+        return super().update(key, value)
 
 
 class StaticDecoderCache:
@@ -118,16 +166,17 @@ class StaticDecoderCache:
     ever dropping a sentence); `reorder` is refused: rows stay, whatever finishes.
     """
 
-    def __init__(self, n_layers: int, rows: int, capacity: int, position: Tensor) -> None:
-        self.self_attn = [StaticKVCache(capacity) for _ in range(n_layers)]
-        self.cross_attn: list[KVCache] = [_MemoryKVCache() for _ in range(n_layers)]
+    def __init__(
+        self, n_layers: int, rows: int, capacity: int, position: Tensor, buffers: StaticBuffers | None = None
+    ) -> None:
+        self.self_attn = [StaticKVCache(capacity, buffers) for _ in range(n_layers)]
+        self.cross_attn: list[KVCache] = [_MemoryKVCache(buffers) for _ in range(n_layers)]
         self.position = position
+        self.buffers = buffers
         device = position.device
-        self.visible = torch.zeros(rows, 1, capacity, dtype=torch.bool, device=device)  # (n, g, C)
+        self.visible = _zeros(buffers, (rows, 1, capacity), torch.bool, device)  # (n, g, C)
         self.visible[:, :, 0] = True  # BOS, which the first step writes at slot 0
-        self.cursor = torch.ones((), dtype=torch.long, device=device)  # the first free slot
-        for state in (self.visible, self.cursor):
-            torch._dynamo.mark_static_address(state)
+        self.cursor = _zeros(buffers, (), torch.long, device).add_(1)  # the first free slot
 
     @property
     def beams(self) -> int:
@@ -156,8 +205,7 @@ class StaticDecoderCache:
         if chosen.shape == self.visible.shape:
             self.visible.copy_(chosen)
         else:  # the first step's one beam becomes g
-            self.visible = chosen  # (n, g', C)
-            torch._dynamo.mark_static_address(self.visible)
+            self.visible = _zeros(self.buffers, tuple(chosen.shape), torch.bool, chosen.device).copy_(chosen)
 
     def start_step(
         self, length: int, heads: int, rotary: RotaryLike | None
@@ -180,10 +228,17 @@ class StaticDecoderCache:
 
 
 def new_static_cache(
-    model: object, rows: int, capacity: int, position: Tensor
+    model: object, rows: int, capacity: int, device: torch.device, buffers: StaticBuffers | None = None
 ) -> StaticDecoderCache | EnsembleCache:
-    """A static cache for `model` (a `Seq2SeqTransformer`, or an `Ensemble`: one per member, sharing
-    `position`): `rows` cache rows (sentences) of `capacity` self-attention slots."""
-    if isinstance(model, Ensemble):
-        return EnsembleCache([new_static_cache(member, rows, capacity, position) for member in model.models])
-    return StaticDecoderCache(len(model.decoder.layers), rows, capacity, position)
+    """A static cache for `model` (a `Seq2SeqTransformer`, or an `Ensemble`: one per member, sharing one
+    position): `rows` cache rows (sentences) of `capacity` self-attention slots. Its `offset` is the
+    step's position (0-dim long, 0), which the search advances in place after each step."""
+    if buffers is not None:
+        buffers.start()
+    position = _zeros(buffers, (), torch.long, device)
+    members = model.models if isinstance(model, Ensemble) else [model]
+    caches = [
+        StaticDecoderCache(len(member.decoder.layers), rows, capacity, position, buffers)
+        for member in members
+    ]
+    return EnsembleCache(caches) if isinstance(model, Ensemble) else caches[0]

@@ -19,7 +19,7 @@ from transformer.decoding import DecodingSettings, search
 from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
 from transformer.search_step import next_log_probs
-from transformer.static_cache import StaticDecoderCache, static_capacity
+from transformer.static_cache import StaticBuffers, StaticDecoderCache, new_static_cache, static_capacity
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -192,6 +192,38 @@ def test_static_cache_shapes_do_not_change_with_the_step() -> None:
         cache.reorder(torch.tensor([0, 1]))
 
 
+def _steps(
+    model: Any, src: torch.Tensor, buffers: StaticBuffers, steps: int = 3
+) -> tuple[list[int], torch.Tensor]:
+    """`steps` greedy steps over a static cache from `buffers` -> (addresses of its tensors, last logits)."""
+    cache = new_static_cache(model, src.size(0), 16, src.device, buffers)
+    memory, mask = model.encode(src), model.padding_mask(src)
+    tokens = torch.full((src.size(0),), 1)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model.decode(tokens.unsqueeze(1), memory, mask, cache)[:, -1]
+            tokens = logits.argmax(-1)
+            cache.offset.add_(1)
+    caches = cache.caches if isinstance(model, Ensemble) else [cache]
+    tensors = [t for c in caches for t in (c.self_attn[0]._key, c.cross_attn[-1].value, c.visible, c.cursor)]
+    return [t.data_ptr() for t in (*tensors, cache.offset)], logits
+
+
+def test_static_buffers_keep_their_addresses_from_search_to_search() -> None:
+    """What CUDA graphs need to replay: the same tensors at the same addresses for every search of the
+    same shapes, zeroed in between (no state leaks into the next search); two ensemble members apart."""
+    model, buffers = _model(0), StaticBuffers()
+    addresses, logits = _steps(model, _sources(4), buffers)
+    _steps(model, _sources(4, seed=5), buffers, steps=5)  # other sentences in between
+    addresses_again, logits_again = _steps(model, _sources(4), buffers)
+    assert addresses_again == addresses
+    assert torch.equal(logits_again, logits)
+    assert torch.equal(logits, _steps(model, _sources(4), StaticBuffers())[1])
+    ensemble = Ensemble([_model(0), _model(1)])  # same shapes: each member still gets its own buffers
+    members = _steps(ensemble, _sources(4), StaticBuffers())[0]
+    assert len(set(members[:4]) & set(members[4:8])) == 0
+
+
 def test_kv_cache_setting() -> None:
     assert DecodingSettings().kv_cache == "auto"
     for value in ("auto", "dynamic"):  # auto: the growing cache on every device until a GPU says otherwise
@@ -201,3 +233,17 @@ def test_kv_cache_setting() -> None:
         DecodingSettings.from_values({"kv_cache": "cuda_graph"}, prefix="decode.")
     with pytest.raises(ValueError, match="kv_cache=compiled cannot block repeated n-grams"):
         DecodingSettings(kv_cache="compiled", no_repeat_ngram_size=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(beam_size: int) -> None:
+    """The real thing (inductor, mode "reduce-overhead": the step recorded and replayed as a CUDA graph),
+    three searches: warm-up, recording, replays."""
+    model, src = _model(0).cuda(), _sources(16).cuda()
+    dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
+    for _ in range(3):
+        compiled = _decode(model, src, "compiled", beam_size=beam_size)
+        assert torch.equal(compiled[0], dynamic[0])
+        torch.testing.assert_close(compiled[1], dynamic[1], rtol=1e-5, atol=1e-4)
