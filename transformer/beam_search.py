@@ -16,15 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.search_step import (
-    LengthLimits,
-    Searchable,
-    Stepping,
-    StepRules,
-    length_normalizer,
-    next_log_probs,
-)
-from transformer.static_cache import new_static_cache, static_capacity
+from transformer.search_step import LengthLimits, Searchable, StepRules, length_normalizer
+from transformer.static_cache import Stepping
 
 
 @dataclass
@@ -88,14 +81,9 @@ def beam_search_loop(
     # (B, S), then (n, S) for the live sentences: the beams of a sentence share its memory row
     sentence_padding_mask = src_padding_mask = model.padding_mask(src)
     memory = model.encode(src)
-    if stepping.static:
-        capacity = static_capacity(longest, beam_size)
-        cache = new_static_cache(model, batch, capacity, device, stepping.buffers)
-        position = cache.offset  # the step, on the device
-        done = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,) sentences that stopped
-    else:
-        cache = model.new_cache()
-        cache.reserve(1 + (longest - 1) * beam_size)  # BOS, then K keys per step in the beam layout
+    cache = stepping.new_cache(model, batch, longest, beam_size, device)
+    # (B,) the sentences that stopped, with a static cache (they stay in the batch); None otherwise
+    done = torch.zeros(batch, dtype=torch.bool, device=device) if stepping.static else None
 
     sentences = torch.arange(batch, device=device)  # (n,) original index of each live sentence
     beams, step = 1, 0  # one beam at the first step: all beams would be equal
@@ -105,16 +93,11 @@ def beam_search_loop(
     per_beam = min(2 * beam_size, config.tgt_vocab_size)  # tokens considered per beam
     while True:
         n = sentences.numel()
-        if stepping.static:  # the same graph at every step: the step and max lengths as tensors
-            step_fn, step_number = stepping.step if step else next_log_probs, position
-            at_max_length = lengths == step + 1  # (B,)
-        else:
-            step_fn, step_number = next_log_probs, step
-            at_max_length = limits.reached(sentences, step)  # (n,) or None
+        at_max_length = limits.reached(sentences, step, always=stepping.static)  # (n,) or None
         if at_max_length is not None:
             at_max_length = at_max_length.repeat_interleave(beams)  # (n * beams,)
-        log_probs = step_fn(
-            model, last_tokens, memory, src_padding_mask, cache, rules, step_number, at_max_length, history
+        log_probs = stepping(
+            step, model, last_tokens, memory, src_padding_mask, cache, rules, at_max_length, history
         )  # (n * beams, V)
 
         # 1. the 2K best candidates of each sentence: their scores, tokens and parent beams
@@ -126,7 +109,7 @@ def beam_search_loop(
         normalizer = length_normalizer(step + 1, length_penalty)
         is_eos = cand_tokens == config.eos_id  # (n, 2K)
         ended = is_eos[:, :beam_size] & torch.isfinite(cand_scores[:, :beam_size])  # (n, K)
-        if stepping.static:
+        if done is not None:
             ended &= ~done.unsqueeze(1)  # a done sentence's beams run on, ending nothing
         ended_tokens = _ended_tokens(history, cand_rows[:, :beam_size], longest, config.pad_id, config.eos_id)
         ended_scores = (cand_scores[:, :beam_size] / normalizer).masked_fill(~ended, -math.inf)
@@ -141,13 +124,13 @@ def beam_search_loop(
         #    length_penalty=0; with one beam it stops exactly where greedy search stops)
         kth_best = finished.scores[sentences, -1]  # (n,) -inf until K have ended
         stops = (lengths[sentences] <= step + 1) | (kth_best >= scores[:, 0] / normalizer)  # (n,)
-        if stepping.static:
+        if done is not None:
             done = stops = done | stops
         n_live = n - int(stops.sum())  # the one value read back per step
         if not n_live:
             break
         live = None
-        if n_live < n and not stepping.static:
+        if n_live < n and done is None:
             live = stops.byte().argsort(stable=True)[:n_live]  # (n',) in order
         parents = cand_parents.gather(1, pick)  # (n, K)
         rows = cand_rows.gather(1, pick)  # (n, K) parent rows of the new beams
@@ -161,8 +144,7 @@ def beam_search_loop(
         # the sentences that are done, and each new beam points at its parent's keys
         cache.select_beams(parents, live)
         step += 1
-        if stepping.static:
-            position.add_(1)
+        stepping.advance(cache)
     return finished.n_best(n_best, config.pad_id)
 
 

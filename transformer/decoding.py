@@ -14,7 +14,6 @@ so every step has the same shapes and the step can run as one compiled graph; th
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -28,13 +27,11 @@ from transformer.search_step import (
     LengthLimits,
     Sampler,
     Searchable,
-    Stepping,
     StepRules,
     eval_mode,
     length_normalizer,
-    next_log_probs,
 )
-from transformer.static_cache import StaticBuffers, new_static_cache, static_capacity
+from transformer.static_cache import Stepping
 
 __all__ = ["DecodingSettings", "beam_search", "decode", "greedy_search", "sample", "search"]
 
@@ -56,10 +53,10 @@ class DecodingSettings(Mapping[str, Any]):
     `kv_cache` changes how fast, never what is decoded: "dynamic" grows the cache as decoding goes and
     drops finished rows from the batch; "static" preallocates it at the search's maximum length and
     keeps every row (finished ones masked), so every step after the first has the same shapes;
-    "compiled" is "static" with the step through `torch.compile` (CUDA graphs on CUDA, see
-    `compile_step`). "auto" is "dynamic" on every device for now: on the CPU the static and compiled
-    steps were measured slower (benchmarks/decode_ab.py --kv-cache), and on CUDA nothing has been
-    measured yet; "auto" turns "compiled" on for CUDA only once a GPU run shows it faster.
+    "compiled" is "static" with the step through `torch.compile` (a CUDA graph on CUDA:
+    `transformer.static_cache.compile_step`). "auto" is "dynamic" on every device for now: on the CPU
+    "static" and "compiled" measured slower (benchmarks/decode_ab.py --kv-cache), and on CUDA nothing
+    is measured yet; "auto" should mean "compiled" on CUDA only once a GPU run shows it faster.
     """
 
     search: str = "auto"  # auto | greedy | beam | sample (auto: greedy for beam_size 1, else beam)
@@ -103,11 +100,7 @@ class DecodingSettings(Mapping[str, Any]):
 
     def stepping(self, device: torch.device) -> Stepping:
         """How the searches run their steps on `device`, as `kv_cache` says."""
-        if self.kv_cache in ("auto", "dynamic"):  # auto: no device measured faster otherwise (yet)
-            return Stepping()
-        if self.kv_cache == "static":
-            return Stepping(static=True)
-        return Stepping(static=True, step=compile_step(device), buffers=_compiled_step_buffers())
+        return Stepping.of(self.kv_cache, device)
 
     def rules(self, model: Searchable) -> StepRules:
         """The step rules these settings give `model`'s special tokens."""
@@ -209,34 +202,6 @@ def search(
             stepping=stepping,
             **lengths,
         )
-
-
-def compile_step(device: torch.device) -> Callable[..., Tensor]:
-    """`next_log_probs` through `torch.compile` as one graph (fullgraph; the static searches give it
-    the same shapes at every step): on CUDA in mode "reduce-overhead", i.e. captured as a CUDA graph and
-    replayed each step (the KV buffers are marked as fixed-address inputs, `transformer.static_cache`);
-    elsewhere inductor's default code generation. Compiled once per process and input shapes."""
-    if device.type != "cuda":
-        return _compiled_step(None)
-    compiled = _compiled_step("reduce-overhead")
-
-    def step(*args: object) -> Tensor:
-        torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
-        return compiled(*args)
-
-    return step
-
-
-@functools.cache
-def _compiled_step(mode: str | None) -> Callable[..., Tensor]:
-    return torch.compile(next_log_probs, mode=mode, fullgraph=True)
-
-
-@functools.cache
-def _compiled_step_buffers() -> StaticBuffers:
-    """The static caches' storage for the compiled step, kept from search to search: CUDA graphs are
-    recorded on input addresses (`StaticBuffers`); process-wide like the compiled step itself."""
-    return StaticBuffers()
 
 
 def decode(
@@ -395,33 +360,15 @@ def _row_search(
     if batch:
         src_padding_mask = model.padding_mask(src)  # (N, S) for the rows in the decoder batch
         memory = model.encode(src)  # projected once into the cross-attention caches
-        if stepping.static:
-            cache = new_static_cache(model, batch, static_capacity(longest, 1), src.device, stepping.buffers)
-            position = cache.offset  # the step, on the device
-        else:
-            cache = model.new_cache()
-            cache.reserve(longest)
+        cache = stepping.new_cache(model, batch, longest, 1, src.device)
         rows = torch.arange(batch, device=src.device)  # (N,) original row of each row still decoding
-        last_tokens = hypotheses[:, 0]  # (N,), or (B,) with a static cache
+        decoded = rows  # the decoder batch: `rows`, or all B rows with a static cache
+        last_tokens = hypotheses[:, 0]
         while True:
-            if stepping.static:  # the same graph at every step: the step and max lengths as tensors
-                step_fn, step_number = stepping.step if step else next_log_probs, position
-                at_max_length = limits.per_sentence == step + 1  # (B,)
-                history = hypotheses[:, : step + 1] if rules.no_repeat_ngram_size else None
-            else:
-                step_fn, step_number = next_log_probs, step
-                at_max_length = limits.reached(rows, step)  # (N,) or None
-                history = hypotheses[rows, : step + 1] if rules.no_repeat_ngram_size else None
-            log_probs = step_fn(
-                model,
-                last_tokens,
-                memory,
-                src_padding_mask,
-                cache,
-                rules,
-                step_number,
-                at_max_length,
-                history,
+            at_max_length = limits.reached(decoded, step, always=stepping.static)  # (N,) or None
+            history = hypotheses[decoded, : step + 1] if rules.no_repeat_ngram_size else None
+            log_probs = stepping(
+                step, model, last_tokens, memory, src_padding_mask, cache, rules, at_max_length, history
             )  # (N, V), or (B, V) with a static cache
             if log_probs.shape[0] != rows.numel():
                 log_probs = log_probs.index_select(0, rows)  # (N, V) the live rows of a static batch
@@ -433,16 +380,14 @@ def _row_search(
             n_live = int(running.sum())  # the one value read back per step
             if not n_live:
                 break
-            if stepping.static:
-                last_tokens = last_tokens.index_copy(0, rows, tokens)  # (B,) finished rows repeat theirs
-                position.add_(1)
-            else:
-                last_tokens = tokens
-            if n_live < rows.numel():  # finished rows leave the batch and the caches, or are masked
+            stepping.advance(cache)
+            # (B,) with a static cache: finished rows feed their last token again, unused
+            last_tokens = last_tokens.index_copy(0, rows, tokens) if stepping.static else tokens
+            if n_live < rows.numel():  # finished rows leave (the batch and the caches), or are masked
                 keep = (~running).byte().argsort(stable=True)[:n_live]  # (N',) in order
                 rows = rows[keep]
                 if not stepping.static:
-                    last_tokens, src_padding_mask = last_tokens[keep], src_padding_mask[keep]
+                    decoded, last_tokens, src_padding_mask = rows, last_tokens[keep], src_padding_mask[keep]
                     cache.reorder(keep)
     tokens = hypotheses[:, 1 : 1 + step]  # (B, L)
     return tokens, log_prob_sums / length_normalizer(tokens.ne(config.pad_id).sum(dim=1), length_penalty)

@@ -9,7 +9,7 @@ a search that calls it once per step syncs only where it decides itself (`transf
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,7 +19,6 @@ from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
 from transformer.ensemble import Ensemble
-from transformer.static_cache import StaticBuffers
 
 
 class Searchable(Protocol):
@@ -65,10 +64,11 @@ class LengthLimits:
         shortest, longest = torch.stack([limit.min(), limit.max()]).tolist() if src.size(0) else (0, 0)
         return cls(limit, shortest, longest)
 
-    def reached(self, rows: Tensor, step: int) -> Tensor | None:
+    def reached(self, rows: Tensor, step: int, always: bool = False) -> Tensor | None:
         """(N,) bool: rows `rows` (indices into the batch) whose next token is their last; None while no
-        sentence can be there yet (no pass over the vocabulary needed)."""
-        return self.per_sentence[rows] == step + 1 if step + 1 >= self.shortest else None
+        sentence can be there yet (no pass over the vocabulary needed), unless `always` (a compiled
+        step's inputs keep their kind from step to step)."""
+        return self.per_sentence[rows] == step + 1 if always or step + 1 >= self.shortest else None
 
 
 def length_normalizer(length: Tensor | int, length_penalty: float) -> Tensor | float:
@@ -136,21 +136,6 @@ def next_log_probs(
         log_probs.masked_fill_(at_max_length.unsqueeze(1), -math.inf)
         log_probs[:, rules.eos_id] = torch.where(at_max_length, eos, log_probs[:, rules.eos_id])
     return log_probs
-
-
-@dataclass(frozen=True)
-class Stepping:
-    """How a search runs its steps (`DecodingSettings.kv_cache`): over the growing `DecoderCache`, rows
-    leaving the batch as they finish (`static=False`), or over a `StaticDecoderCache`
-    (`transformer.static_cache`) whose rows stay, finished ones masked, so that every step after the
-    first has the same shapes; `step` is `next_log_probs` or (static only) a compiled version of it,
-    whose static caches take their tensors from `buffers` (the same addresses search after search).
-    The first step always runs `next_log_probs` eagerly: it fills the cross-attention caches and, in
-    beam search, has one beam per sentence, so its graph is not the later steps'."""
-
-    static: bool = False
-    step: Callable[..., Tensor] = next_log_probs
-    buffers: StaticBuffers | None = None
 
 
 def _log_softmax(

@@ -1,6 +1,8 @@
 """The static KV cache: decoder self-attention keys and values in buffers preallocated at the search's
 maximum length, so that every decoding step after the first has the same tensor shapes whatever the
-step number (the condition for one compiled graph, or one CUDA graph, serving every step).
+step number (the condition for one compiled graph, or one CUDA graph, serving every step); and
+`Stepping`, how a search runs its steps: over the growing cache, the static one, or the static one
+with the step compiled (`DecodingSettings.kv_cache`).
 
 `StaticDecoderCache` has the interface of `DecoderCache` (the decoder and the searches use either),
 with three differences: rows never leave (finished ones are masked by the search instead), the
@@ -12,7 +14,10 @@ their storage from one search to the next, so that a CUDA graph recorded once ke
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -20,8 +25,17 @@ from torch import Tensor
 from transformer.cache import KVCache, _at_position
 from transformer.ensemble import Ensemble, EnsembleCache
 from transformer.kernels import RotaryLike
+from transformer.search_step import Searchable, StepRules, next_log_probs
 
-__all__ = ["StaticBuffers", "StaticDecoderCache", "StaticKVCache", "new_static_cache", "static_capacity"]
+__all__ = [
+    "StaticBuffers",
+    "StaticDecoderCache",
+    "StaticKVCache",
+    "Stepping",
+    "compile_step",
+    "new_static_cache",
+    "static_capacity",
+]
 
 
 def static_capacity(longest: int, beam_size: int) -> int:
@@ -242,3 +256,92 @@ def new_static_cache(
         for member in members
     ]
     return EnsembleCache(caches) if isinstance(model, Ensemble) else caches[0]
+
+
+@dataclass(frozen=True)
+class Stepping:
+    """How a search runs its steps: over the growing `DecoderCache`, rows leaving the batch as they
+    finish (`static=False`), or over a `StaticDecoderCache` whose rows stay, finished ones masked, so
+    that every step after the first has the same shapes; `step` is `next_log_probs` or (static only) a
+    compiled version of it, whose caches take their tensors from `buffers`. The first step of a static
+    search runs `next_log_probs` eagerly: it fills the cross-attention caches and, in beam search, has
+    one beam per sentence, so its graph is not the later steps'."""
+
+    static: bool = False
+    step: Callable[..., Tensor] = next_log_probs
+    buffers: StaticBuffers | None = None
+
+    @classmethod
+    def of(cls, kv_cache: str, device: torch.device) -> Stepping:
+        """`DecodingSettings.kv_cache` on `device`; "auto" is "dynamic" on every device (no other measured
+        faster yet: see `DecodingSettings`)."""
+        if kv_cache in ("auto", "dynamic"):
+            return cls()
+        if kv_cache == "static":
+            return cls(static=True)
+        return cls(static=True, step=compile_step(device), buffers=_compiled_step_buffers())
+
+    def new_cache(
+        self, model: Searchable, rows: int, longest: int, beam_size: int, device: torch.device
+    ) -> object:
+        """A search's cache: `rows` rows (sentences) of up to `longest` tokens, `beam_size` beams each."""
+        if self.static:
+            return new_static_cache(model, rows, static_capacity(longest, beam_size), device, self.buffers)
+        cache = model.new_cache()
+        cache.reserve(1 + (longest - 1) * beam_size)  # BOS, then one key per step and beam
+        return cache
+
+    def __call__(
+        self,
+        step: int,
+        model: Searchable,
+        last_tokens: Tensor,
+        memory: object,
+        src_padding_mask: Tensor,
+        cache: object,
+        rules: StepRules,
+        at_max_length: Tensor | None,
+        history: Tensor | None,
+    ) -> Tensor:
+        """The search's step number `step` (`next_log_probs`' arguments): in a static search the step
+        count is the cache's position on the device, the same tensor at every step."""
+        if not self.static:
+            return next_log_probs(
+                model, last_tokens, memory, src_padding_mask, cache, rules, step, at_max_length, history
+            )
+        step_fn = self.step if step else next_log_probs
+        return step_fn(
+            model, last_tokens, memory, src_padding_mask, cache, rules, cache.offset, at_max_length, history
+        )
+
+    def advance(self, cache: object) -> None:
+        """After a step: a static cache's position moves on (a dynamic one counts its own keys)."""
+        if self.static:
+            cache.offset.add_(1)
+
+
+def compile_step(device: torch.device) -> Callable[..., Tensor]:
+    """`next_log_probs` through `torch.compile` as one graph (fullgraph; the static searches give it
+    the same shapes at every step): on CUDA in mode "reduce-overhead", i.e. recorded as a CUDA graph and
+    replayed each step over the fixed-address `StaticBuffers`; elsewhere inductor's default code
+    generation. Compiled once per process and input shapes (Dynamo's cache)."""
+    if device.type != "cuda":
+        return _compiled_step(None)
+    compiled = _compiled_step("reduce-overhead")
+
+    def step(*args: object) -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
+        return compiled(*args)
+
+    return step
+
+
+@functools.cache
+def _compiled_step(mode: str | None) -> Callable[..., Tensor]:
+    return torch.compile(next_log_probs, mode=mode, fullgraph=True)
+
+
+@functools.cache
+def _compiled_step_buffers() -> StaticBuffers:
+    """The compiled step's cache storage, process-wide like the compiled step itself."""
+    return StaticBuffers()

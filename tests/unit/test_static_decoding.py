@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import transformer.decoding as decoding
+import transformer.static_cache as static_cache
 from tests.unit.test_decoding_syncs import _count
 from transformer.config import TransformerConfig
 from transformer.decoding import DecodingSettings, search
@@ -84,7 +84,7 @@ def aot_eager_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """kv_cache=compiled compiles with aot_eager (fullgraph: a graph break fails the search), from a
     clean Dynamo cache, and counts the graphs in `counters["stats"]["unique_graphs"]`."""
     compiled = torch.compile(next_log_probs, backend="aot_eager", fullgraph=True)
-    monkeypatch.setattr(decoding, "compile_step", lambda device: compiled)
+    monkeypatch.setattr(static_cache, "compile_step", lambda device: compiled)
     torch._dynamo.reset()
     counters.clear()
     yield
