@@ -25,39 +25,89 @@ class TokenLoss(NamedTuple):
     n_tokens: Tensor  # number of non-pad tokens (long)
 
 
+# Logits elements handled at once in eager mode: bounds the float32 temporaries of the forward and backward
+# passes to 64 MiB whatever N and V, in chunks long enough that the per-chunk kernel calls cost nothing
+# (on a loaded 2-core CPU every parallel kernel call waits for its threads: 1M-element chunks were 3-5x
+# slower there). Up to this size the loss runs in one piece, as before.
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def _row_chunks(n_rows: int, vocab: int) -> list[slice]:
+    """Row slices covering `n_rows` rows of `vocab` columns, at most `_CHUNK_ELEMENTS` elements each.
+
+    Under `torch.compile` one slice: a Python loop over a symbolic N would specialize the graph on N
+    (a recompile per batch shape), and the compiler fuses the softmax into its reductions anyway, so the
+    float32 (N, V) intermediates are not materialized there.
+    """
+    if torch.compiler.is_compiling() or n_rows * vocab <= _CHUNK_ELEMENTS:
+        return [slice(None)]
+    rows = max(1, _CHUNK_ELEMENTS // vocab)
+    return [slice(start, start + rows) for start in range(0, n_rows, rows)]
+
+
+def _forward_rows(logits: Tensor, gold: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row smoothed loss, NLL and is-the-gold-token-the-argmax of logits (n, V), gold (n,)."""
+    # half-precision logits (autocast) are promoted: the log-sum-exp over V needs float32 range
+    lprobs = F.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # (n, V)
+    gold_lprobs = lprobs.gather(-1, gold.unsqueeze(-1)).squeeze(-1)  # (n,)
+    smooth = -lprobs.mean(dim=-1)  # (n,) cross entropy against the uniform distribution
+    # argmax == gold, via a max (a vectorized reduction; argmax over V is several times slower);
+    # an exact tie with the gold token counts as correct
+    is_top = gold_lprobs >= lprobs.amax(dim=-1)  # (n,) bool
+    return (1.0 - eps) * -gold_lprobs + eps * smooth, -gold_lprobs, is_top
+
+
+def _grad_rows(
+    logits: Tensor, gold: Tensor, grad_loss: Tensor, grad_nll: Tensor, eps: float, out: Tensor | None = None
+) -> Tensor:
+    """d(g_loss * loss + g_nll * nll) / d logits for logits (n, V), in at least float32: (n, V), written
+    into `out` when given (a float32 view of the gradient buffer, which saves a copy)."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    grad = torch.softmax(logits, dim=-1, dtype=dtype, out=out)  # (n, V), recomputed, not kept from forward
+    grad.mul_((grad_loss + grad_nll).unsqueeze(-1))  # softmax * (g_loss + g_nll)
+    if eps:
+        grad.sub_((grad_loss * (eps / logits.size(-1))).unsqueeze(-1))
+    return grad.scatter_add_(-1, gold.unsqueeze(-1), -((1.0 - eps) * grad_loss + grad_nll).unsqueeze(-1))
+
+
 class _LabelSmoothedNLL(torch.autograd.Function):
     """Per-token label-smoothed loss and NLL from one log-softmax, and whether the gold token is the argmax.
 
     loss_i = -(1 - eps) * log p(y_i) - eps * mean_v log p(v);  nll_i = -log p(y_i). The gradient of
     g_loss * loss + g_nll * nll w.r.t. the logits is softmax * (g_loss + g_nll) - g_loss * eps / V
-    - onehot(y) * ((1 - eps) * g_loss + g_nll): three passes over one new (N, V) buffer, instead of
-    autograd's chain of mean, gather and log-softmax backward passes and their temporaries.
+    - onehot(y) * ((1 - eps) * g_loss + g_nll), written straight into one (N, V) buffer of the logits'
+    dtype. Between forward and backward only the logits themselves (which exist anyway) and the gold
+    indices are kept: no float32 (N, V) copy of bf16/fp16 logits lives until the backward pass. Both
+    passes work in float32 on chunks of rows (`_row_chunks`), so their temporaries stay small too.
     """
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, gold: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-        # half-precision logits (autocast) are promoted: the log-sum-exp over V needs float32 range
-        dtype = torch.promote_types(logits.dtype, torch.float32)
-        lprobs = F.log_softmax(logits, dim=-1, dtype=dtype)  # (N, V)
-        gold_lprobs = lprobs.gather(-1, gold.unsqueeze(-1)).squeeze(-1)  # (N,)
-        smooth = -lprobs.mean(dim=-1)  # (N,) cross entropy against the uniform distribution
-        # argmax == gold, via a max (a vectorized reduction; argmax over V is several times slower);
-        # an exact tie with the gold token counts as correct
-        is_top = gold_lprobs >= lprobs.amax(dim=-1)  # (N,) bool
-        ctx.save_for_backward(lprobs, gold)
-        ctx.eps, ctx.logits_dtype = eps, logits.dtype
+        chunks = _row_chunks(logits.size(0), logits.size(-1))
+        if len(chunks) == 1:
+            loss, nll, is_top = _forward_rows(logits, gold, eps)  # (N,) each
+        else:
+            parts = [_forward_rows(logits[rows], gold[rows], eps) for rows in chunks]
+            loss, nll, is_top = (torch.cat(column) for column in zip(*parts))  # (N,) each
+        ctx.save_for_backward(logits, gold)
+        ctx.eps = eps
         ctx.mark_non_differentiable(is_top)
-        return (1.0 - eps) * -gold_lprobs + eps * smooth, -gold_lprobs, is_top
+        return loss, nll, is_top
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor, _: Tensor) -> tuple[Tensor, None, None]:
-        lprobs, gold = ctx.saved_tensors
-        eps, vocab = ctx.eps, lprobs.size(-1)
-        grad = lprobs.exp().mul_((grad_loss + grad_nll).unsqueeze(-1))  # (N, V) softmax * (g_loss + g_nll)
-        if eps:
-            grad.sub_((grad_loss * (eps / vocab)).unsqueeze(-1))
-        grad.scatter_add_(-1, gold.unsqueeze(-1), -((1.0 - eps) * grad_loss + grad_nll).unsqueeze(-1))
-        return grad.to(ctx.logits_dtype), None, None
+        logits, gold = ctx.saved_tensors
+        chunks = _row_chunks(logits.size(0), logits.size(-1))
+        if len(chunks) == 1:
+            return _grad_rows(logits, gold, grad_loss, grad_nll, ctx.eps).to(logits.dtype), None, None
+        grad = torch.empty_like(logits)  # (N, V) in the logits' dtype: the only full-size buffer
+        in_place = grad.dtype == torch.promote_types(grad.dtype, torch.float32)
+        for rows in chunks:
+            out = grad[rows] if in_place else None  # float32 or wider: computed in place
+            chunk = _grad_rows(logits[rows], gold[rows], grad_loss[rows], grad_nll[rows], ctx.eps, out)
+            if not in_place:
+                grad[rows] = chunk  # one rounding from float32 to the logits' dtype
+        return grad, None, None
 
 
 def label_smoothed_cross_entropy(

@@ -1,0 +1,144 @@
+"""Label-smoothed cross entropy alone: time and memory of forward + backward, ours vs ours at a baseline revision.
+
+For (N tokens, V vocabulary) logits in float32 and bfloat16 (what autocast hands the loss on a GPU), per
+implementation: the median seconds of `label_smoothed_cross_entropy(...).loss.backward()` (the two
+implementations interleaved, the order alternating), the bytes autograd keeps between forward and backward
+(saved tensors, counted with saved_tensors_hooks; "extra" leaves out the logits themselves, which exist
+anyway), and the peak CPU memory the forward + backward allocate on top of the logits (torch.profiler's
+allocation events, which carry the CPU allocator's running total). The reference row is
+`F.cross_entropy(label_smoothing=...)` through autograd, timed the same way.
+
+    python benchmarks/bench_loss.py [--baseline main] [--shapes 2688x10000,4096x32000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from references import load_revision
+
+from transformer import losses
+
+PAD, EPS = 0, 0.1
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def _ours(module: object) -> LossFn:
+    return lambda logits, target: module.label_smoothed_cross_entropy(logits, target, label_smoothing=EPS).loss
+
+
+def _torch(logits: Tensor, target: Tensor) -> Tensor:
+    return F.cross_entropy(logits.float(), target, ignore_index=PAD, label_smoothing=EPS)
+
+
+def _inputs(n: int, vocab: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(n, vocab, generator=generator).mul_(3).to(dtype).requires_grad_()  # (N, V)
+    target = torch.randint(1, vocab, (n,), generator=generator)
+    target[::7] = PAD  # some padding
+    return logits, target
+
+
+def _step(fn: LossFn, logits: Tensor, target: Tensor) -> float:
+    logits.grad = None
+    start = time.perf_counter()
+    fn(logits, target).backward()
+    return time.perf_counter() - start
+
+
+def saved_bytes(fn: LossFn, logits: Tensor, target: Tensor) -> tuple[int, int]:
+    """(all, extra) bytes autograd saves in the forward; extra leaves out storages shared with the logits."""
+    saved: list[Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        fn(logits, target)
+    storages = {}
+    for t in saved:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    total = sum(storages.values())
+    return total, total - storages.get(logits.untyped_storage().data_ptr(), 0)
+
+
+def peak_bytes(fn: LossFn, logits: Tensor, target: Tensor) -> int:
+    """Peak CPU bytes allocated during forward + backward above what was allocated before."""
+    logits.grad = None
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(logits, target).backward()
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        fields = event.extra_fields
+        if type(fields).__name__ == "_ExtraFields_Allocation" and fields.device.type == "cpu":
+            events.append((event.start_time_ns, fields.alloc_size, fields.total_allocated))
+    events.sort()
+    if not events:
+        return 0
+    before = events[0][2] - events[0][1]
+    return max(total for _, _, total in events) - before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default="main", help="git revision of the 'before' implementation")
+    parser.add_argument("--shapes", default="2688x10000,4096x32000", help="comma-separated NxV")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fns = {"ours": _ours(losses), "before": _ours(load_revision(args.baseline)["losses"]), "torch": _torch}
+
+    results = []
+    for shape in args.shapes.split(","):
+        n, vocab = (int(x) for x in shape.split("x"))
+        for dtype in (torch.float32, torch.bfloat16):
+            logits, target = _inputs(n, vocab, dtype)
+            times: dict[str, list[float]] = {name: [] for name in fns}
+            for i in range(args.repeats + 1):  # the first round warms up
+                order = list(fns) if i % 2 == 0 else list(reversed(fns))
+                for name in order:
+                    seconds = _step(fns[name], logits, target)
+                    if i:
+                        times[name].append(seconds)
+            for name, fn in fns.items():
+                saved, extra = saved_bytes(fn, logits, target)
+                row = {
+                    "shape": shape,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "impl": name,
+                    "ms": 1e3 * statistics.median(times[name]),
+                    "saved_MB": saved / 2**20,
+                    "extra_saved_MB": extra / 2**20,
+                    "peak_MB": peak_bytes(fn, logits, target) / 2**20,
+                }
+                results.append(row)
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, baseline {args.baseline}")
+    print(f"{'N x V':>12} {'dtype':>9} {'impl':>7} {'fwd+bwd ms':>11} {'saved MB':>9} {'extra MB':>9} "
+          f"{'peak MB':>8} {'time vs before':>15}")  # fmt: skip
+    for row in results:
+        before = next(
+            r for r in results if r["impl"] == "before" and (r["shape"], r["dtype"]) == (row["shape"], row["dtype"])
+        )
+        print(
+            f"{row['shape']:>12} {row['dtype']:>9} {row['impl']:>7} {row['ms']:11.1f} {row['saved_MB']:9.1f} "
+            f"{row['extra_saved_MB']:9.1f} {row['peak_MB']:8.1f} {row['ms'] / before['ms']:15.3f}"
+        )
+    print(json.dumps([{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in results]))
+
+
+if __name__ == "__main__":
+    main()
