@@ -1,4 +1,4 @@
-"""Label-smoothed cross entropy alone: time and memory of forward + backward, ours vs ours at a baseline revision.
+"""Label-smoothed cross entropy alone: time and memory of forward + backward, now vs a baseline revision.
 
 For (N tokens, V vocabulary) logits in float32 and bfloat16 (what autocast hands the loss on a GPU), per
 implementation: the median seconds of `label_smoothed_cross_entropy(...).loss.backward()` (the two
@@ -36,7 +36,8 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
 def _ours(module: object) -> LossFn:
-    return lambda logits, target: module.label_smoothed_cross_entropy(logits, target, label_smoothing=EPS).loss
+    loss = module.label_smoothed_cross_entropy  # type: ignore[attr-defined]
+    return lambda logits, target: loss(logits, target, label_smoothing=EPS).loss
 
 
 def _torch(logits: Tensor, target: Tensor) -> Tensor:
@@ -130,14 +131,14 @@ def main() -> None:
     print(f"{'N x V':>12} {'dtype':>9} {'impl':>7} {'fwd+bwd ms':>11} {'saved MB':>9} {'extra MB':>9} "
           f"{'peak MB':>8} {'time vs before':>15}")  # fmt: skip
     for row in results:
-        before = next(
-            r for r in results if r["impl"] == "before" and (r["shape"], r["dtype"]) == (row["shape"], row["dtype"])
-        )
+        key = (row["shape"], row["dtype"])
+        before = next(r for r in results if r["impl"] == "before" and (r["shape"], r["dtype"]) == key)
         print(
             f"{row['shape']:>12} {row['dtype']:>9} {row['impl']:>7} {row['ms']:11.1f} {row['saved_MB']:9.1f} "
             f"{row['extra_saved_MB']:9.1f} {row['peak_MB']:8.1f} {row['ms'] / before['ms']:15.3f}"
         )
-    print(json.dumps([{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in results]))
+    rounded = [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in results]
+    print(json.dumps(rounded))
 
 
 if __name__ == "__main__":
