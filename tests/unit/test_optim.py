@@ -61,3 +61,61 @@ def test_adamw_steps_and_leaves_no_decay_params_alone_without_gradient() -> None
 def test_bad_values_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         adamw(_Tiny(), **kwargs)
+
+
+def test_fused_is_picked_exactly_where_torch_has_the_kernel() -> None:
+    """`fused=None` asks torch's own list of devices with a fused AdamW; elsewhere (meta here) the
+    foreach/for-loop kernel, which every device has."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    assert {"cpu", "cuda"} <= set(_get_fused_kernels_supported_devices())
+    assert adamw(_Tiny()).defaults["fused"] is True  # CPU float32
+    assert adamw(_Tiny().to(torch.bfloat16)).defaults["fused"] is True
+    assert adamw(_Tiny().to("meta")).defaults["fused"] is False
+    assert adamw(_Tiny(), fused=False).defaults["fused"] is False  # an explicit choice is kept
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_on_cuda_steps_like_the_foreach_kernel() -> None:
+    """On CUDA parameters the fused kernel is chosen and gives the foreach kernel's update."""
+    torch.manual_seed(0)
+    fused_model = _Tiny().cuda()
+    foreach_model = _Tiny().cuda()
+    foreach_model.load_state_dict(fused_model.state_dict())
+    fused, foreach = adamw(fused_model, lr=0.1, weight_decay=0.1), adamw(foreach_model, lr=0.1, fused=False)
+    assert fused.defaults["fused"] is True and foreach.defaults["fused"] is False
+    foreach.param_groups[0]["weight_decay"] = 0.1
+    for _ in range(3):
+        for model, optimizer in ((fused_model, fused), (foreach_model, foreach)):
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.full_like(p, 0.5)
+            optimizer.step()
+    for a, b in zip(fused_model.parameters(), foreach_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_full_precision_clipping_keeps_the_fused_kernel(tmp_path) -> None:
+    """Only mixed precision stops Lightning from clipping a fused optimizer's gradients (the task then
+    picks foreach, tests/unit/test_tasks.py); at 32-true it clips, and the fused kernel stays."""
+    import lightning as L
+
+    from tests.unit.test_tasks import CopyData, _trainer, _translation
+
+    norms: list[float] = []
+
+    # Lightning runs backward and clipping inside step(closure): after the step, .grad is what was clipped
+    class GradNorms(L.Callback):
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            def record(optimizer: torch.optim.Optimizer, *_: object) -> None:
+                grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+            trainer.optimizers[0].register_step_post_hook(record)
+
+    trainer = _trainer(
+        tmp_path, max_steps=2, limit_val_batches=0, gradient_clip_val=1e-3, callbacks=[GradNorms()]
+    )
+    trainer.fit(_translation(), datamodule=CopyData())
+    assert trainer.global_step == 2 and trainer.optimizers[0].defaults["fused"] is True
+    assert len(norms) == 2 and max(norms) <= 1e-3 * (1 + 1e-4)  # clipped
