@@ -1,9 +1,15 @@
-"""Label-smoothed cross entropy: torch's numbers, padding ignored and padding-amount invariant."""
+"""Label-smoothed cross entropy: torch's numbers, padding ignored and padding-amount invariant, in float32 and
+bfloat16, chunked or not; no float32 copy of the logits kept for backward; one compiled graph for any N."""
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
 
+from transformer import losses
 from transformer.losses import label_smoothed_cross_entropy, symmetric_kl
 
 PAD = 0
@@ -95,3 +101,155 @@ def test_symmetric_kl_matches_torch_kl_div_both_ways() -> None:
     assert symmetric_kl(p, p).abs().item() < 1e-7  # identical predictions: no penalty
     torch.testing.assert_close(symmetric_kl(q, p), got)  # symmetric
     assert symmetric_kl(p.bfloat16(), q.bfloat16()).dtype == torch.float32
+
+
+# --- bfloat16 logits, chunking, memory and compilation -------------------------------------------------
+
+
+@pytest.fixture(params=["one piece", "chunked"])
+def chunking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a test with the loss in one piece and in chunks of 3 rows of 11 (the last one shorter)."""
+    if request.param == "chunked":
+        monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", 33)
+    yield request.param
+
+
+def _reference(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Loss and NLL written with torch's ops, through autograd, in float32 (or wider)."""
+    V = logits.size(-1)
+    flat, gold = (
+        logits.reshape(-1, V).to(torch.promote_types(logits.dtype, torch.float32)),
+        target.reshape(-1),
+    )
+    loss = F.cross_entropy(flat, gold, ignore_index=PAD, label_smoothing=eps)
+    lprobs = F.log_softmax(flat, dim=-1)  # (N, V)
+    keep = gold != PAD
+    nll = -(lprobs.gather(-1, gold.unsqueeze(-1)).squeeze(-1) * keep).sum() / keep.sum()
+    return loss, nll
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_nll_and_gradients_match_autograd_reference(chunking: str, dtype: torch.dtype) -> None:
+    """g_loss * loss + g_nll * nll: both outputs carry gradient; pad rows get exactly zero."""
+    torch.manual_seed(0)
+    logits, target = _batch()
+    logits = (3 * logits).to(dtype)
+    ours = logits.clone().requires_grad_()
+    theirs = logits.clone().requires_grad_()
+    out = label_smoothed_cross_entropy(ours, target, label_smoothing=0.1)
+    loss, nll = _reference(theirs, target, 0.1)
+    assert out.loss.dtype == out.nll.dtype == torch.float32
+    torch.testing.assert_close(out.loss, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.nll, nll, rtol=1e-6, atol=1e-6)
+    (0.7 * out.loss + 0.3 * out.nll).backward()
+    (0.7 * loss + 0.3 * nll).backward()
+    assert ours.grad.dtype == dtype
+    # float32: the same numbers; bfloat16: the float32 gradient, rounded once
+    torch.testing.assert_close(
+        ours.grad, theirs.grad, rtol=1e-5 if dtype == torch.float32 else 8e-3, atol=1e-7
+    )
+    assert torch.all(ours.grad[target == PAD] == 0)
+
+
+def test_chunks_change_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    logits, target = _batch()
+    results = []
+    for chunk in (1 << 24, 33, 11):  # one piece; 3 rows at a time; 1 row at a time
+        monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", chunk)
+        x = logits.float().requires_grad_()
+        out = label_smoothed_cross_entropy(x, target)
+        (out.loss + out.nll).backward()
+        results.append((*out, x.grad))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_exact_tie_with_the_gold_token_counts_as_correct(chunking: str, dtype: torch.dtype) -> None:
+    target = torch.tensor([[3, 4, 5, 6], [7, 8, PAD, PAD]])  # (2, 4), V = 11
+    logits = torch.zeros(2, 4, 11, dtype=dtype)
+    logits[0, 0, 3] = 2.0  # gold is the unique max: correct
+    logits[0, 1, 4] = logits[0, 1, 9] = 2.0  # gold ties the max: correct
+    logits[0, 2, 5], logits[0, 2, 1] = 2.0, 2.015625  # gold one bfloat16 ulp below the max: wrong
+    logits[0, 3, 6], logits[0, 3, 1] = 1.0, 2.0  # wrong
+    logits[1, 0, 7] = logits[1, 0, 2] = 5.0  # tie: correct
+    logits[1, 1, 8] = -1.0  # all others 0 > gold: wrong
+    logits[1, 2:, PAD] = 9.0  # pad rows: "right", but not counted
+    out = label_smoothed_cross_entropy(logits, target)
+    assert (out.n_correct.item(), out.n_tokens.item()) == (3, 6)
+
+
+def _saved(logits: Tensor, target: Tensor) -> list[Tensor]:
+    saved: list[Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        label_smoothed_cross_entropy(logits, target)
+    return saved
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_keeps_only_the_logits_themselves(dtype: torch.dtype) -> None:
+    """No float32 (N, V) tensor lives from forward to backward: only the logits (which exist anyway) and
+    per-token vectors are saved."""
+    logits, target = _batch(B=4, T=8, V=50)
+    logits = logits.to(dtype).requires_grad_()
+    N = target.numel()
+    for tensor in _saved(logits, target):
+        if tensor.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr():
+            assert tensor.numel() <= N, (tensor.shape, tensor.dtype)
+
+
+def _peak_allocated(fn: object) -> int:
+    """Peak CPU bytes allocated while `fn()` runs, above what was allocated before (profiler events)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()  # type: ignore[operator]
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        fields = event.extra_fields
+        if type(fields).__name__ == "_ExtraFields_Allocation" and fields.device.type == "cpu":
+            events.append((event.start_time_ns, fields.alloc_size, fields.total_allocated))
+    events.sort()
+    return max(total for _, _, total in events) - (events[0][2] - events[0][1])
+
+
+def test_float32_temporaries_are_bounded_by_the_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 logits (N, V): forward + backward allocate the bfloat16 gradient and a few float32 chunks,
+    not the two float32 (N, V) buffers (log-probabilities, softmax) of a one-piece computation."""
+    N, V, chunk = 512, 1000, 32 * 1000
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", chunk)
+    logits = torch.randn(N, V).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(1, V, (N,))
+    peak = _peak_allocated(lambda: label_smoothed_cross_entropy(logits, target).loss.backward())
+    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+    # the gradient, up to 3 float32 chunks alive at once (upcast input, output, its copy), vectors (N,)
+    assert peak <= N * V * 2 + 3 * chunk * 4 + 64 * N, peak
+    assert peak < N * V * 4  # less than one float32 copy of the logits
+
+
+def test_compiles_to_one_graph_whatever_the_number_of_tokens() -> None:
+    """torch.compile(fullgraph=True) traces forward and backward once for a dynamic N (no chunk loop
+    specializes it) and gives eager's numbers."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def step(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        out = label_smoothed_cross_entropy(logits, target, label_smoothing=0.1)
+        return out.loss, out.nll, out.n_correct
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
+    try:
+        for T in (7, 9, 13):
+            logits, target = _batch(T=T)
+            ours, theirs = logits.float().requires_grad_(), logits.float().requires_grad_()
+            got, expected = compiled(ours, target), step(theirs, target)
+            for a, b in zip(got, expected, strict=True):
+                torch.testing.assert_close(a, b)
+            (got[0] + got[1]).backward()
+            (expected[0] + expected[1]).backward()
+            torch.testing.assert_close(ours.grad, theirs.grad)
+    finally:
+        torch._dynamo.reset()
+    assert counter.frame_count == 1
