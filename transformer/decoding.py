@@ -330,7 +330,7 @@ def _samples(
         **lengths,
         stepping=stepping,
     )
-    tokens, scores = tokens.view(batch, n_best, -1), scores.view(batch, n_best)
+    tokens, scores = tokens.view(batch, n_best, tokens.shape[-1]), scores.view(batch, n_best)  # (B, n, L)
     scores, order = scores.sort(dim=1, descending=True, stable=True)
     return tokens.gather(1, order.unsqueeze(-1).expand_as(tokens)), scores
 

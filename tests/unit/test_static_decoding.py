@@ -122,6 +122,22 @@ def test_static_cache_decodes_an_ensemble_alike(beam_size: int) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_len_a": 0, "max_len_b": 1, "beam_size": 4},  # one step: the eager first one only
+        {"max_len_a": 0, "max_len_b": 2, "search": "sample", "n_best": 3},
+        {"beam_size": 4, "length_penalty": 0.0, "n_best": 2},
+        {"beam_size": 30, "n_best": 30},  # more candidates than the vocabulary holds: dead beams
+    ],
+    ids=str,
+)
+def test_static_cache_at_the_edges(settings: dict[str, Any]) -> None:
+    model, src = _model(0), _sources(7, seed=3)
+    _assert_same(_decode(model, src, "dynamic", **settings), _decode(model, src, "static", **settings))
+    assert _decode(model, src[:0], "static", **settings)[0].shape[0] == 0
+
+
 @pytest.mark.usefixtures("aot_eager_step")
 @pytest.mark.parametrize("name", ["greedy", "beam4_nbest", "sample"])
 def test_compiled_step_is_one_graph_for_every_step(name: str) -> None:
