@@ -109,14 +109,15 @@ def time_limit(seconds: int | None) -> Iterator[None]:
 
 def _build(name: str, config: TransformerConfig, device: torch.device, backend: str) -> Any:
     """ours | ours:compiled | torch | torch:compiled | marian (or any of bench_train's `ours:VARIANT`), as
-    bench_train builds them, on `device`. Compiled: `torch.compile(dynamic=True)` (bucketed batches change
-    shape every step) on the padded layout, as bench_train's `ours:compiled`."""
+    bench_train builds them, on `device`. Compiled: ours as `model.compile=true` compiles the training step
+    (forward and loss, dynamic shapes, `transformer.training.compiling`); the references with
+    `torch.compile(dynamic=True)` (bucketed batches change shape every step) on the model."""
     base, _, variant = name.partition(":")
-    if variant == "compiled":  # ours unpacked: packing's shapes depend on the data
-        name = "ours:nopack" if base == "ours" else base
-    runner = build_runner(name, config, {}, device)
+    if variant == "compiled" and base != "ours":  # ours:compiled compiles its step as the task does
+        name = base
+    runner = build_runner(name, config, {}, device, compile_backend=backend)
     runner.model.to(device).train()
-    if variant == "compiled":
+    if variant == "compiled" and base != "ours":
         runner.model.compile(dynamic=True, backend=backend)
     return runner
 

@@ -19,6 +19,7 @@ from transformer import losses as our_losses
 from transformer.config import TransformerConfig
 from transformer.layers import Dropout
 from transformer.model import Seq2SeqTransformer
+from transformer.training.compiling import CompiledStep
 
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
@@ -28,8 +29,11 @@ VOCAB = 10_000
 LABEL_SMOOTHING = 0.1
 
 
-def ours_token_loss(model: nn.Module, batch: Batch, loss_fn: Callable[..., Tensor]) -> Tensor:
-    """Our training loss, as TranslationTask computes it (only non-pad target positions are projected)."""
+def ours_token_loss(model: nn.Module, batch: Batch, loss_fn: Callable[..., Tensor], packs: bool) -> Tensor:
+    """Our training loss, as TranslationTask computes it: packed (the CPU), only the non-pad target
+    positions are projected; otherwise the padded layout, pads ignored by the loss (no host read)."""
+    if not packs and hasattr(model, "packing_on"):
+        return padded_token_loss(model, batch.src, batch.tgt_in, batch.tgt_out, loss_fn).loss
     keep = batch.tgt_out.ne(PAD)  # (B, T)
     if hasattr(model, "pack_tokens"):
         hidden = model(batch.src, batch.tgt_in, return_hidden=True, positions=keep)  # (N, D)
@@ -37,6 +41,13 @@ def ours_token_loss(model: nn.Module, batch: Batch, loss_fn: Callable[..., Tenso
         hidden = model(batch.src, batch.tgt_in, return_hidden=True)[keep]  # (N, D)
     logits = model.output_projection(hidden)  # (N, V)
     return loss_fn(logits, batch.tgt_out[keep], ignore_index=PAD, label_smoothing=LABEL_SMOOTHING).loss
+
+
+def padded_token_loss(
+    model: nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, loss_fn: Callable[..., Any]
+) -> Any:
+    """TranslationTask._padded_token_loss: logits over the padded (B, T) batch, pads ignored by the loss."""
+    return loss_fn(model(src, tgt_in), tgt_out, ignore_index=PAD, label_smoothing=LABEL_SMOOTHING)
 
 
 def autograd_token_loss(logits: Tensor, target: Tensor, *, ignore_index: int, label_smoothing: float) -> Any:
@@ -113,7 +124,7 @@ class Runner:
         return matmul_flops(config, batch, packed=self.packed, packed_logits=self.packed_logits)
 
 
-# ours with one lever reverted, or (compiled) torch.compile(dynamic=True) added on the padded layout
+# ours with one lever reverted, or (compiled) forward and loss compiled as model.compile=true compiles them
 VARIANTS = ("pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled")
 
 
@@ -122,9 +133,11 @@ def build_runner(
     config: TransformerConfig,
     revisions: dict[str, dict[str, ModuleType]],
     device: torch.device = torch.device("cpu"),  # noqa: B008
+    compile_backend: str = "inductor",
 ) -> Runner:
     """ours, ours:VARIANT (one optimization reverted or forced), ours@REV (an earlier revision), torch or
-    marian, for training on `device` (ours packs tokens by default on the CPU only)."""
+    marian, for training on `device` (ours packs tokens by default on the CPU only). `ours:compiled` is
+    TranslationTask's `model.compile=true`: forward and loss through one `CompiledStep`."""
     torch.manual_seed(0)
     if name == "ours" or name.startswith("ours:"):
         variant = name.partition(":")[2]
@@ -133,8 +146,6 @@ def build_runner(
         model = Seq2SeqTransformer(config)
         if variant in ("pack", "nopack", "compiled"):  # packing's shapes depend on the data: not compiled
             model.pack_tokens = variant == "pack"
-        if variant == "compiled":
-            model.compile(dynamic=True)
         if variant == "torchdropout":
             for module in list(model.modules()):
                 for child_name, child in module.named_children():
@@ -143,25 +154,30 @@ def build_runner(
         loss_fn = (
             autograd_token_loss if variant == "autogradloss" else our_losses.label_smoothed_cross_entropy
         )
+        packs = model.packing_on(device)
+        if variant == "compiled":
+            step = CompiledStep(
+                lambda src, tgt_in, tgt_out: padded_token_loss(model, src, tgt_in, tgt_out, loss_fn),
+                "the training step",
+                backend=compile_backend,
+            )
+            return Runner(name, model, lambda b: step(b.src, b.tgt_in, b.tgt_out).loss, False, False)
         return Runner(
             name,
             model,
-            lambda b: ours_token_loss(model, b, loss_fn),
-            model.packing_on(device),
-            True,
+            lambda b: ours_token_loss(model, b, loss_fn, packs),
+            packs,
+            packs,
             fused_adamw=variant != "foreachadamw",
         )
     if name.startswith("ours@"):
         modules = revisions[name.split("@", 1)[1]]
         old_config = modules["config"].TransformerConfig(**vars(config))
         model = modules["model"].Seq2SeqTransformer(old_config)
-        packs = (
-            model.packing_on(device)
-            if hasattr(model, "packing_on")
-            else bool(getattr(model, "pack_tokens", False))
-        )
+        on = getattr(model, "packing_on", None) or getattr(model, "_packing_on", None)  # renamed
+        packs = on(device) if on is not None else bool(getattr(model, "pack_tokens", False))
         loss_fn = modules["losses"].label_smoothed_cross_entropy
-        return Runner(name, model, lambda b: ours_token_loss(model, b, loss_fn), packs, True)
+        return Runner(name, model, lambda b: ours_token_loss(model, b, loss_fn, packs), packs, True)
     if name == "torch":
         model = TorchReference(config)
         return Runner(name, model, lambda b: reference_loss(model, b), False, False)
