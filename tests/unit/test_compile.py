@@ -65,8 +65,10 @@ def test_the_training_forward_and_loss_are_one_graph_without_breaks() -> None:
         batch["src"], batch["tgt_in"], batch["tgt_out"]
     )
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    # the CPU default packs eagerly; forced on, tracing still takes the padded layout
+    # the CPU default packs eagerly; forced on, tracing still takes the padded layout; activation
+    # checkpointing (torch.utils.checkpoint) is traced into the same graph
     task.model.pack_tokens = True
+    task.model.encoder.activation_checkpointing = task.model.decoder.activation_checkpointing = True
     torch._dynamo.reset()
     explained = torch._dynamo.explain(task._padded_token_loss)(
         batch["src"], batch["tgt_in"], batch["tgt_out"]
