@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from transformer.config import TransformerConfig
+from tests.tiny import tiny_seq2seq
 from transformer.decoding import DecodingSettings, search
 from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
@@ -70,22 +70,8 @@ class _SyncCounter(TorchFunctionMode):
 
 
 def _model(seed: int, d_model: int = 32, layers: int = 2) -> Seq2SeqTransformer:
-    torch.manual_seed(seed)
-    config = TransformerConfig(
-        src_vocab_size=VOCAB,
-        tgt_vocab_size=VOCAB,
-        d_model=d_model,
-        n_heads=4,
-        n_encoder_layers=layers,
-        n_decoder_layers=layers,
-        d_ff=2 * d_model,
-        dropout=0.0,
-        max_len=64,
-    )
-    model = Seq2SeqTransformer(config).eval()
+    model = tiny_seq2seq(seed, vocab=VOCAB, d_model=d_model, layers=layers)
     model.pack_tokens = False  # the GPU's encoder path (the CPU's packed one reads back once per search)
-    with torch.no_grad():
-        model.output_projection.weight.mul_(3.0)  # peaked distributions: sentences end at many lengths
     return model
 
 

@@ -5,11 +5,12 @@ frequencies, and Python n-gram bookkeeping."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
-from transformer.config import TransformerConfig
+from tests.tiny import tiny_seq2seq
 from transformer.decoding import DecodingSettings, beam_search, decode, greedy_search, sample, search
 from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
@@ -21,23 +22,8 @@ PAD, BOS, EOS = 0, 1, 2
 VOCAB = 20
 
 
-def _model(seed: int, scale: float = 3.0, **overrides: object) -> Seq2SeqTransformer:
-    torch.manual_seed(seed)
-    values: dict[str, object] = {
-        "src_vocab_size": VOCAB,
-        "d_model": 32,
-        "n_heads": 4,
-        "n_encoder_layers": 2,
-        "n_decoder_layers": 2,
-        "d_ff": 64,
-        "dropout": 0.0,
-        "max_len": 48,
-    }
-    values.update(overrides)
-    model = Seq2SeqTransformer(TransformerConfig(**values)).eval()  # type: ignore[arg-type]
-    with torch.no_grad():
-        model.output_projection.weight.mul_(scale)
-    return model
+def _model(seed: int, scale: float = 3.0, **overrides: Any) -> Seq2SeqTransformer:
+    return tiny_seq2seq(seed, vocab=VOCAB, peaked=scale, max_len=48, **overrides)
 
 
 def _sources(batch: int, seed: int = 0) -> torch.Tensor:

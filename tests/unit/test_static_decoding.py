@@ -13,8 +13,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import transformer.static_cache as static_cache
+from tests.tiny import tiny_seq2seq
 from tests.unit.test_decoding_syncs import _count
-from transformer.config import TransformerConfig
 from transformer.decoding import DecodingSettings, search
 from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
@@ -34,23 +34,7 @@ SEARCHES = {
 
 
 def _model(seed: int, d_model: int = 32, layers: int = 2, **overrides: Any) -> Seq2SeqTransformer:
-    torch.manual_seed(seed)
-    config = TransformerConfig(
-        src_vocab_size=VOCAB,
-        tgt_vocab_size=VOCAB,
-        d_model=d_model,
-        n_heads=4,
-        n_encoder_layers=layers,
-        n_decoder_layers=layers,
-        d_ff=2 * d_model,
-        dropout=0.0,
-        max_len=64,
-        **overrides,
-    )
-    model = Seq2SeqTransformer(config).eval()
-    with torch.no_grad():
-        model.output_projection.weight.mul_(3.0)  # peaked distributions: sentences end at many lengths
-    return model
+    return tiny_seq2seq(seed, vocab=VOCAB, d_model=d_model, layers=layers, **overrides)
 
 
 def _sources(batch: int, seed: int = 0) -> torch.Tensor:
