@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lightning as L
@@ -239,14 +243,17 @@ def test_cli_bad_value_is_one_line_and_exit_1(tmp_path: Path) -> None:
 
 
 class RecordTraining(L.Callback):
-    """Write `directory`/rank{R}.pt at the end of training: the example ids of every training batch this
-    process took (with its epoch), its global_step and its weights."""
+    """Write `directory`/rank{R}.pt when training ends or stops (a signal's exit): the example ids of every
+    training batch this process took (with its epoch), its global_step and its weights."""
 
     def __init__(self, directory: str) -> None:
         self.directory, self.batches = Path(directory), []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, *args) -> None:
         self.batches.append((trainer.current_epoch, batch["id"].tolist()))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        self.on_train_end(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
@@ -293,20 +300,87 @@ def _check_ranks_split_the_epochs(ranks: list[dict], epochs: int, n_train: int) 
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == total
 
 
-def test_ddp_cpu_two_processes_one_run_directory(tmp_path: Path) -> None:
-    small_batches = "+data.eval_max_tokens=128"  # the 30 test sentences in several batches, not one
-    record = [
+class SignalTheLauncher(L.Callback):
+    """Send SIGTERM to rank 0 only, the process the command started (Lightning started rank 1 from it), at
+    the end of optimizer step `step`, as `kill PID` does: rank 1 gets no signal of its own. Rank 0 then
+    winds down slower than rank 1: `linger` seconds after rank 1 has exited (a logger uploading files)."""
+
+    def __init__(self, step: int, linger: float) -> None:
+        self.step, self.linger, self.others = step, linger, []
+
+    def on_train_start(self, trainer: L.Trainer, *args) -> None:
+        self.others = list(getattr(trainer.strategy.launcher, "procs", []))  # on rank 0: rank 1's process
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_rank == 0 and trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_exception(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_rank == 0:
+            for process in self.others:
+                process.wait()
+            time.sleep(self.linger)
+
+
+def _ddp_args(directory: Path, *extra: str) -> list[str]:
+    """The tiny quickstart on 2 CPU processes, exact (trainer.deterministic=true, the README's condition for
+    an exact resume), logging into `directory`/logs; each rank records its batches and weights in
+    `directory`, and rank 1 alone sees a NaN loss at step 3: the guard's decision is shared, so both
+    ranks skip that step."""
+    return [
+        *TINY,
+        "+data.eval_max_tokens=128",  # the 30 test sentences in several batches, not one
+        "trainer=ddp_cpu",
+        "trainer.deterministic=true",
         f"+callbacks.record._target_={__name__}.RecordTraining",
-        f"+callbacks.record.directory={tmp_path}",
+        f"+callbacks.record.directory={directory}",
+        f"+callbacks.poison._target_={__name__}.PoisonOneRank",
+        "+callbacks.poison.rank=1",
+        "+callbacks.poison.step=3",
+        "callbacks.non_finite_loss.action=skip",
+        f"paths.log_dir={directory / 'logs'}",
+        *extra,
     ]
-    # rank 1 alone sees a NaN loss at step 3: the guard's decision is shared, so both ranks skip that step
-    poison = [f"+callbacks.poison._target_={__name__}.PoisonOneRank", "+callbacks.poison.rank=1"]
-    record += [*poison, "+callbacks.poison.step=3", "callbacks.non_finite_loss.action=skip"]
-    done = _cli(
-        [*TINY, small_batches, *record, "trainer=ddp_cpu", f"paths.log_dir={tmp_path / 'logs'}"], cwd=tmp_path
-    )
+
+
+def _curves(run_dir: Path) -> dict[tuple[str, int], float]:
+    """(metric, step) -> value of the training loss, learning rate and validation scores (rank 0's CSV)."""
+    curves = {}
+    for row in _read_csv(run_dir / "csv" / "metrics.csv"):
+        for name in ("train/loss", "lr-AdamW/pg1", "train/skipped_steps", "val/loss", "val/bleu"):
+            if row.get(name):
+                curves[(name, int(row["step"]))] = float(row[name])
+    return curves
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Two DDP runs of 2 epochs (10 steps per rank), started together: `straight` runs to the end;
+    `killed` is the same run sent SIGTERM at the end of step 6 (mid-epoch 2), without the final test."""
+    runs = {
+        "straight": (tmp_path_factory.mktemp("ddp_straight"), []),
+        "killed": (
+            tmp_path_factory.mktemp("ddp_killed"),
+            [
+                "test=false",
+                f"+callbacks.sigterm._target_={__name__}.SignalTheLauncher",
+                "+callbacks.sigterm.step=6",
+                # longer than the 5 s in which Lightning's launcher looks at the other ranks' exit status
+                "+callbacks.sigterm.linger=6",
+            ],
+        ),
+    }
+    with ThreadPoolExecutor(max_workers=2) as pool:  # much of each run is interpreter start-up
+        futures = {name: pool.submit(_cli, _ddp_args(d, *extra), cwd=d) for name, (d, extra) in runs.items()}
+        return {name: (runs[name][0], future.result()) for name, future in futures.items()}
+
+
+def test_ddp_cpu_two_processes_one_run_directory(
+    ddp_runs: dict[str, tuple[Path, subprocess.CompletedProcess]], tmp_path: Path
+) -> None:
+    record_dir, done = ddp_runs["straight"]
     assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    ranks = [torch.load(record_dir / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     _check_ranks_split_the_epochs(ranks, epochs=2, n_train=600)
     # the same weights on both ranks after training (gradients all-reduced every step), none NaN: rank 0,
     # whose own loss was finite, skipped step 3 with rank 1 (stepping would have applied NaN gradients)
@@ -314,7 +388,7 @@ def test_ddp_cpu_two_processes_one_run_directory(tmp_path: Path) -> None:
     assert all(torch.isfinite(w).all() for rank in ranks for w in rank["weights"].values())
     assert ranks[0]["weights"].keys() == ranks[1]["weights"].keys()
     assert all(torch.equal(ranks[0]["weights"][k], ranks[1]["weights"][k]) for k in ranks[0]["weights"])
-    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    (run_dir,) = (record_dir / "logs" / "train" / "runs").iterdir()
     assert done.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
     assert done.stdout.count("run directory:") == 1  # printed by rank 0 only
     assert (run_dir / "train_ddp_process_1.log").is_file()  # the second process ran in the same directory
@@ -323,12 +397,65 @@ def test_ddp_cpu_two_processes_one_run_directory(tmp_path: Path) -> None:
     # The test step scored the hypotheses of all 30 test sentences, gathered from both processes: the
     # same scores as one process testing the same checkpoint (a lost rank would score a part of them).
     assert metrics["test/n_sentences"] == 30 and metrics["val/n_sentences"] == 30
-    overrides = [*TINY, *IN_PROCESS, small_batches, "train=false", f"ckpt_path={metrics['best_ckpt_path']}"]
+    overrides = [
+        *TINY,
+        *IN_PROCESS,
+        "+data.eval_max_tokens=128",
+        "train=false",
+        f"ckpt_path={metrics['best_ckpt_path']}",
+    ]
     single = train(compose_train_cfg(overrides, output_dir=tmp_path / "single"))
     assert single["test/n_sentences"] == 30 and single["test/chrf"] > 0  # not 0 == 0
     for name in ("test/bleu", "test/chrf", "test/exact_match"):
         assert metrics[name] == single[name], name
     assert metrics["test/loss"] == pytest.approx(single["test/loss"], rel=1e-5)
+
+
+def test_ddp_sigterm_to_the_launcher_then_resume_equals_the_straight_run(
+    ddp_runs: dict[str, tuple[Path, subprocess.CompletedProcess]], tmp_path: Path
+) -> None:
+    """README, Reliability: under DDP a SIGTERM acts after the next training step, the run writes
+    last.ckpt and exits 143; resuming from it continues as if never stopped. SIGTERM to the launching
+    process only, at the end of step 6: both ranks finish step 7 and stop there, one last.ckpt holds
+    step 7, and the command exits 143 although rank 0 ends 6 s after rank 1 (not 137: Lightning's
+    launcher SIGKILLs itself when another rank exits non-zero first, unless told otherwise). Resumed to
+    the end on 2 processes: each rank takes the rest of the straight run's batches (none repeated or
+    missed) and ends with bitwise its weights, losses, learning rates, validation scores and
+    skipped-step count (every rank restores its own random state: dropout)."""
+    (straight_dir, straight), (killed_dir, killed) = ddp_runs["straight"], ddp_runs["killed"]
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert killed.returncode == 128 + signal.SIGTERM, killed.stderr[-3000:]
+    (run_dir,) = (killed_dir / "logs" / "train" / "runs").iterdir()
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    saved = f"saved {ckpt} at step 7; resume with ckpt_path={ckpt}"
+    assert f"SIGTERM: {saved}" in (run_dir / "train.log").read_text()
+    assert f"a signal (on another rank): {saved}" in (run_dir / "train_ddp_process_1.log").read_text()
+    stopped = [torch.load(killed_dir / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert [rank["global_step"] for rank in stopped] == [7, 7]  # no rank went on to step 8
+    # one whole checkpoint (no temporary file left): the state both ranks stopped with
+    assert not [p.name for p in ckpt.parent.iterdir() if p.suffix == ".tmp"]
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 7
+    for key, value in checkpoint["state_dict"].items():
+        assert torch.equal(value, stopped[0]["weights"][key]) and torch.equal(
+            value, stopped[1]["weights"][key]
+        )
+
+    done = _cli(_ddp_args(tmp_path, "test=false", f"ckpt_path={ckpt}"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (resumed_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    (straight_run,) = (straight_dir / "logs" / "train" / "runs").iterdir()
+    resumed = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    reference = [torch.load(straight_dir / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for rank, (before, after, ref) in enumerate(zip(stopped, resumed, reference)):
+        assert before["batches"] + after["batches"] == ref["batches"], rank
+        assert after["global_step"] == ref["global_step"] == 10 and after["skipped"] == ref["skipped"] == 1
+        assert after["weights"].keys() == ref["weights"].keys()
+        for key, value in ref["weights"].items():
+            assert torch.equal(after["weights"][key], value), (rank, key)
+    before, after = _curves(run_dir), _curves(resumed_dir)
+    assert min(step for name, step in after if name == "train/loss") == 7  # the first step not taken
+    assert {**before, **after} == _curves(straight_run)
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,7 @@ class SaveOnSignal(L.Callback):
             self._save(trainer, "during validation")
         finally:
             self._mid_validation = False
-        self._exit_if_saved()
+        self._exit_if_saved(trainer)
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -123,16 +123,28 @@ class SaveOnSignal(L.Callback):
         )
         self._exit_code = 128 + (int(self.received) if self.received is not None else int(signal.SIGTERM))
 
-    def _exit_if_saved(self, *args: Any) -> None:
+    def _exit_if_saved(self, trainer: L.Trainer, *args: Any) -> None:
         if self._exit_code is not None:
             code, self._exit_code = self._exit_code, None
+            _unwatch_the_other_ranks(trainer)
             raise SystemExit(code)
 
     on_train_batch_start = on_validation_start = on_train_epoch_end = _exit_if_saved
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_handlers()
-        self._exit_if_saved()
+        self._exit_if_saved(trainer)
+
+
+def _unwatch_the_other_ranks(trainer: L.Trainer) -> None:
+    """On the process that started the other DDP ranks (Lightning's subprocess launcher: `trainer=ddp_cpu`,
+    `trainer=ddp` without srun), stop Lightning's watch over them before exiting with them: its thread
+    SIGKILLs this process when another rank exits with a non-zero status, so that this process would end
+    as 137 instead of 143 whenever it takes longer than the others to wind down (its loggers finishing).
+    The thread watches the launcher's own list of processes, emptied here."""
+    children = getattr(trainer.strategy.launcher, "procs", None)
+    if children:
+        children.clear()
 
 
 def _in_main_thread() -> bool:
@@ -143,7 +155,12 @@ def _in_main_thread() -> bool:
 
 class RandomState(L.Callback):
     """Store the Python, NumPy and torch (CPU and CUDA) random states in every checkpoint and restore
-    them on resume, so that dropout after a resume draws what the uninterrupted run drew."""
+    them on resume, so that dropout after a resume draws what the uninterrupted run drew.
+
+    Under DDP each rank draws its own numbers (dropout on its own batches) and only rank 0 writes the
+    checkpoint, so the states of every rank are gathered into it (every rank takes part in a save) and
+    each rank restores its own; resumed with another number of processes, every rank takes rank 0's.
+    """
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {
@@ -153,14 +170,26 @@ class RandomState(L.Callback):
         }
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             state["cuda"] = torch.cuda.get_rng_state_all()
+        if _world_size() > 1:
+            ranks: list[Any] = [None] * _world_size()
+            torch.distributed.all_gather_object(ranks, state)
+            state = {**state, "ranks": ranks}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ranks = state_dict.get("ranks", [])
+        if len(ranks) == _world_size() > 1:
+            state_dict = ranks[torch.distributed.get_rank()]
         torch.set_rng_state(state_dict["torch"])
         np.random.set_state(_numpy_state(state_dict["numpy"]))
         random.setstate(_python_state(state_dict["python"]))
         if "cuda" in state_dict and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state_dict["cuda"])
+
+
+def _world_size() -> int:
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if distributed else 1
 
 
 # the states as plain tensors / lists / ints, so that checkpoints keep loading with weights_only=True
