@@ -304,13 +304,29 @@ def test_a_search_where_every_trial_fails_ends_in_one_line(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_path: Path) -> None:
-    """Hydra's grid needs no objective: jobs that end before their first validation succeed. A job that
-    fails (d_model 30) does not stop the others; the sweep then ends with status 1 and one line."""
+    """Hydra's grid needs no objective: jobs that end before their first validation succeed, here through
+    `hydra/launcher=local` (submitit: each job pickled and run in a process of its own, its output in
+    <sweep dir>/.submitit/<job id>/). A job that fails (d_model 30) does not stop the others; the sweep
+    then ends with status 1 and one line."""
     short = [*_tiny("model.config.n_heads=4"), "trainer.max_steps=2", "test=false"]
     short.append(f"paths.log_dir={tmp_path / 'logs'}")
-    done = _cli(["-m", "seed=1,2", *short], cwd=tmp_path)
+    done = _cli(["-m", "hydra/launcher=local", "seed=1,2", *short], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (done.stdout + done.stderr).count("No validation ran before training ended at step 2") == 2
+    (grid,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    assert [(job.name, _overrides(job)["seed"]) for job in _job_dirs(grid)] == [("0", "1"), ("1", "2")]
+    for job in _job_dirs(grid):  # each job trained its 2 steps and wrote its run directory
+        assert json.loads((job / "metrics.json").read_text())["global_step"] == 2, job
+        assert (job / "checkpoints" / "last.ckpt").is_file(), job
+        assert "No validation ran before training ended at step 2" in (job / "train.log").read_text(), job
+    # submitit's local job id is the process id of the job: two processes, one seed each
+    seeds = {}
+    for out in grid.glob(".submitit/*/*_0_log.out"):
+        job_id = out.parent.name
+        assert f"Starting with JobEnvironment(job_id={job_id}," in out.read_text(), out
+        seeds[job_id] = [
+            ln for ln in out.with_suffix(".err").read_text().splitlines() if ln.startswith("Seed")
+        ]
+    assert sorted(seeds.values()) == [["Seed set to 1"], ["Seed set to 2"]], seeds
 
     done = _cli(["-m", "model.config.d_model=30,32", *[o for o in short if "d_model" not in o]], cwd=tmp_path)
     output = done.stdout + done.stderr
