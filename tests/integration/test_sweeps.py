@@ -454,11 +454,14 @@ def test_glob_over_experiments_expands_to_one_composable_job_each(fresh_hydra) -
 def test_slurm_launcher_sizes_a_multi_node_ddp_job(fresh_hydra, tmp_path: Path, monkeypatch) -> None:
     import hydra.utils
     import submitit
-    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 
     overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=2", "trainer.devices=8"]
     cfg = _compose([*overrides, "hydra.launcher.partition=gpu", f"paths.log_dir={tmp_path}"])
+    # imported after the first composition: Hydra's plugin scan executes the plugin modules again, so a
+    # class imported before it is not the class the launcher is made of
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
+
     launcher = hydra.utils.instantiate(cfg.hydra.launcher)
     assert isinstance(launcher, SlurmLauncher)
     params = launcher.params
