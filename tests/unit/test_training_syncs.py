@@ -69,3 +69,48 @@ def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) ->
     assert {"loss", "tokens/s"} <= shown.keys() and all(
         isinstance(shown[k], float) for k in ("loss", "tokens/s")
     )
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (torch's sync debug mode watches CUDA only)"
+)
+def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path) -> None:
+    """On a GPU, torch's own sync debug mode agrees: no synchronizing call in a step between log writes."""
+    import warnings
+
+    class WatchBetweenLogWrites(L.Callback):
+        def __init__(self) -> None:
+            self.caught: list[list[str]] = []
+            self._recorder = None
+
+        def on_train_batch_start(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
+            if trainer.global_step >= 1 and (trainer.global_step + 1) % 4:
+                self._recorder = warnings.catch_warnings(record=True)
+                self.caught.append(self._recorder.__enter__())
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+
+        def on_train_batch_end(self, *args) -> None:  # type: ignore[no-untyped-def]
+            if self._recorder is not None:
+                torch.cuda.set_sync_debug_mode("default")
+                self._recorder.__exit__(None, None, None)
+                self._recorder = None
+
+    torch.manual_seed(0)
+    task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
+    watch = WatchBetweenLogWrites()
+    trainer = _trainer(
+        tmp_path,
+        accelerator="gpu",
+        devices=1,
+        max_steps=12,
+        max_epochs=2,
+        limit_val_batches=0,
+        log_every_n_steps=4,
+        logger=CSVLogger(tmp_path),
+        callbacks=[NonFiniteLossGuard(action="stop"), watch],
+    )
+    trainer.fit(task, datamodule=CopyData())
+    assert len(watch.caught) >= 6
+    syncs = [str(w.message) for step in watch.caught for w in step if "synchroniz" in str(w.message)]
+    assert not syncs, syncs[:3]
