@@ -8,7 +8,8 @@ anyway), and the peak CPU memory the forward + backward allocate on top of the l
 allocation events, which carry the CPU allocator's running total). The reference row is
 `F.cross_entropy(label_smoothing=...)` through autograd, timed the same way.
 
-    python benchmarks/bench_loss.py [--baseline main] [--shapes 2688x10000,4096x32000] [--repeats 5]
+    python benchmarks/bench_loss.py [--baseline REV] [--shapes 2688x10000,4096x32000] [--repeats 5]
+        [--threads N] [--chunks 18,20,22]   (ours with other chunk sizes, `losses._CHUNK_ELEMENTS` = 2^k)
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 def _ours(module: object) -> LossFn:
     loss = module.label_smoothed_cross_entropy  # type: ignore[attr-defined]
     return lambda logits, target: loss(logits, target, label_smoothing=EPS).loss
+
+
+def _ours_chunked(log2_elements: int) -> LossFn:
+    """Ours with `_CHUNK_ELEMENTS` = 2**log2_elements for the call (the chunk-size trade-off)."""
+
+    def run(logits: Tensor, target: Tensor) -> Tensor:
+        default, losses._CHUNK_ELEMENTS = losses._CHUNK_ELEMENTS, 1 << log2_elements
+        try:
+            return losses.label_smoothed_cross_entropy(logits, target, label_smoothing=EPS).loss
+        finally:
+            losses._CHUNK_ELEMENTS = default
+
+    return run
 
 
 def _torch(logits: Tensor, target: Tensor) -> Tensor:
@@ -93,14 +107,18 @@ def peak_bytes(fn: LossFn, logits: Tensor, target: Tensor) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", default="main", help="git revision of the 'before' implementation")
+    # 81145c1: the last revision whose loss kept float32 log-probabilities for the backward pass
+    parser.add_argument("--baseline", default="81145c1", help="git revision of the 'before' implementation")
     parser.add_argument("--shapes", default="2688x10000,4096x32000", help="comma-separated NxV")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--chunks", default="", help="comma-separated log2 chunk sizes to add as ours@2^k")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     fns = {"ours": _ours(losses), "before": _ours(load_revision(args.baseline)["losses"]), "torch": _torch}
+    for k in filter(None, args.chunks.split(",")):
+        fns[f"ours@2^{k}"] = _ours_chunked(int(k))
 
     results = []
     for shape in args.shapes.split(","):
@@ -128,13 +146,13 @@ def main() -> None:
                 results.append(row)
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, baseline {args.baseline}")
-    print(f"{'N x V':>12} {'dtype':>9} {'impl':>7} {'fwd+bwd ms':>11} {'saved MB':>9} {'extra MB':>9} "
+    print(f"{'N x V':>12} {'dtype':>9} {'impl':>9} {'fwd+bwd ms':>11} {'saved MB':>9} {'extra MB':>9} "
           f"{'peak MB':>8} {'time vs before':>15}")  # fmt: skip
     for row in results:
         key = (row["shape"], row["dtype"])
         before = next(r for r in results if r["impl"] == "before" and (r["shape"], r["dtype"]) == key)
         print(
-            f"{row['shape']:>12} {row['dtype']:>9} {row['impl']:>7} {row['ms']:11.1f} {row['saved_MB']:9.1f} "
+            f"{row['shape']:>12} {row['dtype']:>9} {row['impl']:>9} {row['ms']:11.1f} {row['saved_MB']:9.1f} "
             f"{row['extra_saved_MB']:9.1f} {row['peak_MB']:8.1f} {row['ms'] / before['ms']:15.3f}"
         )
     rounded = [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in results]

@@ -26,9 +26,10 @@ class TokenLoss(NamedTuple):
 
 
 # Logits elements handled at once in eager mode: bounds the float32 temporaries of the forward and backward
-# passes to 64 MiB whatever N and V, in chunks long enough that the per-chunk kernel calls cost nothing
-# (on a loaded 2-core CPU every parallel kernel call waits for its threads: 1M-element chunks were 3-5x
-# slower there). Up to this size the loss runs in one piece, as before.
+# passes to 64 MiB whatever N and V; up to this size the loss runs in one piece. Smaller chunks that stay in
+# cache were faster on one thread, but each chunk costs every kernel a parallel region, and on the loaded
+# 2-core machine (threads waiting for each other) 1M-element chunks were 2-3x slower than one piece
+# (benchmarks/bench_loss.py --chunks); at 16M elements both are as fast as one piece.
 _CHUNK_ELEMENTS = 1 << 24
 
 

@@ -83,7 +83,16 @@ def test_training_forward_uses_is_causal_and_a_broadcast_padding_mask(
 ) -> None:
     model = _model(pack_tokens).train()
     src, tgt = _batch()
-    model(src, tgt).sum().backward()
+    packed_calls = []
+    forward_packed = MultiHeadAttention.forward_packed
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            MultiHeadAttention,
+            "forward_packed",
+            lambda *args, **kwargs: packed_calls.append(1) or forward_packed(*args, **kwargs),
+        )
+        model(src, tgt).sum().backward()
+    assert len(packed_calls) == (6 if pack_tokens else 0)  # the path under test was taken
     encoder_self, decoder = sdpa_calls[:2], sdpa_calls[2:]
     assert len(encoder_self) == 2 and len(decoder) == 4  # 2 encoder layers, then 2 x (self, cross)
     for call in encoder_self + decoder[1::2]:  # encoder self-attention, cross-attention: source padding
