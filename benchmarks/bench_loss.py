@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
@@ -41,17 +42,25 @@ def _ours(module: object) -> LossFn:
     return lambda logits, target: loss(logits, target, label_smoothing=EPS).loss
 
 
-def _ours_chunked(log2_elements: int) -> LossFn:
-    """Ours with `_CHUNK_ELEMENTS` = 2**log2_elements for the call (the chunk-size trade-off)."""
+class _Chunked:
+    """Ours with `_CHUNK_ELEMENTS` = 2**log2_elements from `__enter__` to `__exit__`, forward and backward."""
 
-    def run(logits: Tensor, target: Tensor) -> Tensor:
-        default, losses._CHUNK_ELEMENTS = losses._CHUNK_ELEMENTS, 1 << log2_elements
-        try:
-            return losses.label_smoothed_cross_entropy(logits, target, label_smoothing=EPS).loss
-        finally:
-            losses._CHUNK_ELEMENTS = default
+    def __init__(self, log2_elements: int) -> None:
+        self.elements = 1 << log2_elements
 
-    return run
+    def __call__(self, logits: Tensor, target: Tensor) -> Tensor:
+        return losses.label_smoothed_cross_entropy(logits, target, label_smoothing=EPS).loss
+
+    def __enter__(self) -> None:
+        self.default, losses._CHUNK_ELEMENTS = losses._CHUNK_ELEMENTS, self.elements
+
+    def __exit__(self, *_: object) -> None:
+        losses._CHUNK_ELEMENTS = self.default
+
+
+def _setting(fn: LossFn) -> AbstractContextManager:
+    """The chunk size a `_Chunked` implementation runs with; nothing for the others."""
+    return fn if isinstance(fn, _Chunked) else nullcontext()
 
 
 def _torch(logits: Tensor, target: Tensor) -> Tensor:
@@ -68,15 +77,16 @@ def _inputs(n: int, vocab: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 def _step(fn: LossFn, logits: Tensor, target: Tensor) -> float:
     logits.grad = None
-    start = time.perf_counter()
-    fn(logits, target).backward()
-    return time.perf_counter() - start
+    with _setting(fn):
+        start = time.perf_counter()
+        fn(logits, target).backward()
+        return time.perf_counter() - start
 
 
 def saved_bytes(fn: LossFn, logits: Tensor, target: Tensor) -> tuple[int, int]:
     """(all, extra) bytes autograd saves in the forward; extra leaves out storages shared with the logits."""
     saved: list[Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    with _setting(fn), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         fn(logits, target)
     storages = {}
     for t in saved:
@@ -88,7 +98,7 @@ def saved_bytes(fn: LossFn, logits: Tensor, target: Tensor) -> tuple[int, int]:
 def peak_bytes(fn: LossFn, logits: Tensor, target: Tensor) -> int:
     """Peak CPU bytes allocated during forward + backward above what was allocated before."""
     logits.grad = None
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _setting(fn), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(logits, target).backward()
     events = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
@@ -118,7 +128,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     fns = {"ours": _ours(losses), "before": _ours(load_revision(args.baseline)["losses"]), "torch": _torch}
     for k in filter(None, args.chunks.split(",")):
-        fns[f"ours@2^{k}"] = _ours_chunked(int(k))
+        fns[f"ours@2^{k}"] = _Chunked(int(k))
 
     results = []
     for shape in args.shapes.split(","):
