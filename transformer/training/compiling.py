@@ -13,6 +13,7 @@ graph: the optimizer and the schedule run outside it. Each compilation is timed 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,8 +85,6 @@ class CompiledStep:
 def compile_unavailable(device_type: str) -> str | None:
     """Why `torch.compile` (with its default backend, inductor) cannot run on `device_type` here, or None."""
     if not torch._dynamo.is_dynamo_supported():
-        import sys
-
         return f"torch {torch.__version__} cannot compile on Python {sys.version.split()[0]}"
     if device_type == "cuda":
         from torch.utils._triton import has_triton
