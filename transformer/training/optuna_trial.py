@@ -4,7 +4,8 @@ The Optuna sweeper (hydra_plugins/aiayn_optuna_sweeper) runs each trial as an or
 transformer/cli/sweeps.py adds this callback to the job's callbacks with the study's storage, name and the
 trial's number. After every validation (not the sanity check) rank 0 reports `monitor` at the current
 optimizer step and asks the pruner; the answer goes to every rank, and a pruned trial stops training the
-way early stopping does (`trainer.should_stop`): checkpoints are kept, the run goes on to test and writes
+way early stopping does (`trainer.should_stop`), right after that validation (also within its first epoch,
+whatever `trainer.min_epochs` says): checkpoints are kept, the run goes on to test and writes
 its `metrics.json` with `optuna/pruned` = 1 and `optuna/pruned_at_step`, and the job ends normally. The
 trial's user attribute `pruned_at_step` tells the sweeper to record it as PRUNED.
 
@@ -76,6 +77,10 @@ class OptunaTrialReporter(L.Callback):
         if prune:
             self.pruned_at_step = step
             trainer.should_stop = True
+            # now, not at the end of the epoch: `trainer.min_epochs` (1 by default) or `min_steps` would
+            # keep a trial pruned in its first epoch training to that epoch's end, the steps pruning saves
+            trainer.fit_loop.min_epochs = 0
+            trainer.fit_loop.epoch_loop.min_steps = 0
             metrics["optuna/pruned"] = torch.tensor(1.0)
             metrics["optuna/pruned_at_step"] = torch.tensor(float(step))
 
