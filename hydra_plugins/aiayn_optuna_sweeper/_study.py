@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import optuna
@@ -215,17 +218,21 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[list[JobReturn]]:
     counts = {state: 0 for state in TrialState}
     first_failure = ""
     job_idx = 0
+    interrupted = _CtrlC()
     while job_idx < settings.n_trials:
         size = min(settings.n_jobs, settings.n_trials - job_idx)
         trials: list[optuna.Trial] = []
         try:  # Ctrl-C or a launcher error, from the first ask on: the study keeps no RUNNING trial
-            trials += [study.ask(settings.space.distributions) for _ in range(size)]
-            batch = [
-                [*settings.space.overrides(t.params), *extra, f"hydra.sweeper.trial_number={t.number}"]
-                for t in trials
-            ]
-            sweeper.validate_batch_is_legal(batch)
-            results = sweeper.launcher.launch(batch, initial_job_idx=job_idx)
+            with interrupted:
+                trials += [study.ask(settings.space.distributions) for _ in range(size)]
+                batch = [
+                    [*settings.space.overrides(t.params), *extra, f"hydra.sweeper.trial_number={t.number}"]
+                    for t in trials
+                ]
+                sweeper.validate_batch_is_legal(batch)
+                results = sweeper.launcher.launch(batch, initial_job_idx=job_idx)
+            if interrupted.seen:  # its KeyboardInterrupt was swallowed (raised inside a library's cleanup
+                raise KeyboardInterrupt  # callback) and the jobs ran on: the sweep stops all the same
         except BaseException:
             _fail_running(study, trials)
             raise
@@ -247,6 +254,30 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[list[JobReturn]]:
             f"every trial of the sweep failed ({counts[TrialState.FAIL]}); the first, {first_failure}"
         )
     return returns
+
+
+class _CtrlC:
+    """While entered (in the main thread): SIGINT is remembered in `seen`, then raises KeyboardInterrupt as
+    Python's own handler does. A KeyboardInterrupt raised inside a finalizer or a library's callback is
+    printed and dropped by Python; `seen` still says that the user asked the sweep to stop."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def _sqlite_directory(storage: str) -> None:
