@@ -39,3 +39,15 @@ def tiny_seq2seq(
     with torch.no_grad():
         model.output_projection.weight.mul_(peaked)
     return model
+
+
+def tiny_sources(batch: int, *, vocab: int, seed: int = 0) -> torch.Tensor:
+    """(batch, 14) long: [BOS=1, 1-11 tokens in 4 .. vocab-1, EOS=2], right-padded with 0: sources of
+    different lengths in one batch."""
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.zeros(batch, 14, dtype=torch.long)
+    for row in range(batch):
+        length = int(torch.randint(1, 12, (1,), generator=generator))
+        src[row, 0], src[row, length + 1] = 1, 2
+        src[row, 1 : length + 1] = torch.randint(4, vocab, (length,), generator=generator)
+    return src

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tests.tiny import tiny_seq2seq
+from tests.tiny import tiny_seq2seq, tiny_sources
 from transformer.decoding import DecodingSettings, search
 from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
@@ -76,13 +76,7 @@ def _model(seed: int, d_model: int = 32, layers: int = 2) -> Seq2SeqTransformer:
 
 
 def _sources(batch: int, seed: int = 0) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    src = torch.zeros(batch, 14, dtype=torch.long)
-    for row in range(batch):
-        length = int(torch.randint(1, 12, (1,), generator=generator))
-        src[row, 0], src[row, length + 1] = 1, 2
-        src[row, 1 : length + 1] = torch.randint(4, VOCAB, (length,), generator=generator)
-    return src
+    return tiny_sources(batch, vocab=VOCAB, seed=seed)
 
 
 def _count(model: Any, src: torch.Tensor, settings: DecodingSettings) -> list[int]:

@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import transformer.static_cache as static_cache
-from tests.tiny import tiny_seq2seq
+from tests.tiny import tiny_seq2seq, tiny_sources
 from tests.unit.test_decoding_syncs import _count
 from transformer.decoding import DecodingSettings, search
 from transformer.ensemble import Ensemble
@@ -38,14 +38,7 @@ def _model(seed: int, d_model: int = 32, layers: int = 2, **overrides: Any) -> S
 
 
 def _sources(batch: int, seed: int = 0) -> torch.Tensor:
-    """[BOS, 1-11 tokens, EOS], right-padded: sources of different lengths in one batch."""
-    generator = torch.Generator().manual_seed(seed)
-    src = torch.zeros(batch, 14, dtype=torch.long)
-    for row in range(batch):
-        length = int(torch.randint(1, 12, (1,), generator=generator))
-        src[row, 0], src[row, length + 1] = 1, 2
-        src[row, 1 : length + 1] = torch.randint(4, VOCAB, (length,), generator=generator)
-    return src
+    return tiny_sources(batch, vocab=VOCAB, seed=seed)
 
 
 def _decode(
