@@ -161,6 +161,20 @@ def test_default_callbacks_keep_best_and_last(fresh_hydra, tmp_path) -> None:
     assert best.dirpath == last.dirpath == str(tmp_path / "checkpoints")
 
 
+def test_progress_bar_off_drops_the_bar_callback(fresh_hydra, tmp_path) -> None:
+    """`trainer.enable_progress_bar=false` with the default callbacks: Lightning refuses a Trainer that has
+    the bar off and a bar among its callbacks, so the bar callback is dropped, as the user asked."""
+    from transformer.cli.build import build_trainer
+
+    cfg = compose_train_cfg(["++trainer.enable_progress_bar=false"], output_dir=tmp_path)
+    assert "rich_progress_bar" in cfg.callbacks
+    trainer = build_trainer(cfg, checkpoint=None)
+    assert trainer.progress_bar_callback is None
+    assert "ModelCheckpoint" in {type(c).__name__ for c in trainer.callbacks}
+    on = build_trainer(compose_train_cfg(output_dir=tmp_path), checkpoint=None)
+    assert type(on.progress_bar_callback).__name__ == "RichProgressBar"
+
+
 def test_paths_are_absolute_from_any_working_directory(fresh_hydra, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = compose_train_cfg(output_dir=tmp_path / "run")

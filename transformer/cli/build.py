@@ -11,6 +11,7 @@ from typing import Any
 import hydra
 import lightning as L
 from hydra.errors import InstantiationException
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer.checkpoint import CheckpointError
@@ -185,6 +186,8 @@ def build_trainer(cfg: DictConfig, checkpoint: Mapping[str, Any] | None) -> L.Tr
     loggers = instantiate_group(with_wandb_id(cfg, checkpoint), "logger")
     if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
         callbacks = [c for c in callbacks if type(c).__name__ != "LearningRateMonitor"]
+    if cfg.trainer.get("enable_progress_bar") is False:  # and a progress bar with the bar switched off
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     trainer: L.Trainer = instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     set_matmul_precision(cfg, trainer)
     return trainer
