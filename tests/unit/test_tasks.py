@@ -509,3 +509,30 @@ def test_tokens_per_s_is_the_previous_steps_real_tokens_over_the_time_between_st
     trainer.fit(_translation(), datamodule=CopyData())
     assert len(real) == 4 and len(set(real)) > 1  # batches of different sizes: the value follows them
     assert logged[1:] == [pytest.approx(tokens / 0.25) for tokens in real[:-1]]
+
+
+def test_ema_averages_the_weights_and_keeps_the_position_tables_exact(tmp_path) -> None:
+    """callbacks=[default,ema]: validation runs on averaged weights, but on the exact sinusoidal table.
+    Averaging a constant buffer as Lightning does by default (decay * ema + (1 - decay) * x) moves it by
+    rounding from the first step on, so validation used other positions than a checkpoint rebuilds."""
+    from transformer.positional import sinusoidal_table
+    from transformer.training.callbacks import EMAWeightAveraging
+
+    seen: list[tuple[bool, bool]] = []  # per validation: (table exact, weights differ from the raw ones)
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            self.raw = [p.detach().clone() for p in module.parameters()]
+
+        def on_validation_batch_start(self, trainer, module, batch, batch_idx, *args) -> None:
+            if batch_idx == 0:
+                table = module.model.src_embed.positional.table
+                exact = torch.equal(table, sinusoidal_table(*table.shape))
+                averaged = any(not torch.equal(r, p) for r, p in zip(self.raw, module.parameters()))
+                seen.append((exact, averaged))
+
+    task = _translation()
+    # (after the Watch, so that its on_train_batch_end sees the raw weights the EMA averages)
+    trainer = _trainer(tmp_path, max_epochs=3, callbacks=[Watch(), EMAWeightAveraging(decay=0.9)])
+    trainer.fit(task, datamodule=CopyData())
+    assert seen == [(True, True)] * 3

@@ -392,7 +392,17 @@ class EMAWeightAveraging(_LightningEMA):
     raw weights when `trainer.test(ckpt_path=...)` loads a checkpoint, so the final test of `train.py`
     would score other weights than validation chose and `evaluate.py` scores. Outside fit this keeps
     the averaged `state_dict`.
+
+    Only the parameters are averaged (`use_buffers=False`; Lightning's default averages the buffers
+    too). The models' buffers are constant tables built from the config (sinusoidal and rotary position
+    tables, not saved in checkpoints): Lightning's `decay * ema + (1 - decay) * x` does not keep a
+    constant constant, it moves 17% of a d512 position table by up to 1.3e-5 within 1,000 steps, so
+    validation ran on other position encodings than the checkpoint gives `evaluate.py`, and a resumed
+    run (fresh tables) validated differently from a straight one.
     """
+
+    def __init__(self, *, use_buffers: bool = False, **kwargs: Any) -> None:
+        super().__init__(use_buffers=use_buffers, **kwargs)
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
