@@ -532,7 +532,6 @@ def test_ema_averages_the_weights_and_keeps_the_position_tables_exact(tmp_path) 
                 seen.append((exact, averaged))
 
     task = _translation()
-    # (after the Watch, so that its on_train_batch_end sees the raw weights the EMA averages)
     trainer = _trainer(tmp_path, max_epochs=3, callbacks=[Watch(), EMAWeightAveraging(decay=0.9)])
     trainer.fit(task, datamodule=CopyData())
     assert seen == [(True, True)] * 3

@@ -401,8 +401,10 @@ class EMAWeightAveraging(_LightningEMA):
     run (fresh tables) validated differently from a straight one.
     """
 
-    def __init__(self, *, use_buffers: bool = False, **kwargs: Any) -> None:
-        super().__init__(use_buffers=use_buffers, **kwargs)
+    def __init__(
+        self, device: torch.device | str | int | None = None, use_buffers: bool = False, **kwargs: Any
+    ) -> None:  # Lightning's signature, its other default
+        super().__init__(device, use_buffers, **kwargs)
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
