@@ -24,7 +24,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from transformer.cli import errors, evaluate_setup, results, text_io
-from transformer.decoding import DecodingSettings
 from transformer.evaluation.n_best import write_n_best
 from transformer.evaluation.plots import read_learning_curves
 from transformer.evaluation.reports import (
@@ -34,6 +33,7 @@ from transformer.evaluation.reports import (
 )
 from transformer.evaluation.restore import RestoredModel, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding, score_classification, score_translation
+from transformer.search.decoding import DecodingSettings
 
 log = logging.getLogger("evaluate")
 

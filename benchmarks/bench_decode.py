@@ -61,9 +61,9 @@ from decode_timing import interleaved, paired_ratio
 from references import BOS, EOS, PAD, MarianReference, load_revision, make_batches
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search, sample
-from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import beam_search, greedy_search, sample
+from transformer.search.ensemble import Ensemble
 
 if TYPE_CHECKING:
     from transformer.export.source import ExportSource

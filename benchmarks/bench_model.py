@@ -34,8 +34,8 @@ from bench_decode import recompute_greedy
 from references import PAD, Batch, TorchReference, make_batches
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import beam_search, greedy_search
 
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},

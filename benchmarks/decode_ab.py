@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from references import load_revision
 
 from transformer.config import TransformerConfig
-from transformer.decoding import DecodingSettings, beam_search, greedy_search, sample, search
-from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, sample, search
+from transformer.search.ensemble import Ensemble
 
 SHAPE = {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024}
 

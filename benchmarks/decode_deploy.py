@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from transformer.decoding import beam_search, greedy_search
+from transformer.search.decoding import beam_search, greedy_search
 
 if TYPE_CHECKING:
     from transformer.export.source import ExportSource

@@ -26,8 +26,8 @@ from references import BOS, EOS, PAD, MarianReference
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.decoding import DecodingSettings, beam_search, greedy_search, search
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, search
 
 MODES = {"beam4": 4, "greedy": 1}
 

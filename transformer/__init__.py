@@ -2,10 +2,10 @@
 
 from transformer.attention import KVCache, MultiHeadAttention, make_causal_mask
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
 from transformer.layers import DecoderLayer, EncoderLayer, FeedForward
 from transformer.model import Decoder, DecoderCache, Encoder, Seq2SeqTransformer, TransformerClassifier
 from transformer.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from transformer.search.decoding import beam_search, greedy_search
 
 __all__ = [
     "Decoder",

@@ -12,11 +12,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from transformer.cache import DecoderCache
 from transformer.config import TransformerConfig
 from transformer.kernels import RotaryLike
 from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.packing import TokenPacking
+from transformer.search.cache import DecoderCache
 
 __all__ = ["Decoder", "Encoder", "build_decoder", "build_encoder", "checkpoint_layers"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.decoding import beam_search, greedy_search
+from transformer.search.decoding import beam_search, greedy_search
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")

@@ -106,8 +106,8 @@ def test_quickstart_run_directory(quickstart: tuple[Path, dict]) -> None:
 def test_checkpoint_is_self_sufficient(quickstart: tuple[Path, dict]) -> None:
     from data.sources import load_synthetic
     from data.tokenization import BPETokenizer
-    from transformer.decoding import greedy_search
     from transformer.evaluation.scoring import corpus_scores
+    from transformer.search.decoding import greedy_search
 
     run_dir, metrics = quickstart
     checkpoint = torch.load(

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from transformer.config import TransformerConfig
-from transformer.decoding import greedy_search
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
+from transformer.search.decoding import greedy_search
 from transformer.stacks import checkpoint_layers
 from transformer.training.translation import TranslationTask
 

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import REPO_ROOT
-from transformer.decoding import DecodingSettings
+from transformer.search.decoding import DecodingSettings
 
 CONFIGS = REPO_ROOT / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import beam_search, greedy_search
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 14  # 4 specials (pad, bos, eos, unk) + 10 symbols

@@ -13,9 +13,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.tiny import tiny_seq2seq, tiny_sources
-from transformer.decoding import DecodingSettings, search
-from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import DecodingSettings, search
+from transformer.search.ensemble import Ensemble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader
 
 from transformer.checkpoint import CheckpointError
 from transformer.cli.text_io import stream_lines
-from transformer.decoding import DecodingSettings, decode
 from transformer.evaluation.restore import last_checkpoints, restore_model, task_of
 from transformer.evaluation.scoring import (
     bleu_by_length,
@@ -28,6 +27,7 @@ from transformer.evaluation.scoring import (
     score_classification,
     score_translation,
 )
+from transformer.search.decoding import DecodingSettings, decode
 from transformer.training import ClassificationTask, TranslationTask
 
 PAD, BOS, EOS = 0, 1, 2
@@ -463,8 +463,8 @@ def test_ensemble_of_checks_tasks_tokenizers_and_weights() -> None:
 
     from transformer.cli.errors import ConfigError
     from transformer.cli.evaluate_setup import ensemble_of
-    from transformer.ensemble import Ensemble
     from transformer.evaluation.restore import RestoredModel
+    from transformer.search.ensemble import Ensemble
 
     def member(task: str = "translation", tokenizers: str = "bpe-a") -> RestoredModel:
         model = TranslationTask(_config()).model

@@ -25,9 +25,9 @@ from torch import Tensor
 from data.synthetic import generate_pair
 from data.tokenization import BPETokenizer, train_bpe
 from transformer.config import TransformerConfig
-from transformer.decoding import beam_search, greedy_search
 from transformer.export.cli import main
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
+from transformer.search.decoding import beam_search, greedy_search
 
 transformers = pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -15,8 +15,8 @@ from torch.nn.attention import SDPBackend
 
 from transformer import MultiHeadAttention
 from transformer.config import TransformerConfig
-from transformer.decoding import greedy_search
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import greedy_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

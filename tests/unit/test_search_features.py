@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.tiny import tiny_seq2seq
-from transformer.decoding import DecodingSettings, beam_search, decode, greedy_search, sample, search
-from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
-from transformer.search_step import Sampler
+from transformer.search.decoding import DecodingSettings, beam_search, decode, greedy_search, sample, search
+from transformer.search.ensemble import Ensemble
+from transformer.search.step import Sampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,5 +1,5 @@
-"""The static KV cache (`decode.kv_cache=static|compiled`, `transformer.static_cache`): the same tokens and
-scores as the growing cache for every search, fixed shapes that compile to one graph with no graph break
+"""The static KV cache (`decode.kv_cache=static|compiled`, `transformer.search.static_cache`): the same tokens
+and scores as the growing cache for every search, fixed shapes that compile to one graph with no graph break
 and no recompilation from step to step, and no more host reads per step. Compiled with the cheap
 `aot_eager` backend (functionalizes the in-place cache writes as inductor would, without generating code)."""
 
@@ -12,14 +12,19 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import transformer.static_cache as static_cache
+import transformer.search.static_cache as static_cache
 from tests.tiny import tiny_seq2seq, tiny_sources
 from tests.unit.test_decoding_syncs import _count
-from transformer.decoding import DecodingSettings, search
-from transformer.ensemble import Ensemble
 from transformer.model import Seq2SeqTransformer
-from transformer.search_step import next_log_probs
-from transformer.static_cache import StaticBuffers, StaticDecoderCache, new_static_cache, static_capacity
+from transformer.search.decoding import DecodingSettings, search
+from transformer.search.ensemble import Ensemble
+from transformer.search.static_cache import (
+    StaticBuffers,
+    StaticDecoderCache,
+    new_static_cache,
+    static_capacity,
+)
+from transformer.search.step import next_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,9 +17,9 @@ from data.datamodules import ClassificationDataModule, TranslationDataModule
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from transformer.cli.arguments import ArgumentError, check_arguments
 from transformer.cli.errors import ConfigError
-from transformer.ensemble import Ensemble
 from transformer.evaluation.reports import ReportOptions
 from transformer.evaluation.restore import RestoredModel, last_checkpoints
+from transformer.search.ensemble import Ensemble
 
 log = logging.getLogger("evaluate")
 

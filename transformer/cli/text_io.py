@@ -16,9 +16,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from transformer.cli.errors import ConfigError
-from transformer.decoding import DecodingSettings, search
 from transformer.evaluation.n_best import n_best_lines
 from transformer.evaluation.scoring import n_best_texts
+from transformer.search.decoding import DecodingSettings, search
 
 log = logging.getLogger("evaluate")
 

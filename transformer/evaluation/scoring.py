@@ -27,10 +27,10 @@ from torchmetrics.classification import (
     MulticlassRecall,
 )
 
-from transformer.decoding import DecodingSettings, search
-from transformer.ensemble import Ensemble
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
+from transformer.search.decoding import DecodingSettings, search
+from transformer.search.ensemble import Ensemble
 
 __all__ = [
     "ClassificationResult",

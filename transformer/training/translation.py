@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.decoding import DecodingSettings, decode
 from transformer.evaluation.scoring import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
+from transformer.search.decoding import DecodingSettings, decode
 from transformer.training.base import (
     OptimizerFactory,
     SchedulerFactory,

@@ -5,7 +5,8 @@ Each sentence keeps its K best finished hypotheses in fixed-size tensors (tokens
 (B, K)), merged with the step's newly ended ones by one sort; the stop test compares tensors. The loop
 reads back one number per step, how many sentences are still searching, and sentences that are done
 leave the batch (the work shrinks as decoding goes), so no result depends on the others in its batch;
-with a static KV cache they stay, masked (`transformer.static_cache`: fixed shapes for a compiled step).
+with a static KV cache they stay, masked (`transformer.search.static_cache`: fixed shapes for a
+compiled step).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.search_step import LengthLimits, Searchable, StepRules, length_normalizer
-from transformer.static_cache import Stepping
+from transformer.search.static_cache import Stepping
+from transformer.search.step import LengthLimits, Searchable, StepRules, length_normalizer
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """Decoding: greedy search, sampling and beam search over the decoder's KV cache, and the one settings
 type that says which to run (`DecodingSettings`, `decode`, `search`).
 
-Every search takes one step at a time through `transformer.search_step.next_log_probs` (one new
+Every search takes one step at a time through `transformer.search.step.next_log_probs` (one new
 position through the cached decoder, log-softmax, the step rules), on a `Seq2SeqTransformer` or an
 `Ensemble`. Greedy search and sampling keep one hypothesis per row and differ only in how a row picks
-its next token; beam search (`transformer.beam_search`) ranks K per sentence. Hypotheses are returned
+its next token; beam search (`transformer.search.beam`) ranks K per sentence. Hypotheses are returned
 without the leading BOS, ending with EOS, right-padded with pad_id. Bookkeeping stays on the device:
 each step reads back one number, how many rows are still decoding; rows that finish leave the batch,
 so no sentence's result depends on the others in its batch. With a static KV cache
-(`DecodingSettings.kv_cache`, `transformer.static_cache`) the rows stay and finished ones are masked,
+(`DecodingSettings.kv_cache`, `transformer.search.static_cache`) the rows stay and finished ones are masked,
 so every step has the same shapes and the step can run as one compiled graph; the outputs are the same.
 """
 
@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.beam_search import beam_search_loop
-from transformer.search_step import (
+from transformer.search.beam import beam_search_loop
+from transformer.search.static_cache import Stepping
+from transformer.search.step import (
     LengthLimits,
     Sampler,
     Searchable,
@@ -31,7 +32,6 @@ from transformer.search_step import (
     eval_mode,
     length_normalizer,
 )
-from transformer.static_cache import Stepping
 
 __all__ = ["DecodingSettings", "beam_search", "decode", "greedy_search", "sample", "search"]
 
@@ -54,7 +54,7 @@ class DecodingSettings(Mapping[str, Any]):
     drops finished rows from the batch; "static" preallocates it at the search's maximum length and
     keeps every row (finished ones masked), so every step after the first has the same shapes;
     "compiled" is "static" with the step through `torch.compile` (a CUDA graph on CUDA:
-    `transformer.static_cache.compile_step`). "auto" is "dynamic" on every device for now: on the CPU
+    `transformer.search.static_cache.compile_step`). "auto" is "dynamic" on every device for now: on the CPU
     "static" and "compiled" measured slower (benchmarks/decode_ab.py --kv-cache), and on CUDA nothing
     is measured yet; "auto" should mean "compiled" on CUDA only once a GPU run shows it faster.
     """
@@ -284,7 +284,7 @@ def beam_search(
     """src (B, S) long -> (hypotheses (B, n_best, L) long, scores (B, n_best) float), best first.
 
     Score = sum of token log-probabilities / ((5 + len) / 6) ** length_penalty (Wu et al., 2016),
-    len counting EOS (`transformer.beam_search`). beam_size=1 reproduces `greedy_search` token for
+    len counting EOS (`transformer.search.beam`). beam_size=1 reproduces `greedy_search` token for
     token. A sentence with fewer than n_best finished hypotheses (possible only for tiny max lengths)
     gets pad_id rows scored -inf. `min_len` and `no_repeat_ngram_size` as in `DecodingSettings`.
     """

@@ -3,7 +3,7 @@ log-probabilities of the next token, and the rules that constrain it (special to
 n-gram blocking). Plus the choice of the next token in sampling (temperature, top-k, nucleus).
 
 Nothing here reads the device back into Python: a step is a fixed sequence of tensor operations, so
-a search that calls it once per step syncs only where it decides itself (`transformer.decoding`).
+a search that calls it once per step syncs only where it decides itself (`transformer.search.decoding`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
-from transformer.ensemble import Ensemble
+from transformer.search.ensemble import Ensemble
 
 
 class Searchable(Protocol):

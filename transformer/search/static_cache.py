@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.cache import KVCache, _at_position
-from transformer.ensemble import Ensemble, EnsembleCache
 from transformer.kernels import RotaryLike
-from transformer.search_step import Searchable, StepRules, next_log_probs
+from transformer.search.cache import KVCache, _at_position
+from transformer.search.ensemble import Ensemble, EnsembleCache
+from transformer.search.step import Searchable, StepRules, next_log_probs
 
 __all__ = [
     "StaticBuffers",

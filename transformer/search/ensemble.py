@@ -1,6 +1,6 @@
 """Ensembles of encoder-decoder models for decoding: each model keeps its own encoder memory and KV
 cache, and at every step the ensemble's next-token distribution is the (weighted) mean of the models'
-probabilities, returned as its logarithm (fairseq's ensembling). The searches in `transformer.decoding`
+probabilities, returned as its logarithm (fairseq's ensembling). The searches in `transformer.search.decoding`
 take an `Ensemble` wherever they take a `Seq2SeqTransformer`.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from transformer.cache import DecoderCache
 from transformer.model import Seq2SeqTransformer
+from transformer.search.cache import DecoderCache
 
 __all__ = ["Ensemble", "EnsembleCache"]
 

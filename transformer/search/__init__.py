@@ -1,0 +1,8 @@
+"""Decoding: the searches (greedy, sampling, beam), the one step they all take, ensembles and KV caches.
+
+- `decoding`: `DecodingSettings`, `decode()` / `search()`, greedy search and sampling
+- `step`: the one step every search takes (cached decoder, log-softmax, step rules), the sampler
+- `beam`: beam search with its bookkeeping on the device
+- `ensemble`: several models decoded as one
+- `cache`: the KV cache of incremental decoding; `static_cache`: its preallocated, fixed-shape form
+"""
