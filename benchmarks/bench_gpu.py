@@ -14,11 +14,16 @@ Decoding (gpu_decode.py): beam 4 and greedy, batches of 64 and 256 sentences, bf
 `generate` (and CTranslate2 when a CUDA build of it is importable), sentences/s and tokens/s; on CUDA also
 "ours compiled step" (`decode.kv_cache=compiled`: static KV cache, the decoder step as a CUDA graph).
 
-    python benchmarks/bench_gpu.py                  # on one GPU, a few minutes
+    python benchmarks/bench_gpu.py                  # on one GPU, at most --budget-s (480) seconds
     python benchmarks/bench_gpu.py --smoke          # the same code on the CPU in seconds (tiny, fp32)
 
-Prints the tables and one JSON line, and writes both to benchmarks/results/<date>_<gpu>_bench_gpu.txt
-(--results-dir; --smoke writes only where --results-dir says).
+Runs from a plain copy of the repository (it puts the repository on sys.path itself; needs torch,
+numpy and transformers, nothing else of the project's dependencies: a bare GPU box). The cases run in
+the order of what they are worth (VALUE_ORDER: our training step and its reference first), each in a
+time box; once --budget-s is spent the rest are reported as skipped. Each finished case's row is
+appended to benchmarks/results/<date>_<gpu>_bench_gpu.txt as it finishes (--results-dir; --smoke writes
+only where --results-dir says), so a run cut off by a time limit leaves what it measured; the summary and
+one JSON line come last.
 """
 
 from __future__ import annotations
@@ -34,15 +39,18 @@ import io
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+# from a plain copy (nothing installed): the repository for `transformer`/`data`, this folder for its parts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import GPU_BF16_PEAK_TFLOPS
-from gpu_decode import run_decoding
-from gpu_train import FLOPS_FORMULA, run_training_case, wmt_batches
+from gpu_decode import MODES, DecodingBench
+from gpu_train import FLOPS_FORMULA, run_training_case, time_limit, wmt_batches
 
 from transformer.config import TransformerConfig
 
@@ -52,6 +60,12 @@ TRAINING = ("ours", "ours:compiled", "torch", "torch:compiled", "marian")
 RESULTS = Path(__file__).resolve().parent / "results"
 # issue 29's targets on one H100
 TARGETS = {"mfu_pct": 25.0, "train_vs_torch_eager": 1.5, "compile_s": 90.0, "beam4": 1.5, "greedy": 2.0}
+# What each case is worth, most first: our step and the reference its target is set against, decoding at
+# the first batch size, then the compiled step (its compile time is a target), then the rest.
+VALUE_ORDER = (
+    "train ours", "train torch", "decode 0 beam4", "decode 0 greedy", "train ours:compiled",
+    "decode 1 beam4", "decode 1 greedy", "train torch:compiled", "train marian",
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-length", type=int, default=32, help="target tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--skip", default="", help="train and/or decode")
+    parser.add_argument(
+        "--budget-s", type=float, default=480, help="seconds for all cases; the rest are reported as skipped"
+    )
+    parser.add_argument("--case-timeout", type=float, default=240, help="the time box of one case (seconds)")
     parser.add_argument(
         "--results-dir", default=None, help=f"where the output is written (default {RESULTS})"
     )
@@ -113,9 +131,7 @@ def describe(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     return info
 
 
-def training(args: argparse.Namespace, config: TransformerConfig, device: torch.device) -> dict[str, Any]:
-    batches = [b.to(device) for b in wmt_batches(args.warmup + args.steps, args.batch_tokens, args.vocab)]
-    rows = {name: run_training_case(name, config, batches, args, device) for name in args.models.split(",")}
+def training_header(args: argparse.Namespace, batches: list[Any]) -> None:
     timed = batches[args.warmup :]
     print(
         f"\nTraining, {len(timed)} timed steps after {args.warmup} warm-up, batches of "
@@ -124,42 +140,50 @@ def training(args: argparse.Namespace, config: TransformerConfig, device: torch.
         f"{100 * sum(b.pad_fraction for b in timed) / len(timed):.1f}% padding"
     )
     print(f"MFU FLOPs: {FLOPS_FORMULA}")
+    print("(frames: what Dynamo compiled, 1 = one graph; every graph break and recompilation adds one)")
     print(f"{'model':16} {'tok/s':>10} {'MFU %':>6} {'TFLOP/s':>8} {'step s':>7} {'peak GB':>8} ", end="")
     print(f"{'compile s':>9} {'frames':>6}")
-    for name, row in rows.items():
-        if "error" in row:
-            print(f"{name:16} failed: {row['error']}")
-            continue
-        mfu = f"{row['mfu_pct']:6.1f}" if row.get("mfu_pct") is not None else f"{'-':>6}"
-        mem = f"{row['peak_mem_gb']:8.1f}" if "peak_mem_gb" in row else f"{'-':>8}"
-        comp = (
-            f"{row['compile_s']:9.1f} {row['frames_compiled']:6d}"
-            if "compile_s" in row
-            else f"{'-':>9} {'-':>6}"
-        )
-        print(f"{name:16} {row['tok_s']:10.0f} {mfu} {row['tflops']:8.2f} {row['step_s']:7.3f} {mem} {comp}")
-    print("(frames: what Dynamo compiled, 1 = one graph; every graph break and recompilation adds one)")
-    return rows
 
 
-def decoding(args: argparse.Namespace, config: TransformerConfig, device: torch.device) -> dict[str, Any]:
-    rows = run_decoding(config, args, device)
+def _not_run(row: dict[str, Any]) -> str | None:
+    """'failed: why' or 'skipped: why' for a case that did not run to its end, else None."""
+    for key, word in (("error", "failed"), ("skipped", "skipped")):
+        if isinstance(row.get(key), str):
+            return f"{word}: {row[key]}"
+    return None
+
+
+def training_row(name: str, row: dict[str, Any]) -> None:
+    if _not_run(row):
+        print(f"{name:16} {_not_run(row)}")
+        return
+    mfu = f"{row['mfu_pct']:6.1f}" if row.get("mfu_pct") is not None else f"{'-':>6}"
+    mem = f"{row['peak_mem_gb']:8.1f}" if "peak_mem_gb" in row else f"{'-':>8}"
+    comp = (
+        f"{row['compile_s']:9.1f} {row['frames_compiled']:6d}" if "compile_s" in row else f"{'-':>9} {'-':>6}"
+    )
+    print(f"{name:16} {row['tok_s']:10.0f} {mfu} {row['tflops']:8.2f} {row['step_s']:7.3f} {mem} {comp}")
+
+
+def decoding_header(args: argparse.Namespace, ctranslate2: str) -> None:
     print(
         f"\nDecoding, {args.decode_batches} batches of each size, every sentence {args.decode_length} "
-        f"tokens, median of {args.decode_repeats} interleaved rounds; CTranslate2: {rows['ctranslate2']}"
+        f"tokens, median of {args.decode_repeats} interleaved rounds; CTranslate2: {ctranslate2}"
     )
     print(f"{'case':14} {'method':22} {'sent/s':>9} {'tok/s':>10} {'mean len':>8} {'ours x':>7}")
-    for case, methods in rows.items():
-        if case == "ctranslate2":
+
+
+def decoding_rows(case: str, methods: dict[str, Any]) -> None:
+    if _not_run(methods):
+        print(f"{case:14} {_not_run(methods)}")
+        return
+    for name, row in methods.items():
+        if "error" in row:
+            print(f"{case:14} {name:22} failed: {row['error']}")
             continue
-        for name, row in methods.items():
-            if "error" in row:
-                print(f"{case:14} {name:22} failed: {row['error']}")
-                continue
-            speedup = f"{row['ours_speedup']:7.2f}" if "ours_speedup" in row else f"{'':>7}"
-            cells = f"{row['sent_s']:9.1f} {row['tok_s']:10.0f} {row['mean_length']:8.1f}"
-            print(f"{case:14} {name:22} {cells} {speedup}")
-    return rows
+        speedup = f"{row['ours_speedup']:7.2f}" if "ours_speedup" in row else f"{'':>7}"
+        cells = f"{row['sent_s']:9.1f} {row['tok_s']:10.0f} {row['mean_length']:8.1f}"
+        print(f"{case:14} {name:22} {cells} {speedup}")
 
 
 def ratios(result: dict[str, Any]) -> dict[str, float]:
@@ -186,15 +210,95 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device(args.device)
-    result = describe(args, device)
-    config = TransformerConfig(src_vocab_size=args.vocab, max_len=256, **(SMOKE if args.smoke else WMT_BASE))
+def case_order(args: argparse.Namespace) -> list[str]:
+    """The cases to run, most valuable first (VALUE_ORDER; others after, in the order given)."""
     skip = set(args.skip.split(","))
-    if "train" not in skip:
-        result["train"] = training(args, config, device)
+    names = [] if "train" in skip else [f"train {model}" for model in args.models.split(",")]
     if "decode" not in skip:
-        result["decode"] = decoding(args, config, device)
+        names += [f"decode {i} {mode}" for i in range(len(args.decode_batch_sizes)) for mode in MODES]
+    rank = {name: i for i, name in enumerate(VALUE_ORDER)}
+    return sorted(names, key=lambda name: rank.get(name, len(rank)))
+
+
+class Cases:
+    """Runs one case at a time into `result`, building what a kind of case shares (the training batches,
+    the decoding models) on its first case, inside that case's time box."""
+
+    def __init__(self, args: argparse.Namespace, config: TransformerConfig, device: torch.device) -> None:
+        self.args, self.config, self.device = args, config, device
+        self.batches: list[Any] | None = None
+        self.decoder: DecodingBench | None = None
+        self.result: dict[str, Any] = {"train": {}, "decode": {}}
+
+    def run(self, name: str) -> None:
+        kind, _, rest = name.partition(" ")
+        if kind == "train":
+            if self.batches is None:
+                n = self.args.warmup + self.args.steps
+                batches = wmt_batches(n, self.args.batch_tokens, self.args.vocab)
+                self.batches = [b.to(self.device) for b in batches]
+                training_header(self.args, self.batches)
+            row = run_training_case(rest, self.config, self.batches, self.args, self.device)
+            self.result["train"][rest] = row
+            training_row(rest, row)
+            return
+        index, mode = rest.split()
+        size = self.args.decode_batch_sizes[int(index)]
+        if self.decoder is None:
+            self.decoder = DecodingBench(self.config, self.args, self.device)
+            self.result["decode"]["ctranslate2"] = self.decoder.ctranslate2
+            decoding_header(self.args, self.decoder.ctranslate2)
+        self.result["decode"][f"batch{size}_{mode}"] = rows = self.decoder.case(size, mode)
+        decoding_rows(f"batch{size}_{mode}", rows)
+
+    def record(self, name: str, why: dict[str, str]) -> None:
+        """A case that did not finish (its time box) or did not start (the budget): in the table too."""
+        kind, _, rest = name.partition(" ")
+        if kind == "train":
+            self.result["train"][rest] = why
+            training_row(rest, why)
+        else:
+            index, mode = rest.split()
+            case = f"batch{self.args.decode_batch_sizes[int(index)]}_{mode}"
+            self.result["decode"][case] = why
+            decoding_rows(case, why)
+
+
+def summary(args: argparse.Namespace, cases: Cases) -> None:
+    """The rows printed as each case finished, again as two whole tables."""
+    print("\n=== Summary (the rows above, by table)")
+    if cases.result["train"]:
+        if cases.batches is not None:
+            training_header(args, cases.batches)
+        for name, row in cases.result["train"].items():
+            training_row(name, row)
+    decode = {k: v for k, v in cases.result["decode"].items() if k != "ctranslate2"}
+    if decode:
+        decoding_header(args, cases.result["decode"].get("ctranslate2", "not built"))
+        for case, rows in decode.items():
+            decoding_rows(case, rows)
+
+
+def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
+    """Every case into `result` (describe()'s), in value order under the budget; the summary last."""
+    device = torch.device(args.device)
+    config = TransformerConfig(src_vocab_size=args.vocab, max_len=256, **(SMOKE if args.smoke else WMT_BASE))
+    cases = Cases(args, config, device)
+    deadline = time.monotonic() + args.budget_s
+    for name in case_order(args):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            cases.record(name, {"skipped": f"the time budget (--budget-s {args.budget_s:g}) was spent"})
+            continue
+        try:
+            with time_limit(min(args.case_timeout, left)):
+                cases.run(name)
+        except Exception as error:  # the time box, or a failure outside the per-method reports
+            cases.record(name, {"error": f"{type(error).__name__}: {str(error).strip()[:200]}"})
+    if cases.decoder is not None:
+        cases.decoder.close()
+    result.update({k: v for k, v in cases.result.items() if v})
+    summary(args, cases)
     result["ratios"] = ratios(result)
     result["targets"] = TARGETS
     print("\n" + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items()))
@@ -220,28 +324,46 @@ def results_path(directory: str, info: dict[str, Any]) -> Path:
     return path
 
 
-class _Tee(io.TextIOBase):
-    def __init__(self, *streams: Any) -> None:
-        self.streams = streams
+class ResultsLog(io.TextIOBase):
+    """stdout, and the results file once it is named: what came before is written then, and every line
+    after as it is printed (flushed), so a run cut off leaves every finished row."""
+
+    def __init__(self, stdout: Any) -> None:
+        self.stdout, self.pending, self.file = stdout, io.StringIO(), None
 
     def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
-            stream.flush()
+        self.stdout.write(text)
+        self.stdout.flush()
+        target = self.file or self.pending
+        target.write(text)
+        target.flush()
         return len(text)
+
+    def open(self, path: Path, command: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("a", encoding="utf-8")
+        self.file.write(f"$ {command}\n{self.pending.getvalue()}")
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    captured = io.StringIO()
-    with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
-        result = run(args)
-    if args.results_dir:
-        path = results_path(args.results_dir, result)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            f"$ python benchmarks/bench_gpu.py {' '.join(argv or sys.argv[1:])}\n{captured.getvalue()}"
-        )
+    log = ResultsLog(sys.stdout)
+    path = None
+    try:
+        with contextlib.redirect_stdout(log):
+            info = describe(args, torch.device(args.device))
+            if args.results_dir:
+                path = results_path(args.results_dir, info)
+                log.open(path, f"python benchmarks/bench_gpu.py {' '.join(argv or sys.argv[1:])}")
+            run(args, info)
+    finally:
+        log.close()
+    if path is not None:
         print(f"written to {path}")
 
 

@@ -131,25 +131,32 @@ def decode_models(config: TransformerConfig, device: torch.device, dtype: torch.
     return ours, marian
 
 
-def run_decoding(config: TransformerConfig, args: Any, device: torch.device) -> dict[str, Any]:
-    """Every batch size x mode x method: sentences/s, tokens/s, mean length; paired ratios vs ours.
-    A method that fails is reported as {"error": ...}."""
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    ours, marian = decode_models(config, device, dtype)
-    skip_ct2 = ctranslate2_available(device)
-    rows: dict[str, Any] = {"ctranslate2": skip_ct2 or "ran"}
-    with tempfile.TemporaryDirectory() as tmp:
-        ct2 = None
-        if skip_ct2 is None:
+class DecodingBench:
+    """The decoding cases of bench_gpu.py, one at a time (each in its own time box there): ours and
+    MarianMTModel built once, CTranslate2 when a build for the device is importable. `case(size, mode)` ->
+    every method's sentences/s, tokens/s, mean length and paired ratio vs ours; a method that fails is
+    reported as {"error": ...}."""
+
+    def __init__(self, config: TransformerConfig, args: Any, device: torch.device) -> None:
+        self.config, self.args, self.device = config, args, device
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        self.ours, self.marian = decode_models(config, device, dtype)
+        self.tmp = tempfile.TemporaryDirectory()
+        self.ct2 = None
+        self.ctranslate2 = ctranslate2_available(device) or "ran"
+        if self.ctranslate2 == "ran":
             try:
-                ct2 = ctranslate2_translator(ours, device, Path(tmp))
+                self.ct2 = ctranslate2_translator(self.ours, device, Path(self.tmp.name))
             except Exception as error:  # reported, the others still run
-                rows["ctranslate2"] = f"failed: {type(error).__name__}: {error}"
-        for size in args.decode_batch_sizes:
-            batches = [b.to(device) for b in source_batches(args.decode_batches, size, config.src_vocab_size)]
-            for mode, beams in MODES.items():
-                rows[f"batch{size}_{mode}"] = _time_case(ours, marian, ct2, batches, beams, args, device)
-    return rows
+                self.ctranslate2 = f"failed: {type(error).__name__}: {error}"
+
+    def case(self, size: int, mode: str) -> dict[str, Any]:
+        vocab = self.config.src_vocab_size
+        batches = [b.to(self.device) for b in source_batches(self.args.decode_batches, size, vocab)]
+        return _time_case(self.ours, self.marian, self.ct2, batches, MODES[mode], self.args, self.device)
+
+    def close(self) -> None:
+        self.tmp.cleanup()
 
 
 def _time_case(
@@ -163,6 +170,8 @@ def _time_case(
         try:
             method()  # warm-up: first-call allocations, kernel selection
             working[name] = method
+        except TimeoutError:  # bench_gpu's time box of the whole case: end it
+            raise
         except Exception as error:
             rows[name] = {"error": f"{type(error).__name__}: {str(error).strip()[:200]}"}
     times, outputs = interleaved(working, args.decode_repeats, device)

@@ -15,6 +15,7 @@ import gc
 import math
 import signal
 import statistics
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -88,23 +89,37 @@ def train_flops(config: TransformerConfig, batch: Batch) -> float:
     return float(6 * params + 12 * D * attention)
 
 
+_DEADLINES: list[float] = []  # the enclosing time limits' deadlines (time.monotonic()), innermost last
+
+
 @contextmanager
-def time_limit(seconds: int | None) -> Iterator[None]:
-    """Raise TimeoutError in the main thread after `seconds` (SIGALRM; None or 0: no limit)."""
-    if not seconds or not hasattr(signal, "SIGALRM"):
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise TimeoutError in the main thread after `seconds` (SIGALRM; None or 0: no limit of its own).
+
+    Limits nest: an inner one never outlives the one around it (bench_gpu.py's time box of a case around
+    a compile timeout), and leaving it re-arms the outer one with what is left of it."""
+    if not hasattr(signal, "SIGALRM"):
         yield
         return
+    start = time.monotonic()
+    outer = _DEADLINES[-1] if _DEADLINES else math.inf
+    deadline = min(outer, start + seconds) if seconds else outer
 
     def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"did not finish within {seconds} s")
+        raise TimeoutError(f"did not finish within {deadline - start:.3g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    _DEADLINES.append(deadline)
+    if deadline < math.inf:
+        signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 1e-3))
     try:
         yield
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _DEADLINES.pop()
         signal.signal(signal.SIGALRM, previous)
+        if _DEADLINES and _DEADLINES[-1] < math.inf:  # the outer limit runs on (or expires now)
+            signal.setitimer(signal.ITIMER_REAL, max(_DEADLINES[-1] - time.monotonic(), 1e-3))
 
 
 def _build(name: str, config: TransformerConfig, device: torch.device, backend: str) -> Any:

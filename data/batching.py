@@ -8,10 +8,10 @@ length, so the budget bounds the padded `src` and the padded `tgt_in`/`tgt_out` 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
-import datasets
 import numpy as np
 import torch
 from torch import Tensor
@@ -326,7 +326,15 @@ class IndexedBatches(torch.utils.data.Dataset):
     def __getitem__(self, indices: int | Sequence[int]) -> list[Mapping[str, Any]]:
         if isinstance(indices, int):
             indices = [indices] if self.batches is None else self.batches[indices]
-        if not isinstance(self.examples, datasets.Dataset):
+        if not _is_arrow_dataset(self.examples):
             return [self.examples[i] for i in indices]
         columns = self.examples[list(indices)]  # one Arrow read for the whole batch: {column: values}
         return [dict(zip(columns, row)) for row in zip(*columns.values())]
+
+
+def _is_arrow_dataset(examples: Any) -> bool:
+    """Whether `examples` is a `datasets.Dataset`, asked without importing `datasets`: an object of that
+    class exists only once the library is loaded, and the batching works without it (a benchmark on a bare
+    GPU box that has no `datasets`)."""
+    module = sys.modules.get("datasets")
+    return module is not None and isinstance(examples, module.Dataset)

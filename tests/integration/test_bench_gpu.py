@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,43 @@ def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) ->
                 # the same fixed work for every decoder: 5 tokens per sentence
                 assert rows[name]["sent_s"] > 0 and rows[name]["mean_length"] == 5.0, (size, mode, name)
     assert result["ratios"]["train_ours_vs_torch_eager"] > 0
+
+
+def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> None:
+    """Cases in value order under --budget-s; those past it are in the table and the JSON as skipped."""
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--budget-s", "0",
+         "--results-dir", str(tmp_path)],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    assert all("skipped" in row for row in result["train"].values())
+    assert set(result["decode"]) == {"batch4_beam4", "batch4_greedy", "batch8_beam4", "batch8_greedy"}
+    assert "ours             skipped: the time budget (--budget-s 0) was spent" in done.stdout
+
+
+def test_bench_gpu_leaves_every_finished_row_when_it_is_killed(tmp_path: Path) -> None:
+    """The results file grows row by row: a run killed (a time limit) keeps what it measured."""
+    process = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--models", "ours,torch",
+         "--results-dir", str(tmp_path)],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        rows: list[str] = []
+        while time.monotonic() < deadline and process.poll() is None:
+            text = "".join(p.read_text() for p in tmp_path.glob("*_bench_gpu.txt"))
+            rows = [line for line in text.splitlines() if line.startswith("torch ")]
+            if rows:
+                break
+            time.sleep(0.2)
+        process.kill()
+        process.wait()
+    finally:
+        process.kill()
+    assert rows, "the torch row never appeared in the results file"
+    (written,) = tmp_path.glob("*_cpu_smoke_bench_gpu.txt")
+    text = written.read_text()
+    assert text.startswith("$ python benchmarks/bench_gpu.py --smoke") and "\nours " in text
