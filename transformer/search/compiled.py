@@ -59,7 +59,7 @@ class CompiledStep:
         )
 
 
-def compile_step(device: torch.device, backend: str = "inductor") -> CompiledStep:
+def compile_step(device: torch.device, backend: str | Callable[..., object] = "inductor") -> CompiledStep:
     """The process's compiled step for `device`: on CUDA in mode "reduce-overhead" (a CUDA graph per
     bucket, replayed over the bucket's fixed-address `StaticBuffers`), elsewhere inductor's default
     code generation; `backend` "aot_eager" or "eager" for cheap tests. One per process and kind of
@@ -68,7 +68,7 @@ def compile_step(device: torch.device, backend: str = "inductor") -> CompiledSte
 
 
 @functools.cache
-def _compile_step(cuda_graphs: bool, backend: str) -> CompiledStep:
+def _compile_step(cuda_graphs: bool, backend: str | Callable[..., object]) -> CompiledStep:
     compiled = torch.compile(
         next_log_probs,
         backend=backend,
