@@ -15,16 +15,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
 from transformer.search.ensemble import EnsembleCache
 from transformer.search.step import Searchable, StepRules, next_log_probs
-
-if TYPE_CHECKING:  # static_cache builds on this module
-    from transformer.search.static_cache import StaticBuffers, StaticDecoderCache
 
 __all__ = ["Bucket", "BucketCache", "BucketedCache", "bucket_size", "mark_dynamic", "pad_rows"]
 
@@ -33,8 +30,30 @@ LEAST_SOURCE = 16
 LEAST_CAPACITY = 16  # KVCache.BLOCK, the rounding of `static_capacity`
 
 Value = TypeVar("Value")
+
+
+class Buffers(Protocol):
+    """`static_cache.StaticBuffers` (which builds on this module): fixed-address zero-filled tensors."""
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor: ...
+
+
+class StaticCache(Protocol):
+    """`static_cache.StaticDecoderCache`, as far as the buckets use it."""
+
+    visible: Tensor  # (n, g, C) bool
+    self_attn: list  # StaticKVCache per layer: _key / _value (C, n, H, Dh)
+    cross_attn: list  # KVCache per layer: _key / _value (n, H, S, Dh)
+
+    @property
+    def beams(self) -> int: ...
+    @property
+    def offset(self) -> Tensor: ...
+    def select_beams(self, parents: Tensor, sentences: Tensor | None = None) -> None: ...
+
+
 # `new_static_cache` for one model: (rows, capacity, device, buffers) -> its static cache
-MakeCache = Callable[[int, int, torch.device, "StaticBuffers"], "StaticDecoderCache | EnsembleCache"]
+MakeCache = Callable[[int, int, torch.device, Buffers], "StaticCache | EnsembleCache"]
 
 
 def bucket_size(size: int, least: int) -> int:
@@ -123,12 +142,12 @@ class BucketedCache:
     Beam parents for the padding rows are beam 0."""
 
     def __init__(
-        self, make: MakeCache, rows: int, capacity: int, beams: int, buckets: BucketCache[StaticBuffers]
+        self, make: MakeCache, rows: int, capacity: int, beams: int, buckets: BucketCache[Buffers]
     ) -> None:
         self.make, self.rows, self.capacity, self.beam_size = make, rows, capacity, beams
         self.buckets = buckets
         self.bucket: Bucket | None = None
-        self.cache: StaticDecoderCache | EnsembleCache | None = None
+        self.cache: StaticCache | EnsembleCache | None = None
         self.memory: object = None  # padded: (rows, source, D), or one per ensemble member
         self.mask: Tensor | None = None  # (rows, source) bool, True = pad
         self.tokens: Tensor | None = None  # (rows * g,) the compiled steps' last tokens
@@ -207,7 +226,7 @@ class BucketedCache:
         return log_probs[: last_tokens.shape[0]]
 
 
-def _dynamic_dims(cache: StaticDecoderCache | EnsembleCache) -> list[tuple[Tensor, tuple[int, ...]]]:
+def _dynamic_dims(cache: StaticCache | EnsembleCache) -> list[tuple[Tensor, tuple[int, ...]]]:
     """The buffers of a static cache and their dimensions that vary from bucket to bucket: rows n,
     capacity C, source width S, and g beams in beam search (g = 1, greedy, is a graph of its own)."""
     dims: list[tuple[Tensor, tuple[int, ...]]] = []
