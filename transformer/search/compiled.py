@@ -7,6 +7,7 @@ names what happened and the setting, and the process decodes on with the step ru
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 
@@ -22,8 +23,13 @@ log = logging.getLogger(__name__)
 # Compilations of the step one process may make: 2 with buckets (greedy, beam), more for other models
 # or step rules (min_len, temperature) in the same process; beyond, the step runs eagerly (warned).
 RECOMPILE_LIMIT = 8
-# what Dynamo raises when it gives up on a frame (fullgraph: instead of running it eagerly, silently)
-_GAVE_UP = (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
+# what Dynamo raises when it gives up on a frame (fullgraph: instead of running it eagerly, silently);
+# looked up by name: the project allows torch >= 2.4, whose exceptions are named otherwise
+_GAVE_UP = tuple(
+    getattr(torch._dynamo.exc, name)
+    for name in ("TorchDynamoException", "FailOnRecompileLimitHit", "FailOnCacheLimitHit")
+    if hasattr(torch._dynamo.exc, name)
+)
 
 
 class CompiledStep:
@@ -69,11 +75,9 @@ def compile_step(device: torch.device, backend: str | Callable[..., object] = "i
 
 @functools.cache
 def _compile_step(cuda_graphs: bool, backend: str | Callable[..., object]) -> CompiledStep:
-    compiled = torch.compile(
-        next_log_probs,
-        backend=backend,
-        mode="reduce-overhead" if cuda_graphs else None,
-        fullgraph=True,
-        recompile_limit=RECOMPILE_LIMIT,
-    )
+    # a limit of this function's own where torch.compile takes one (older: Dynamo's default, also 8)
+    limit = {"recompile_limit": RECOMPILE_LIMIT}
+    options = limit if "recompile_limit" in inspect.signature(torch.compile).parameters else {}
+    mode = "reduce-overhead" if cuda_graphs else None
+    compiled = torch.compile(next_log_probs, backend=backend, mode=mode, fullgraph=True, **options)
     return CompiledStep(compiled, cuda_graphs)
