@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import transformer.search.compiled as compiled
 import transformer.search.static_cache as static_cache
@@ -188,3 +189,23 @@ def test_a_compile_error_is_logged_once(
     warnings = [r.getMessage() for r in caplog.records if r.name == compiled.__name__]
     assert len(warnings) == 1 and "BackendCompilerFailed" in warnings[0], warnings
     assert "decode.kv_cache=compiled" in warnings[0] and "eagerly" in warnings[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.usefixtures("fresh")
+def test_cuda_graph_steps_over_buckets_compile_twice() -> None:
+    """The real thing (inductor, CUDA graphs) in bench_gpu's order, beam 4 and greedy over two batch
+    sizes, twice: at most 2 compilations, the growing cache's tokens, and no warning of a fallback."""
+    counters.clear()
+    model = _model(0).cuda()
+    for _ in range(2):
+        for batch in (6, 20):
+            src = _sources(batch, seed=batch).cuda()
+            for beam_size in (4, 1):
+                dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
+                got = _decode(model, src, "compiled", beam_size=beam_size)
+                assert torch.equal(got[0], dynamic[0])
+                torch.testing.assert_close(got[1], dynamic[1], rtol=1e-5, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] <= 2
+    assert compile_step(torch.device("cuda")).failure is None
