@@ -2,7 +2,8 @@
 maximum length, so that every decoding step after the first has the same tensor shapes whatever the
 step number (the condition for one compiled graph, or one CUDA graph, serving every step); and
 `Stepping`, how a search runs its steps: over the growing cache, the static one, or the static one
-with the step compiled (`DecodingSettings.kv_cache`).
+with the step compiled (`DecodingSettings.kv_cache`; `transformer.search.compiled`), over caches padded
+to shape buckets (`transformer.search.buckets`: two compilations, one CUDA graph per bucket).
 
 `StaticDecoderCache` has the interface of `DecoderCache` (the decoder and the searches use either),
 with three differences: rows never leave (finished ones are masked by the search instead), the
