@@ -12,10 +12,12 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+import transformer.search.compiled as compiled
 import transformer.search.static_cache as static_cache
 from tests.tiny import tiny_seq2seq, tiny_sources
 from tests.unit.test_decoding_syncs import _count
 from transformer.model import Seq2SeqTransformer
+from transformer.search.compiled import compile_step
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble
 from transformer.search.static_cache import (
@@ -24,7 +26,6 @@ from transformer.search.static_cache import (
     new_static_cache,
     static_capacity,
 )
-from transformer.search.step import next_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,13 +65,20 @@ def _assert_same(expected: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.T
 @pytest.fixture
 def aot_eager_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """kv_cache=compiled compiles with aot_eager (fullgraph: a graph break fails the search), from a
-    clean Dynamo cache, and counts the graphs in `counters["stats"]["unique_graphs"]`."""
-    compiled = torch.compile(next_log_probs, backend="aot_eager", fullgraph=True)
-    monkeypatch.setattr(static_cache, "compile_step", lambda device: compiled)
-    torch._dynamo.reset()
+    clean Dynamo cache and fresh bucket buffers, and counts the graphs in
+    `counters["stats"]["unique_graphs"]`."""
+    monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, "aot_eager"))
+    fresh_compilation()
     counters.clear()
     yield
+    fresh_compilation()
+
+
+def fresh_compilation() -> None:
+    """A clean Dynamo cache, a new compiled step and new bucket buffers (process-wide otherwise)."""
     torch._dynamo.reset()
+    compiled._compile_step.cache_clear()
+    static_cache._bucket_buffers.cache_clear()
 
 
 @pytest.mark.parametrize("name", list(SEARCHES))
@@ -147,13 +155,34 @@ def test_compiled_step_of_an_ensemble_is_one_graph() -> None:
 
 @pytest.mark.usefixtures("aot_eager_step")
 def test_compiled_step_over_batches_of_other_shapes() -> None:
-    """A batch of another shape compiles once more (Dynamo then marks the sizes dynamic), and later
-    shapes reuse that graph: the outputs stay the growing cache's."""
+    """Batches of other sizes (other row buckets: 8, 4, 16) reuse the one graph, whose rows are a
+    dynamic dimension from the start: the outputs stay the growing cache's."""
     model = _model(2, d_model=16, layers=1)
-    for batch, graphs in ((6, 1), (3, 2), (9, 2)):
+    for batch in (6, 3, 9):
         src = _sources(batch, seed=batch)
         _assert_same(_decode(model, src, "dynamic"), _decode(model, src, "compiled"))
-        assert counters["stats"]["unique_graphs"] == graphs
+        assert counters["stats"]["unique_graphs"] == 1
+
+
+def _wide(src: torch.Tensor, width: int) -> torch.Tensor:
+    """src (B, 14) right-padded to (B, width): the same sentences in a wider batch."""
+    return torch.nn.functional.pad(src, (0, width - src.shape[1]), value=0)
+
+
+@pytest.mark.usefixtures("aot_eager_step")
+def test_compiled_decoding_compiles_at_most_twice() -> None:
+    """Beam 4 and greedy alternating over two source widths (buckets 16, 64) and two batch sizes
+    (buckets 4, 16) in one process: at most 2 compilations, greedy's and beam search's (every size a
+    dynamic dimension of their graphs), and every sentence decodes as with the growing cache.
+    Without buckets and dynamic dimensions this compiled 6 times."""
+    model = _model(2, d_model=16, layers=1)
+    for batch, width in ((3, 14), (10, 40), (3, 40), (10, 14)):
+        src = _wide(_sources(batch, seed=batch + width), width)
+        for settings in ({"beam_size": 4, "n_best": 2}, {"beam_size": 1}):
+            _assert_same(
+                _decode(model, src, "dynamic", **settings), _decode(model, src, "compiled", **settings)
+            )
+    assert counters["stats"]["unique_graphs"] <= 2
 
 
 @pytest.mark.parametrize("name", ["greedy", "beam4_nbest", "sample", "constrained_beam"])

@@ -5,4 +5,5 @@
 - `beam`: beam search with its bookkeeping on the device
 - `ensemble`: several models decoded as one
 - `cache`: the KV cache of incremental decoding; `static_cache`: its preallocated, fixed-shape form
+- `buckets`, `compiled`: the compiled step's padded shape buckets, and the step compiled (logged fallback)
 """

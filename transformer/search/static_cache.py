@@ -2,7 +2,8 @@
 maximum length, so that every decoding step after the first has the same tensor shapes whatever the
 step number (the condition for one compiled graph, or one CUDA graph, serving every step); and
 `Stepping`, how a search runs its steps: over the growing cache, the static one, or the static one
-with the step compiled (`DecodingSettings.kv_cache`).
+with the step compiled (`DecodingSettings.kv_cache`; `transformer.search.compiled`), over caches padded
+to shape buckets (`transformer.search.buckets`: two compilations, one CUDA graph per bucket).
 
 `StaticDecoderCache` has the interface of `DecoderCache` (the decoder and the searches use either),
 with three differences: rows never leave (finished ones are masked by the search instead), the
@@ -23,7 +24,9 @@ import torch
 from torch import Tensor
 
 from transformer.kernels import RotaryLike
+from transformer.search.buckets import BucketCache, BucketedCache
 from transformer.search.cache import KVCache, _at_position
+from transformer.search.compiled import compile_step
 from transformer.search.ensemble import Ensemble, EnsembleCache
 from transformer.search.step import Searchable, StepRules, next_log_probs
 
@@ -123,7 +126,8 @@ class StaticKVCache:
         return None if self._value is None else self._value.permute(1, 2, 0, 3)
 
     def __len__(self) -> int:
-        return 0 if self._key is None else self.capacity - self.new
+        # from the buffer's shape, not `capacity`: a dynamic dimension of the compiled step, not a constant
+        return 0 if self._key is None else self._key.shape[0] - self.new
 
     def __repr__(self) -> str:
         shape = None if self.key is None else tuple(self.key.shape)
@@ -165,6 +169,9 @@ class _MemoryKVCache(KVCache):
             key = self.buffers.zeros(tuple(key.shape), key.dtype, key.device).copy_(key)  # (n, H, S, Dh)
             value = self.buffers.zeros(tuple(value.shape), value.dtype, value.device).copy_(value)
         return super().update(key, value)
+
+    def __len__(self) -> int:
+        return 0 if self._key is None else self._key.shape[2]  # S: a dynamic dimension, like C above
 
 
 class StaticDecoderCache:
@@ -263,13 +270,14 @@ class Stepping:
     """How a search runs its steps: over the growing `DecoderCache`, rows leaving the batch as they
     finish (`static=False`), or over a `StaticDecoderCache` whose rows stay, finished ones masked, so
     that every step after the first has the same shapes; `step` is `next_log_probs` or (static only) a
-    compiled version of it, whose caches take their tensors from `buffers`. The first step of a static
-    search runs `next_log_probs` eagerly: it fills the cross-attention caches and, in beam search, has
-    one beam per sentence, so its graph is not the later steps'."""
+    compiled version of it, which runs over `BucketedCache`s (shapes padded to `buckets`, each bucket's
+    buffers kept from search to search). The first step of a static search runs `next_log_probs`
+    eagerly: it fills the cross-attention caches and, in beam search, has one beam per sentence, so its
+    graph is not the later steps'."""
 
     static: bool = False
     step: Callable[..., Tensor] = next_log_probs
-    buffers: StaticBuffers | None = None
+    buckets: BucketCache[StaticBuffers] | None = None
 
     @classmethod
     def of(cls, kv_cache: str, device: torch.device) -> Stepping:
@@ -279,14 +287,17 @@ class Stepping:
             return cls()
         if kv_cache == "static":
             return cls(static=True)
-        return cls(static=True, step=compile_step(device), buffers=_compiled_step_buffers())
+        return cls(static=True, step=compile_step(device), buckets=_bucket_buffers())
 
     def new_cache(
         self, model: Searchable, rows: int, longest: int, beam_size: int, device: torch.device
     ) -> object:
         """A search's cache: `rows` rows (sentences) of up to `longest` tokens, `beam_size` beams each."""
+        if self.buckets is not None:
+            make = functools.partial(new_static_cache, model)
+            return BucketedCache(make, rows, static_capacity(longest, beam_size), beam_size, self.buckets)
         if self.static:
-            return new_static_cache(model, rows, static_capacity(longest, beam_size), device, self.buffers)
+            return new_static_cache(model, rows, static_capacity(longest, beam_size), device)
         cache = model.new_cache()
         cache.reserve(1 + (longest - 1) * beam_size)  # BOS, then one key per step and beam
         return cache
@@ -310,6 +321,8 @@ class Stepping:
                 model, last_tokens, memory, src_padding_mask, cache, rules, step, at_max_length, history
             )
         step_fn = self.step if step else next_log_probs
+        if isinstance(cache, BucketedCache):
+            return cache(step_fn, model, last_tokens, memory, src_padding_mask, rules, at_max_length, history)
         return step_fn(
             model, last_tokens, memory, src_padding_mask, cache, rules, cache.offset, at_max_length, history
         )
@@ -320,28 +333,8 @@ class Stepping:
             cache.offset.add_(1)
 
 
-def compile_step(device: torch.device) -> Callable[..., Tensor]:
-    """`next_log_probs` through `torch.compile` as one graph (fullgraph; the static searches give it
-    the same shapes at every step): on CUDA in mode "reduce-overhead", i.e. recorded as a CUDA graph and
-    replayed each step over the fixed-address `StaticBuffers`; elsewhere inductor's default code
-    generation. Compiled once per process and input shapes (Dynamo's cache)."""
-    if device.type != "cuda":
-        return _compiled_step(None)
-    compiled = _compiled_step("reduce-overhead")
-
-    def step(*args: object) -> Tensor:
-        torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are consumed: reuse them
-        return compiled(*args)
-
-    return step
-
-
 @functools.cache
-def _compiled_step(mode: str | None) -> Callable[..., Tensor]:
-    return torch.compile(next_log_probs, mode=mode, fullgraph=True)
-
-
-@functools.cache
-def _compiled_step_buffers() -> StaticBuffers:
-    """The compiled step's cache storage, process-wide like the compiled step itself."""
-    return StaticBuffers()
+def _bucket_buffers() -> BucketCache[StaticBuffers]:
+    """The compiled step's cache storage, one `StaticBuffers` per bucket, process-wide like the compiled
+    step itself."""
+    return BucketCache(StaticBuffers)
