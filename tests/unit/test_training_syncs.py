@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 from tests.unit.test_decoding_syncs import _is_sync
 from tests.unit.test_tasks import TINY, CopyData, _trainer
 from transformer.training import TranslationTask
-from transformer.training.callbacks import NonFiniteLossGuard, RichProgressBar
+from transformer.training.callbacks import EMAWeightAveraging, NonFiniteLossGuard, RichProgressBar
 from transformer.training.optim import adamw
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,14 +40,10 @@ class _PerBatch(TorchFunctionMode, L.Callback):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) -> None:
-    torch.manual_seed(0)
-    task = TranslationTask(
-        {**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3), compile=compiled
-    )
+def _fit_and_count(tmp_path, task: TranslationTask, *callbacks: L.Callback, **trainer_args) -> list[int]:
+    """Train `task` 12 steps (2 epochs of 8 batches, logs written every 4 steps) on the GPU's code path;
+    the host reads of each batch (1 .. 12), checked: none between log writes, some at them."""
     task.model.pack_tokens = False  # the GPU's path
-    task.compile_backend = "eager"
     counter, progress = _PerBatch(), RichProgressBar()
     trainer = _trainer(
         tmp_path,
@@ -57,7 +53,8 @@ def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) ->
         log_every_n_steps=4,
         logger=CSVLogger(tmp_path),
         enable_progress_bar=True,
-        callbacks=[NonFiniteLossGuard(action="stop"), counter, progress],
+        callbacks=[NonFiniteLossGuard(action="stop"), *callbacks, counter, progress],
+        **trainer_args,
     )
     with counter:
         trainer.fit(task, datamodule=CopyData())
@@ -69,6 +66,31 @@ def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) ->
     assert {"loss", "tokens/s"} <= shown.keys() and all(
         isinstance(shown[k], float) for k in ("loss", "tokens/s")
     )
+    return reads
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) -> None:
+    torch.manual_seed(0)
+    task = TranslationTask(
+        {**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3), compile=compiled
+    )
+    task.compile_backend = "eager"
+    _fit_and_count(tmp_path, task)
+
+
+@pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_default_gpu_configuration_reads_nothing_back_between_log_writes(
+    tmp_path, precision: str, ema: bool
+) -> None:
+    """`trainer=gpu` is bf16-mixed with `gradient_clip_val: 1.0`: clipping keeps the fused AdamW (which skips
+    a bad step on the guard's device flag), the clip norm stays on the device, and the EMA of the weights
+    (`callbacks=[default,ema]`) updates without reading its step count back."""
+    torch.manual_seed(0)
+    task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
+    averaging = [EMAWeightAveraging(decay=0.9)] if ema else []
+    _fit_and_count(tmp_path, task, *averaging, precision=precision, gradient_clip_val=1.0)
 
 
 @pytest.mark.skipif(
