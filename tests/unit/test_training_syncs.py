@@ -12,12 +12,18 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.overrides import TorchFunctionMode
 
 from tests.unit.test_decoding_syncs import _is_sync
 from tests.unit.test_tasks import TINY, CopyData, _trainer
 from transformer.training import TranslationTask
-from transformer.training.callbacks import EMAWeightAveraging, NonFiniteLossGuard, RichProgressBar
+from transformer.training.callbacks import (
+    EMAWeightAveraging,
+    NonFiniteLossGuard,
+    RichProgressBar,
+    SaveOnSignal,
+)
 from transformer.training.optim import adamw
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -91,6 +97,49 @@ def test_the_default_gpu_configuration_reads_nothing_back_between_log_writes(
     task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
     averaging = [EMAWeightAveraging(decay=0.9)] if ema else []
     _fit_and_count(tmp_path, task, *averaging, precision=precision, gradient_clip_val=1.0)
+
+
+def test_under_ddp_the_ranks_agree_only_at_log_writes(tmp_path, monkeypatch) -> None:
+    """`trainer=ddp` on one process made to look like rank 0 of 2: the guard's flag meets the other ranks'
+    in a device all-reduce every step (never read back), and the decisions that must be read (does any
+    rank stop for a signal: `reduce_boolean_decision`, which reads its all-reduced flag back as DDP does)
+    come only at log writes, like Lightning's own SIGTERM broadcast (read back with `.item()`; before
+    every batch without `SaveOnSignal`)."""
+    reduced: list[int] = []  # the optimizer step of each all-reduce of the guard's flag
+    decided: list[int] = []  # ... and of each reduce_boolean_decision
+    broadcasts: list[int] = []  # the optimizer steps before each of Lightning's SIGTERM broadcasts
+    trainer_box: list[L.Trainer] = []
+
+    def all_reduce(tensor: torch.Tensor, op: object = None, **kwargs: object) -> None:
+        assert tensor.device.type == "cpu" and tensor.dtype == torch.int32  # the flag, on the device
+        reduced.append(trainer_box[0].global_step + 1)
+
+    def reduce_boolean_decision(strategy: object, decision: bool, all: bool = True) -> bool:
+        decided.append(trainer_box[0].global_step)
+        return bool(torch.tensor(int(decision)))  # DDP: a device tensor all-reduced, then read back
+
+    def broadcast(tensor: torch.Tensor, src: int = 0, **kwargs: object) -> None:
+        broadcasts.append(trainer_box[0].global_step)  # rank 0's flag stays as it is
+
+    monkeypatch.setattr(L.Trainer, "world_size", property(lambda self: 2))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.distributed, "broadcast", broadcast)
+    monkeypatch.setattr(SingleDeviceStrategy, "reduce_boolean_decision", reduce_boolean_decision)
+
+    class Remember(L.Callback):
+        def on_fit_start(self, trainer: L.Trainer, *args) -> None:  # type: ignore[no-untyped-def]
+            trainer_box.append(trainer)
+
+    torch.manual_seed(0)
+    task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
+    saver = SaveOnSignal(tmp_path / "checkpoints")
+    _fit_and_count(tmp_path, task, Remember(), saver, precision="bf16-mixed", gradient_clip_val=1.0)
+    assert reduced == list(range(1, 13))
+    assert decided == [4, 8, 12]
+    assert broadcasts == [4, 8]  # before the batch after a log write (Lightning's: before every batch)
 
 
 @pytest.mark.skipif(

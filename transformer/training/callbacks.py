@@ -73,6 +73,7 @@ class SaveOnSignal(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.received = None
+        _thin_lightnings_sigterm_broadcast(trainer)
         if not _in_main_thread():
             return
         for sig in self.signals:
@@ -149,6 +150,25 @@ class SaveOnSignal(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_handlers()
         self._exit_if_saved(trainer)
+
+
+def _thin_lightnings_sigterm_broadcast(trainer: L.Trainer) -> None:
+    """Under DDP, Lightning 2.6's training loop broadcasts rank 0's SIGTERM flag before every batch and
+    reads it back (`_TrainingEpochLoop._broadcast_sigterm_tensor`): a wait for every device, each step,
+    for a flag that only Lightning's own SIGTERM handler sets, replaced by `SaveOnSignal`'s during
+    training. Keep it at the batches after a log write (the same batches on every rank, so the
+    collective still pairs up), where a SIGTERM that reached Lightning's handler before training still
+    stops the run."""
+    loop = trainer.fit_loop.epoch_loop
+    broadcast = getattr(type(loop), "_broadcast_sigterm_tensor", None)
+    if broadcast is None or "_broadcast_sigterm_tensor" in vars(loop):
+        return
+
+    def at_log_writes() -> None:
+        if trainer.global_step and at_log_write(trainer):  # the step before this batch wrote the logs
+            broadcast(loop)
+
+    loop._broadcast_sigterm_tensor = at_log_writes
 
 
 def _unwatch_the_other_ranks(trainer: L.Trainer) -> None:
