@@ -145,8 +145,11 @@ def test_under_ddp_the_ranks_agree_only_at_log_writes(tmp_path, monkeypatch) -> 
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA (torch's sync debug mode watches CUDA only)"
 )
-def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path) -> None:
-    """On a GPU, torch's own sync debug mode agrees: no synchronizing call in a step between log writes."""
+@pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path, precision: str, ema: bool) -> None:
+    """On a GPU, torch's own sync debug mode agrees: no synchronizing call in a step between log writes,
+    with `trainer=gpu`'s precision and clipping, with and without the EMA."""
     import warnings
 
     class WatchBetweenLogWrites(L.Callback):
@@ -179,7 +182,13 @@ def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path) -> None:
         limit_val_batches=0,
         log_every_n_steps=4,
         logger=CSVLogger(tmp_path),
-        callbacks=[NonFiniteLossGuard(action="stop"), watch],
+        precision=precision,
+        gradient_clip_val=1.0,
+        callbacks=[
+            NonFiniteLossGuard(action="stop"),
+            *([EMAWeightAveraging(decay=0.9)] if ema else []),
+            watch,
+        ],
     )
     trainer.fit(task, datamodule=CopyData())
     assert len(watch.caught) >= 6
