@@ -451,33 +451,50 @@ def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_pa
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the steps that fit were taken
 
 
-def test_bf16_mixed_precision_clips_gradients_without_the_fused_optimizer(tmp_path) -> None:
-    """`trainer=gpu` (bf16-mixed) with the default gradient clipping: Lightning refuses to clip the
-    gradients of any optimizer that unscales them itself (fused AdamW), scaler or not, so the task picks the
-    foreach kernel. Lightning builds the same plugin on the CPU, so this runs here."""
+def test_bf16_mixed_precision_clips_gradients_with_the_fused_optimizer(tmp_path) -> None:
+    """`trainer=gpu` (bf16-mixed) with gradient clipping keeps the fused AdamW (no loss scale: its in-step
+    unscaling has nothing to undo; Lightning's plugin would refuse to clip it, an fp16 rule) and still
+    clips: every step's gradients reach the optimizer with norm `gradient_clip_val`. 16-mixed, whose
+    GradScaler must unscale before clipping, takes the foreach kernel. Lightning builds the same plugins
+    on the CPU, so this runs here."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    norms: list[float] = []
+
+    class Norms(L.Callback):  # the gradients the optimizer stepped with (zeroed only before the next step)
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            grads = [p.grad for p in module.parameters() if p.grad is not None]
+            norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
     task = _translation()
     trainer = _trainer(
-        tmp_path, max_steps=2, limit_val_batches=0, gradient_clip_val=1.0, precision="bf16-mixed"
+        tmp_path,
+        max_steps=3,
+        limit_val_batches=0,
+        gradient_clip_val=0.01,
+        precision="bf16-mixed",
+        callbacks=[Norms()],
     )
     trainer.fit(task, datamodule=CopyData())
-    assert trainer.global_step == 2
-    assert trainer.optimizers[0].defaults["fused"] is False
-    # without clipping nothing stands in the way of the fused kernel
-    task = _translation()
-    trainer = _trainer(
-        tmp_path, max_steps=1, limit_val_batches=0, gradient_clip_val=None, precision="bf16-mixed"
-    )
-    trainer.fit(task, datamodule=CopyData())
+    assert trainer.global_step == 3
     assert trainer.optimizers[0].defaults["fused"] is True
+    assert norms == [pytest.approx(0.01, rel=1e-3)] * 3
+    task = _translation()
+    scaler = torch.amp.GradScaler("cpu")
+    trainer = _trainer(
+        tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision("16-mixed", "cpu", scaler)]
+    )
+    trainer.fit(task, datamodule=CopyData())
+    assert trainer.optimizers[0].defaults["fused"] is False
 
 
-@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
-def test_mixed_precision_clipping_with_a_forced_fused_optimizer_names_the_keys(tmp_path, precision) -> None:
+def test_fp16_clipping_with_a_forced_fused_optimizer_names_the_keys(tmp_path) -> None:
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     task = TranslationTask(TINY, optimizer=functools.partial(adamw, lr=1e-3, fused=True))
+    scaler = torch.amp.GradScaler("cpu")
     trainer = _trainer(
-        tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision(precision, "cpu")]
+        tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision("16-mixed", "cpu", scaler)]
     )
     with pytest.raises(ValueError, match=r"model\.optimizer\.fused=true .* trainer\.gradient_clip_val=null"):
         trainer.fit(task, datamodule=CopyData())

@@ -12,12 +12,18 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.overrides import TorchFunctionMode
 
 from tests.unit.test_decoding_syncs import _is_sync
 from tests.unit.test_tasks import TINY, CopyData, _trainer
 from transformer.training import TranslationTask
-from transformer.training.callbacks import NonFiniteLossGuard, RichProgressBar
+from transformer.training.callbacks import (
+    EMAWeightAveraging,
+    NonFiniteLossGuard,
+    RichProgressBar,
+    SaveOnSignal,
+)
 from transformer.training.optim import adamw
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,14 +46,10 @@ class _PerBatch(TorchFunctionMode, L.Callback):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) -> None:
-    torch.manual_seed(0)
-    task = TranslationTask(
-        {**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3), compile=compiled
-    )
+def _fit_and_count(tmp_path, task: TranslationTask, *callbacks: L.Callback, **trainer_args) -> list[int]:
+    """Train `task` 12 steps (2 epochs of 8 batches, logs written every 4 steps) on the GPU's code path;
+    the host reads of each batch (1 .. 12), checked: none between log writes, some at them."""
     task.model.pack_tokens = False  # the GPU's path
-    task.compile_backend = "eager"
     counter, progress = _PerBatch(), RichProgressBar()
     trainer = _trainer(
         tmp_path,
@@ -57,7 +59,8 @@ def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) ->
         log_every_n_steps=4,
         logger=CSVLogger(tmp_path),
         enable_progress_bar=True,
-        callbacks=[NonFiniteLossGuard(action="stop"), counter, progress],
+        callbacks=[NonFiniteLossGuard(action="stop"), *callbacks, counter, progress],
+        **trainer_args,
     )
     with counter:
         trainer.fit(task, datamodule=CopyData())
@@ -69,13 +72,84 @@ def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) ->
     assert {"loss", "tokens/s"} <= shown.keys() and all(
         isinstance(shown[k], float) for k in ("loss", "tokens/s")
     )
+    return reads
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) -> None:
+    torch.manual_seed(0)
+    task = TranslationTask(
+        {**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3), compile=compiled
+    )
+    task.compile_backend = "eager"
+    _fit_and_count(tmp_path, task)
+
+
+@pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_default_gpu_configuration_reads_nothing_back_between_log_writes(
+    tmp_path, precision: str, ema: bool
+) -> None:
+    """`trainer=gpu` is bf16-mixed with `gradient_clip_val: 1.0`: clipping keeps the fused AdamW (which skips
+    a bad step on the guard's device flag), the clip norm stays on the device, and the EMA of the weights
+    (`callbacks=[default,ema]`) updates without reading its step count back."""
+    torch.manual_seed(0)
+    task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
+    averaging = [EMAWeightAveraging(decay=0.9)] if ema else []
+    _fit_and_count(tmp_path, task, *averaging, precision=precision, gradient_clip_val=1.0)
+
+
+def test_under_ddp_the_ranks_agree_only_at_log_writes(tmp_path, monkeypatch) -> None:
+    """`trainer=ddp` on one process made to look like rank 0 of 2: the guard's flag meets the other ranks'
+    in a device all-reduce every step (never read back), and the decisions that must be read (does any
+    rank stop for a signal: `reduce_boolean_decision`, which reads its all-reduced flag back as DDP does)
+    come only at log writes, like Lightning's own SIGTERM broadcast (read back with `.item()`; before
+    every batch without `SaveOnSignal`)."""
+    reduced: list[int] = []  # the optimizer step of each all-reduce of the guard's flag
+    decided: list[int] = []  # ... and of each reduce_boolean_decision
+    broadcasts: list[int] = []  # the optimizer steps before each of Lightning's SIGTERM broadcasts
+    trainer_box: list[L.Trainer] = []
+
+    def all_reduce(tensor: torch.Tensor, op: object = None, **kwargs: object) -> None:
+        assert tensor.device.type == "cpu" and tensor.dtype == torch.int32  # the flag, on the device
+        reduced.append(trainer_box[0].global_step + 1)
+
+    def reduce_boolean_decision(strategy: object, decision: bool, all: bool = True) -> bool:
+        decided.append(trainer_box[0].global_step)
+        return bool(torch.tensor(int(decision)))  # DDP: a device tensor all-reduced, then read back
+
+    def broadcast(tensor: torch.Tensor, src: int = 0, **kwargs: object) -> None:
+        broadcasts.append(trainer_box[0].global_step)  # rank 0's flag stays as it is
+
+    monkeypatch.setattr(L.Trainer, "world_size", property(lambda self: 2))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.distributed, "broadcast", broadcast)
+    monkeypatch.setattr(SingleDeviceStrategy, "reduce_boolean_decision", reduce_boolean_decision)
+
+    class Remember(L.Callback):
+        def on_fit_start(self, trainer: L.Trainer, *args) -> None:  # type: ignore[no-untyped-def]
+            trainer_box.append(trainer)
+
+    torch.manual_seed(0)
+    task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
+    saver = SaveOnSignal(tmp_path / "checkpoints")
+    _fit_and_count(tmp_path, task, Remember(), saver, precision="bf16-mixed", gradient_clip_val=1.0)
+    assert reduced == list(range(1, 13))
+    assert decided == [4, 8, 12]
+    assert broadcasts == [4, 8]  # before the batch after a log write (Lightning's: before every batch)
 
 
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA (torch's sync debug mode watches CUDA only)"
 )
-def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path) -> None:
-    """On a GPU, torch's own sync debug mode agrees: no synchronizing call in a step between log writes."""
+@pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path, precision: str, ema: bool) -> None:
+    """On a GPU, torch's own sync debug mode agrees: no synchronizing call in a step between log writes,
+    with `trainer=gpu`'s precision and clipping, with and without the EMA."""
     import warnings
 
     class WatchBetweenLogWrites(L.Callback):
@@ -108,7 +182,13 @@ def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path) -> None:
         limit_val_batches=0,
         log_every_n_steps=4,
         logger=CSVLogger(tmp_path),
-        callbacks=[NonFiniteLossGuard(action="stop"), watch],
+        precision=precision,
+        gradient_clip_val=1.0,
+        callbacks=[
+            NonFiniteLossGuard(action="stop"),
+            *([EMAWeightAveraging(decay=0.9)] if ema else []),
+            watch,
+        ],
     )
     trainer.fit(task, datamodule=CopyData())
     assert len(watch.caught) >= 6

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
@@ -192,21 +193,43 @@ class TaskBase(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _optimizer_overrides(self) -> dict[str, Any]:
-        """A fused AdamW would unscale fp16 gradients inside its step, after clipping, so Lightning's
-        mixed-precision plugin refuses to clip a fused optimizer's gradients under 16-mixed *and* bf16-mixed
-        (`trainer=gpu`). With clipping on, `fused=None` (auto) becomes the foreach kernel."""
+        """Under 16-mixed with clipping on, `fused=None` (auto) becomes the foreach kernel: a fused AdamW
+        unscales the GradScaler's gradients inside its step, after clipping would have cut them at the
+        wrong size, so Lightning refuses to clip its gradients. bf16-mixed (`trainer=gpu`) has no loss
+        scale and keeps the fused kernel (`configure_gradient_clipping`)."""
         trainer = self.trainer
-        if not isinstance(trainer.precision_plugin, MixedPrecision) or not trainer.gradient_clip_val:
+        if getattr(trainer.precision_plugin, "scaler", None) is None or not trainer.gradient_clip_val:
             return {}
         if "fused" not in inspect.signature(self.optimizer_factory).parameters:
             return {}
         if getattr(self.optimizer_factory, "keywords", {}).get("fused"):
             raise ValueError(
                 f"model.optimizer.fused=true cannot clip gradients under trainer.precision="
-                f"{trainer.precision} (Lightning refuses a step that unscales them itself): set "
-                "model.optimizer.fused=null or trainer.gradient_clip_val=null"
+                f"{trainer.precision} (its loss scale must be taken off before clipping, and a fused "
+                "optimizer takes it off inside its step): set model.optimizer.fused=null or "
+                "trainer.gradient_clip_val=null"
             )
         return {"fused": False}
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip as under 32-true when no GradScaler scales the loss (bf16-mixed): the gradients already have
+        their true size, and the fused kernel's own unscaling has nothing to undo. Lightning's
+        mixed-precision plugin refuses to clip for any optimizer that unscales itself (an fp16 rule), which
+        would cost the fused AdamW and, with it, the guard's device-side skip. The clip
+        (Lightning's `clip_grad_norm_` call: foreach, no `error_if_nonfinite`) scales on the device and
+        reads nothing back, the same clip as under 32-true."""
+        plugin = self.trainer.precision_plugin
+        if not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        if gradient_clip_val:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)  # not the fp16 refusal
 
     def on_train_epoch_start(self) -> None:
         self.throughput.reset()

@@ -1,6 +1,7 @@
-"""Callbacks of a crash-safe run: a checkpoint on SIGTERM / SIGINT, exact random state on resume, a guard
-that never lets a NaN/inf loss update the weights, and the EMA of the weights evaluated the way it was
-selected; and a progress bar that does not make each training step wait for the device."""
+"""Callbacks of a crash-safe run: a checkpoint on SIGTERM / SIGINT, exact random state on resume; and a
+progress bar that does not make each training step wait for the device. The non-finite-loss guard
+(`loss_guard.py`) and the EMA of the weights (`averaging.py`) have their own modules; their names here
+keep older `_target_` paths and imports working."""
 
 from __future__ import annotations
 
@@ -9,15 +10,25 @@ import random
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import EMAWeightAveraging as _LightningEMA
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
+
+from transformer.training.averaging import EMAWeightAveraging
+from transformer.training.loss_guard import NonFiniteLossError, NonFiniteLossGuard, at_log_write
+
+__all__ = [
+    "EMAWeightAveraging",
+    "NonFiniteLossError",
+    "NonFiniteLossGuard",
+    "RandomState",
+    "RichProgressBar",
+    "SaveOnSignal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +43,16 @@ class SaveOnSignal(L.Callback):
     acted on at the end of a training step, where the state is consistent (the same point where
     `every_n_train_steps` checkpoints are taken, so resuming is exact; with accumulate_grad_batches > 1,
     at the end of the accumulation window). A second signal of the same
-    kind exits at once. Under DDP the ranks agree on stopping (one all-reduce of a flag per step).
+    kind exits at once. Under DDP the ranks agree on stopping at the next step where Lightning writes the
+    logs (`log_every_n_steps`): the agreement (an all-reduce of a flag, read back) would make every step
+    wait for the devices.
 
     A signal during validation (which can take minutes when it decodes for BLEU) is acted on after
     the validation batch in flight, without waiting for validation to end: the training state is
     that of the last training step, and the checkpoint marks the validation as interrupted, so the
     resumed run first reruns that validation from its start (Lightning's restart mid-evaluation)
     and then trains on. Under DDP, where ranks may hold different numbers of validation batches, the
-    signal is acted on after the next training step as above.
+    signal is acted on at the next log write in training, as above.
     """
 
     def __init__(
@@ -60,6 +73,7 @@ class SaveOnSignal(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.received = None
+        _thin_lightnings_sigterm_broadcast(trainer)
         if not _in_main_thread():
             return
         for sig in self.signals:
@@ -82,6 +96,8 @@ class SaveOnSignal(L.Callback):
             return  # (the same on every rank) so act at the window's optimizer step, where resuming is exact
         received = self.received is not None
         if trainer.world_size > 1:
+            if not at_log_write(trainer):  # the ranks' agreement reads a flag back: a wait for every device
+                return
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
         if not received or self._exit_code is not None:
             return
@@ -134,6 +150,25 @@ class SaveOnSignal(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_handlers()
         self._exit_if_saved(trainer)
+
+
+def _thin_lightnings_sigterm_broadcast(trainer: L.Trainer) -> None:
+    """Under DDP, Lightning 2.6's training loop broadcasts rank 0's SIGTERM flag before every batch and
+    reads it back (`_TrainingEpochLoop._broadcast_sigterm_tensor`): a wait for every device, each step,
+    for a flag that only Lightning's own SIGTERM handler sets, replaced by `SaveOnSignal`'s during
+    training. Keep it at the batches after a log write (the same batches on every rank, so the
+    collective still pairs up), where a SIGTERM that reached Lightning's handler before training still
+    stops the run."""
+    loop = trainer.fit_loop.epoch_loop
+    broadcast = getattr(type(loop), "_broadcast_sigterm_tensor", None)
+    if broadcast is None or "_broadcast_sigterm_tensor" in vars(loop):
+        return
+
+    def at_log_writes() -> None:
+        if trainer.global_step and at_log_write(trainer):  # the step before this batch wrote the logs
+            broadcast(loop)
+
+    loop._broadcast_sigterm_tensor = at_log_writes
 
 
 def _unwatch_the_other_ranks(trainer: L.Trainer) -> None:
@@ -211,206 +246,6 @@ def _python_state_plain(state: tuple) -> list[Any]:
 def _python_state(plain: list[Any]) -> tuple:
     version, internal, gauss = plain
     return version, tuple(internal), gauss
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite (`NonFiniteLossGuard(action="stop")`)."""
-
-
-class NonFiniteLossGuard(L.Callback):
-    """Never apply an optimizer step whose loss is NaN or infinite.
-
-    `action="stop"` raises `NonFiniteLossError` naming the first such step, whose update (and any after it)
-    never touches the weights. `action="skip"` drops the step's update (the optimizer leaves every weight and
-    its moments unchanged; the learning-rate schedule still advances), counts it in `train/skipped_steps`
-    and stops the same way after `max_consecutive_skips` skipped steps in a row. Under 16-mixed the
-    GradScaler already skips steps whose *gradients* overflow (and lowers the scale): that is loss
-    scaling at work, not a fault; this guard looks at the loss itself. Under DDP one rank's bad loss skips
-    (or stops) the step on every rank.
-
-    The decision and the counts stay on the device. An optimizer that can skip its own update there (fused
-    AdamW reads the `found_inf` flag that torch's GradScaler sets; the project's default on CPU and CUDA)
-    gets the flag, and the guard reads its state back only when Lightning writes the logs
-    (`log_every_n_steps`), at the end of an epoch, before validation and before a checkpoint is saved: a
-    stop then comes a few (no-op) steps late, still naming the first bad step, with the weights of the
-    step before it. Any other optimizer (or a GradScaler, which owns the flag) costs one read per step:
-    the guard drops the gradients of a bad step and stops before the optimizer runs.
-    """
-
-    def __init__(self, action: Literal["skip", "stop"] = "stop", max_consecutive_skips: int = 10) -> None:
-        if action not in ("skip", "stop"):
-            raise ValueError(f"action must be 'skip' or 'stop', got {action!r}")
-        if isinstance(max_consecutive_skips, bool) or not (
-            isinstance(max_consecutive_skips, int) and max_consecutive_skips >= 1
-        ):
-            raise ValueError(f"max_consecutive_skips must be an integer >= 1, got {max_consecutive_skips!r}")
-        self.action = action
-        self.max_consecutive_skips = max_consecutive_skips
-        self._state: Tensor | None = None  # on the device: skipped, consecutive, halt step, loss, epoch
-        self._loss: Tensor | None = None  # this step's first non-finite loss (NaN-safe), else 0
-        self._bad: Tensor | None = None  # this step's micro-batches saw a non-finite loss (device bool)
-        self._reported_skips = 0
-        self._checked_step = -1
-        self._loaded = (0, 0)  # (skipped, consecutive) from a checkpoint, until the device state exists
-
-    # the device state: one float32 vector (exact counts up to 2^24 steps), read back in one go
-    _SKIPPED, _CONSECUTIVE, _HALT_STEP, _HALT_LOSS, _HALT_EPOCH = range(5)
-
-    def _vector(self, device: torch.device) -> Tensor:
-        if self._state is None:
-            self._state = torch.tensor([*self._loaded, 0.0, 0.0, 0.0], dtype=torch.float32, device=device)
-        return self._state
-
-    @property
-    def skipped(self) -> int:
-        """Steps skipped so far (reads the device)."""
-        return int(self._state[self._SKIPPED]) if self._state is not None else self._loaded[0]
-
-    @property
-    def consecutive(self) -> int:
-        """Steps skipped in a row up to the last one (reads the device)."""
-        return int(self._state[self._CONSECUTIVE]) if self._state is not None else self._loaded[1]
-
-    def on_before_backward(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
-    ) -> None:
-        value = loss.detach().float().sum()
-        bad = ~torch.isfinite(value)
-        self._vector(value.device)
-        if self._bad is None:  # the step's first micro-batch
-            self._bad, self._loss = bad, torch.where(bad, value, 0.0)
-        else:  # keep the first bad micro-batch's loss
-            self._loss = torch.where(self._bad, self._loss, torch.where(bad, value, 0.0))
-            self._bad = self._bad | bad
-
-    def on_before_optimizer_step(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
-    ) -> None:
-        bad, loss = self._bad, self._loss
-        self._bad = self._loss = None
-        if bad is None:  # no backward pass this step (a closure that returned None)
-            return
-        if trainer.world_size > 1 and torch.distributed.is_initialized():  # one rank's bad loss: every rank's
-            shared = bad.to(torch.int32)
-            torch.distributed.all_reduce(shared, op=torch.distributed.ReduceOp.MAX)
-            bad = shared.bool()
-        state = self._vector(bad.device)
-        halted = state[self._HALT_STEP] > 0
-        skipped = bad & ~halted
-        state[self._SKIPPED] += skipped.float()
-        state[self._CONSECUTIVE] = torch.where(bad, state[self._CONSECUTIVE] + 1, 0.0)
-        if self.action == "stop":
-            halts = bad & ~halted
-        else:
-            halts = (state[self._CONSECUTIVE] >= self.max_consecutive_skips) & ~halted
-        step = trainer.global_step + 1  # the optimizer step being taken (1-based)
-        state[self._HALT_STEP] = torch.where(halts, float(step), state[self._HALT_STEP])
-        state[self._HALT_LOSS] = torch.where(halts, loss, state[self._HALT_LOSS])
-        state[self._HALT_EPOCH] = torch.where(halts, float(trainer.current_epoch), state[self._HALT_EPOCH])
-        inner = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer wraps the torch one
-        if self._skips_on_device(trainer, inner):
-            inner.found_inf = (bad | halted).float()  # the fused kernel leaves weights, moments, step counts
-            return
-        if self.check(trainer):  # one read: raises if this step halted, True if it is skipped
-            for group in inner.param_groups:
-                for param in group["params"]:
-                    param.grad = None  # torch optimizers leave parameters without gradients untouched
-
-    @staticmethod
-    def _skips_on_device(trainer: L.Trainer, optimizer: torch.optim.Optimizer) -> bool:
-        """The optimizer skips a step on a device flag (fused kernels), and no GradScaler sets that flag."""
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        return scaler is None and getattr(optimizer, "_step_supports_amp_scaling", False)
-
-    def check(self, trainer: L.Trainer) -> bool:
-        """Read the device state back (one read): warn about newly skipped steps, raise if the run halted.
-        Returns whether the last step was skipped."""
-        if self._state is None:
-            return False
-        self._checked_step = trainer.global_step
-        skipped, consecutive, halt_step, halt_loss, epoch = self._state.tolist()
-        if skipped > self._reported_skips:
-            log.warning(
-                "non-finite training loss: step skipped (%d up to optimizer step %d, %d skipped so far)",
-                skipped - self._reported_skips,
-                trainer.global_step,
-                skipped,
-            )
-            self._reported_skips = int(skipped)
-        if halt_step <= 0:
-            return consecutive > 0
-        where = f"training loss is {halt_loss} at optimizer step {int(halt_step)} (epoch {int(epoch)})"
-        hint = "lower model.optimizer.lr, raise warmup, or check the data"
-        if self.action == "stop":
-            raise NonFiniteLossError(f"{where}: stopped before updating the weights ({hint})")
-        raise NonFiniteLossError(
-            f"{where}: {self.max_consecutive_skips} steps in a row skipped "
-            f"(max_consecutive_skips={self.max_consecutive_skips}), stopping ({hint})"
-        )
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self._state is not None:
-            pl_module.log(
-                "train/skipped_steps", self._state[self._SKIPPED], on_step=True, on_epoch=False, batch_size=1
-            )
-        step = trainer.global_step
-        if step % max(trainer.log_every_n_steps, 1) == 0 and step != self._checked_step:  # logs are written
-            self.check(trainer)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer)
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.training:  # fit's validation
-            self.check(trainer)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer)
-
-    def on_save_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        if trainer.training:  # a halted run saves nothing
-            self.check(trainer)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"skipped": self.skipped, "consecutive": self.consecutive}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._loaded = (int(state_dict.get("skipped", 0)), int(state_dict.get("consecutive", 0)))
-        self._reported_skips = self._loaded[0]
-        self._state = None
-
-
-class EMAWeightAveraging(_LightningEMA):
-    """Lightning's exponential moving average of the weights, evaluated the way it was selected.
-
-    Validation runs on the averaged weights and checkpoints store them as `state_dict` (the raw ones as
-    `current_model_state`, for resuming). Lightning's callback, once set up for fit, also restores the
-    raw weights when `trainer.test(ckpt_path=...)` loads a checkpoint, so the final test of `train.py`
-    would score other weights than validation chose and `evaluate.py` scores. Outside fit this keeps
-    the averaged `state_dict`.
-
-    Only the parameters are averaged (`use_buffers=False`; Lightning's default averages the buffers
-    too). The models' buffers are constant tables built from the config (sinusoidal and rotary position
-    tables, not saved in checkpoints): Lightning's `decay * ema + (1 - decay) * x` does not keep a
-    constant constant, it moves 17% of a d512 position table by up to 1.3e-5 within 1,000 steps, so
-    validation ran on other position encodings than the checkpoint gives `evaluate.py`, and a resumed
-    run (fresh tables) validated differently from a straight one.
-    """
-
-    def __init__(
-        self, device: torch.device | str | int | None = None, use_buffers: bool = False, **kwargs: Any
-    ) -> None:  # Lightning's signature, its other default
-        super().__init__(device, use_buffers, **kwargs)
-
-    def on_load_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        if trainer.state.fn == TrainerFn.FITTING:
-            super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
 
 class RichProgressBar(_LightningRichProgressBar):
