@@ -218,6 +218,7 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study_alone(tmp_path: Path) 
         (["model.config.dropout=interval(0.3,0.1)"], "model.config.dropout: interval(0.3, 0.1) is empty"),
         ([], "hydra.sweeper.study_name=quickstart_optuna: the study in sqlite:///"),  # other parameters
         (["hydra.sweeper.direction=minimize"], "has direction ['maximize'], this sweep ['minimize']"),
+        (["hydra.sweeper.storage=notaurl://x"], "hydra.sweeper.storage=notaurl://x: expected a database URL"),
     ]:  # fmt: skip
         done = _cli([*base, *extra], cwd=tmp_path)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
