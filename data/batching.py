@@ -70,7 +70,8 @@ class TokenBudgetBatchSampler(DistributedSampler):
     ranks get the same count. `even_batches=False` (evaluation under DDP) repeats and drops nothing: the
     ranks' counts may differ by one, which only a loop without a collective per step tolerates
     (validation, test); a list with fewer batches than ranks has its largest batches halved first, and a
-    rank still left without one (fewer examples than ranks) repeats the last batch. It subclasses
+    rank still left without one (fewer examples than ranks) repeats the last batch (`repeats_another_rank`
+    says so: the tasks leave it out of their metrics). It subclasses
     `DistributedSampler` so that Lightning calls `set_epoch` and never wraps it; pass it as
     `DataLoader(dataset, sampler=..., batch_size=None)` (the dataset is then indexed with a list of
     indices) or as `batch_sampler=`.

@@ -1,6 +1,6 @@
 """Sharded evaluation without the slow DDP run: `gather_decoded` in a real two-process gloo group with
-uneven shares (counts and widths), and the token means of a split with fewer batches than ranks, whose
-last batch a rank left without one repeats (it must not count twice in `test/loss`).
+uneven shares (counts and widths), and the metrics of a split with fewer batches than ranks, whose last
+batch a rank left without one repeats (it must not count twice in `test/loss`, in any task).
 
 The ranks of the second test are run one after the other in this process, each with its rank's sampler;
 their metric states are then added up, which is what torchmetrics' sync across processes does."""
@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from data.batching import TokenBudgetBatchSampler, TranslationCollator
+from data.batching import ClassificationCollator, TokenBudgetBatchSampler, TranslationCollator
 from tests.unit.test_evaluation import SHORT, _config, _decode_batch, _text
-from transformer.training import TranslationTask
+from transformer.training import ClassificationTask, MaskedLMTask, TranslationTask
 from transformer.training.translation import gather_decoded
 
 PAD, BOS, EOS = 0, 1, 2
@@ -135,3 +135,47 @@ def test_a_repeated_last_batch_does_not_count_twice_in_the_token_means() -> None
     total_weight = sum(r.weight for r in ranks)
     assert total_weight == alone.weight  # every target token once
     assert sum(r.value for r in ranks) / total_weight == pytest.approx(alone.value / alone.weight)
+
+
+class _Labelled(L.LightningDataModule):
+    """Classification examples (sentences of 20 tokens, labels 0/1) batched for rank `rank` of `world`."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__()
+        rows = [[5 + (i + j) % 9 for j in range(18 + 2 * i)] for i in range(2)]
+        self.examples = [{"src_ids": [BOS, *r, EOS], "label": i, "id": i} for i, r in enumerate(rows)]
+        self.rank, self.world = rank, world
+
+    def test_dataloader(self) -> DataLoader:
+        sampler = TokenBudgetBatchSampler(
+            [len(e["src_ids"]) for e in self.examples], 1000, shuffle=False,
+            num_replicas=self.world, rank=self.rank, even_batches=False,
+        )  # fmt: skip
+        return DataLoader(self.examples, batch_sampler=sampler, collate_fn=ClassificationCollator(PAD))
+
+
+class _LossWeight(L.Callback):
+    """The weight (examples or masked tokens) the test loss of a process holds before the epoch ends."""
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.weight = float(pl_module.metrics["test_loss"].weight)
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+@pytest.mark.parametrize("kind", ["classification", "masked_lm"])
+def test_a_repeated_last_batch_adds_nothing_to_the_other_tasks_metrics(kind: str) -> None:
+    """Classification (loss, accuracy, F1) and masked-LM (loss, accuracy): the rank that repeats another's
+    batch adds nothing to the metrics that are synced across ranks; the others add their share."""
+    config = _config(n_decoder_layers=0, tie_embeddings="none", src_vocab_size=20)
+    torch.manual_seed(0)
+    task = ClassificationTask(config, num_classes=2) if kind == "classification" else MaskedLMTask(config)
+    weights = []
+    for rank in range(3):
+        weight = _LossWeight()
+        trainer = L.Trainer(
+            accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, callbacks=[weight],
+        )  # fmt: skip
+        trainer.test(task, datamodule=_Labelled(rank, 3), verbose=False)
+        weights.append(weight.weight)
+    assert weights[0] > 0 and weights[1] > 0 and weights[2] == 0, weights

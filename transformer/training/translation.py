@@ -132,7 +132,7 @@ class TranslationTask(TaskBase):
         self._decoded = []
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        if not self._repeated_share():
+        if not self._repeated_share():  # its hypotheses count once anyway: scored by example id
             self.val_means.update(self._token_loss(batch))
         if self._decodes_this_epoch():
             self._decode(batch)
@@ -141,14 +141,6 @@ class TranslationTask(TaskBase):
         if not self._repeated_share():
             self.test_means.update(self._token_loss(batch))
         self._decode(batch)
-
-    def _repeated_share(self) -> bool:
-        """Whether this process's evaluation batches repeat another process's (a split with fewer batches
-        than processes: `TokenBudgetBatchSampler.repeats_another_rank`): they run so that the process
-        joins the epoch's collectives; their token means would count twice in the synced mean (their
-        hypotheses count once anyway: scored by example id)."""
-        loaders = self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
-        return bool(getattr(getattr(loaders, "batch_sampler", None), "repeats_another_rank", False))
 
     def translate(self, src: Tensor, decoding: Mapping[str, Any] | None = None) -> Tensor:
         """src (B, S) -> best hypotheses (B, L) after BOS (`decoding` over the validation settings)."""
