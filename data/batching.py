@@ -70,7 +70,8 @@ class TokenBudgetBatchSampler(DistributedSampler):
     ranks get the same count. `even_batches=False` (evaluation under DDP) repeats and drops nothing: the
     ranks' counts may differ by one, which only a loop without a collective per step tolerates
     (validation, test); a list with fewer batches than ranks has its largest batches halved first, and a
-    rank still left without one (fewer examples than ranks) repeats the last batch. It subclasses
+    rank still left without one (fewer examples than ranks) repeats the last batch (`repeats_another_rank`
+    says so: the tasks leave it out of their metrics). It subclasses
     `DistributedSampler` so that Lightning calls `set_epoch` and never wraps it; pass it as
     `DataLoader(dataset, sampler=..., batch_size=None)` (the dataset is then indexed with a list of
     indices) or as `batch_sampler=`.
@@ -126,6 +127,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
         self._resume_from = 0  # batches of `self.epoch` already consumed before a restart
         self._yielded = 0  # batches of `self.epoch` handed out by the current/last iterator
         self._cache: tuple[int, BatchList] | None = None
+        self._repeats = False  # this rank's batches are another rank's again (see `repeats_another_rank`)
 
     # -- the batches of one epoch ------------------------------------------------------------------
     def _lengths_of(self, epoch: int) -> np.ndarray:
@@ -189,7 +191,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
             return self._cache[1]
         batches = self._all_batches(epoch)
         if self.num_replicas > 1 and not self.even_batches:
-            batches = _deal(batches, self.num_replicas, self.rank)
+            batches, self._repeats = _deal(batches, self.num_replicas, self.rank)
         elif self.num_replicas > 1:
             picks = np.arange(len(batches))
             if self.drop_last:
@@ -204,6 +206,14 @@ class TokenBudgetBatchSampler(DistributedSampler):
             )
         self._cache = (epoch, batches)
         return batches
+
+    @property
+    def repeats_another_rank(self) -> bool:
+        """True when this rank's batch is another rank's again (evaluation, `even_batches=False`, of a split
+        with fewer batches than ranks): it runs so that the rank's loop, and its collectives, run at all;
+        what is computed on it must not be counted a second time (token means, accuracies)."""
+        self.batches()
+        return self._repeats
 
     # -- the sampler protocol --------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
@@ -233,11 +243,11 @@ class TokenBudgetBatchSampler(DistributedSampler):
         self._resume_from = self._yielded = int(state["batches_yielded"])
 
 
-def _deal(batches: BatchList, num_replicas: int, rank: int) -> BatchList:
+def _deal(batches: BatchList, num_replicas: int, rank: int) -> tuple[BatchList, bool]:
     """Rank `rank`'s share of `batches` without repeats: every `num_replicas`-th batch. An unshuffled list
     with fewer batches than ranks has each batch cut into ceil(ranks / batches) near-equal parts first (a
     part of a batch fits the budget); with fewer examples than ranks a rank left without a batch gets the
-    last one again."""
+    last one again (and True: its share is a repeat)."""
     if len(batches) < num_replicas and np.array_equal(batches.picks, np.arange(len(batches.bounds) - 1)):
         parts = -(-num_replicas // len(batches))
         starts = [
@@ -247,7 +257,9 @@ def _deal(batches: BatchList, num_replicas: int, rank: int) -> BatchList:
         bounds = np.concatenate([*starts, batches.bounds[-1:]]).astype(np.int64)
         batches = BatchList(batches.order, bounds)
     picks = np.arange(rank, len(batches), num_replicas)
-    return batches.select(picks if len(picks) else np.array([len(batches) - 1]))
+    if len(picks):
+        return batches.select(picks), False
+    return batches.select(np.array([len(batches) - 1])), True
 
 
 def _compact(lengths: np.ndarray) -> np.ndarray:

@@ -55,6 +55,10 @@ def writing(path: str | Path, what: str) -> Iterator[Path]:
             _remove(path)
         if isinstance(err, Exception):
             err.add_note(f"while writing {what} to {path}")
+        if isinstance(err, Exception) and any(isinstance(e, KeyboardInterrupt) for e in _chain(err)):
+            # a Ctrl-C that a library turned into its own error while unwinding (torch.save's zip writer:
+            # "unexpected pos"): still a Ctrl-C for the caller (Lightning's graceful stop, a sweep's)
+            raise KeyboardInterrupt from err
         raise
 
 

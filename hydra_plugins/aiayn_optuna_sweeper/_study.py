@@ -77,6 +77,8 @@ def read_settings(sweeper: dict[str, Any], config: DictConfig, arguments: list[s
     storage = sweeper.get("storage")
     if storage is not None and not isinstance(storage, str):
         raise SweepConfigError(f"hydra.sweeper.storage: expected a database URL or null, got {storage!r}")
+    if storage is not None:
+        _check_storage(storage)
     numbers = {}
     for key, kind, low in (("n_trials", int, 1), ("n_jobs", int, 1), ("max_failure_rate", float, 0.0)):
         value = sweeper.get(key)
@@ -102,6 +104,27 @@ def read_settings(sweeper: dict[str, Any], config: DictConfig, arguments: list[s
         directions, numbers["n_trials"], numbers["n_jobs"], numbers["max_failure_rate"], storage,
         sweeper.get("study_name"), sampler_cfg, pruner, space,
     )  # fmt: skip
+
+
+def _check_storage(storage: str) -> None:
+    """A storage URL that SQLAlchemy cannot read, or whose database driver is missing, is refused here,
+    before anything is opened: Optuna would fail later, deep in SQLAlchemy, with a traceback."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    expected = "expected a database URL such as sqlite:///PATH/optuna.db (or null: in memory)"
+    try:
+        url = make_url(storage)
+        dialect = url.get_dialect()
+    except ArgumentError as err:  # unparseable, or an unknown dialect (NoSuchModuleError)
+        raise SweepConfigError(f"hydra.sweeper.storage={storage}: {expected} ({err})") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as err:
+        raise SweepConfigError(
+            f"hydra.sweeper.storage={url.render_as_string(hide_password=True)}: "
+            f"the database driver of {url.drivername} is not installed ({err})"
+        ) from None
 
 
 def _build(key: str, node: Any, base: type) -> Any:

@@ -1,8 +1,12 @@
 """Activation checkpointing (`model.activation_checkpointing`): each encoder / decoder layer recomputed in
 the backward pass gives the same loss and gradients (dropout included), keeps far fewer activations for
-backward, and stays out of evaluation and decoding."""
+backward (counted with saved_tensors_hooks, padded and packed, in the model and through the task's
+training loss), and stays out of evaluation and decoding."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
 
 import pytest
 import torch
@@ -69,28 +73,46 @@ def test_same_loss_and_gradients_with_dropout(overrides: dict[str, object], pack
     assert any(g.abs().sum() > 0 for g in grads.values())
 
 
-def _saved_bytes(model: torch.nn.Module, checkpointing: bool) -> int:
-    """Bytes of the tensors autograd keeps for the backward pass of one forward."""
-    checkpoint_layers(model, checkpointing)
-    model.pack_tokens = False
+def _long_batch() -> dict[str, torch.Tensor]:
+    """48 right-padded rows of up to 33 source and 30 target tokens: activations dominate the saved
+    tensors, and both the padded and the packed paths have padding to skip."""
+    generator = torch.Generator().manual_seed(1)
+    src = torch.randint(4, VOCAB, (48, 33), generator=generator)
+    tgt = torch.randint(4, VOCAB, (48, 31), generator=generator)
+    for row in range(48):
+        src[row, 33 - row % 9 :] = 0
+        tgt[row, 31 - row % 7 :] = 0
+    return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+
+
+def _saved_bytes(forward: Callable[[], object], parameters: Iterable[torch.nn.Parameter]) -> int:
+    """Bytes of the tensors (other than parameters) autograd keeps for the backward pass of `forward()`,
+    counted with saved_tensors_hooks, each storage once."""
     saved: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
         return tensor
 
-    src, tgt_in, _ = _batch()
-    src, tgt_in = src.repeat(8, 3), tgt_in.repeat(8, 3)  # longer sequences: activations dominate
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(src, tgt_in).sum()
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return sum(size for pointer, size in saved.items() if pointer not in parameters)
+        forward()
+    weights = {p.untyped_storage().data_ptr() for p in parameters}
+    return sum(size for pointer, size in saved.items() if pointer not in weights)
 
 
-def test_far_fewer_activations_are_kept_for_backward() -> None:
+def _model_saved_bytes(model: Seq2SeqTransformer, checkpointing: bool, pack: bool) -> int:
+    checkpoint_layers(model, checkpointing)
+    model.pack_tokens = pack
+    batch = _long_batch()
+    return _saved_bytes(lambda: model(batch["src"], batch["tgt_in"]), model.parameters())
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_far_fewer_activations_are_kept_for_backward(pack: bool) -> None:
+    """Padded (the GPU's layout) and packed (`pack_tokens=True`, the CPU default) alike."""
     torch.manual_seed(0)
     model = Seq2SeqTransformer(_config(n_encoder_layers=4, n_decoder_layers=4, max_len=64)).train()
-    plain, checkpointed = _saved_bytes(model, False), _saved_bytes(model, True)
+    plain, checkpointed = _model_saved_bytes(model, False, pack), _model_saved_bytes(model, True, pack)
     assert checkpointed < 0.5 * plain, (checkpointed, plain)
 
 
@@ -105,9 +127,18 @@ def test_classifier_layers_are_checkpointed_and_decoding_is_unchanged() -> None:
     assert torch.equal(greedy_search(model, src), before)  # eval and no_grad: layers run plainly
 
 
-def test_task_turns_it_on() -> None:
-    config = {k: v for k, v in vars(_config()).items()}
-    task = TranslationTask(config, activation_checkpointing=True)
-    task.configure_model()
-    assert task.model.encoder.activation_checkpointing and task.model.decoder.activation_checkpointing
-    assert task.hparams.activation_checkpointing is True
+@pytest.mark.parametrize("pack", [None, False])
+def test_task_turns_it_on(pack: bool | None) -> None:
+    """The task's training loss keeps far fewer activations with `activation_checkpointing=True` than
+    without, packed (the CPU default, pack_tokens=None) or padded: the setting reaches the layers that run."""
+    config = vars(_config(n_encoder_layers=4, n_decoder_layers=4, max_len=64))
+    saved = {}
+    for enabled in (False, True):
+        torch.manual_seed(0)
+        task = TranslationTask(config, activation_checkpointing=enabled).train()
+        task.configure_model()
+        task.model.pack_tokens = pack
+        assert task.model.packing_on(torch.device("cpu")) is (pack is None)
+        loss = functools.partial(task._token_loss, _long_batch())
+        saved[enabled] = _saved_bytes(loss, task.parameters())
+    assert saved[True] < 0.5 * saved[False], saved

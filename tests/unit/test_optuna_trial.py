@@ -8,7 +8,9 @@ from pathlib import Path
 
 import lightning as L
 import optuna
+import pytest
 import torch
+import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from transformer.training.optuna_trial import PRUNED_AT_STEP, OptunaTrialReporter
@@ -38,14 +40,24 @@ class _Regression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_a_pruned_trial_stops_mid_epoch_despite_min_epochs(tmp_path: Path) -> None:
+def _default_sanity_steps() -> int:
+    """`num_sanity_val_steps` of configs/trainer/default.yaml: what every trial of a sweep runs with."""
+    config = yaml.safe_load((Path(__file__).parents[2] / "configs/trainer/default.yaml").read_text())
+    return int(config["num_sanity_val_steps"])
+
+
+@pytest.mark.parametrize("sanity_steps", [0, _default_sanity_steps()])
+def test_a_pruned_trial_stops_mid_epoch_despite_min_epochs(tmp_path: Path, sanity_steps: int) -> None:
+    """With the default trainer's sanity check (which logs `val/score` too) nothing is reported before the
+    first real validation: a report then would prune the trial at step 0, before it trained."""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     trial = study.ask()
     reporter = OptunaTrialReporter(storage, "s", trial.number, "val/score", pruner=_AlwaysPrune())
     data = TensorDataset(torch.randn(16, 2), torch.randn(16, 1))
     trainer = L.Trainer(
-        max_epochs=3, min_epochs=1, val_check_interval=0.25, num_sanity_val_steps=0, callbacks=[reporter],
+        max_epochs=3, min_epochs=1, val_check_interval=0.25, num_sanity_val_steps=sanity_steps,
+        callbacks=[reporter],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=tmp_path,
     )  # fmt: skip

@@ -96,6 +96,11 @@ BAD_SETTINGS = [
     ({"direction": ["maximize", "minimize"]}, CONFIG, "hydra.sweeper.direction: 2 direction(s)"),
     ({"direction": "up"}, CONFIG, "hydra.sweeper.direction: expected minimize, maximize"),
     ({"n_trials": 0}, CONFIG, "hydra.sweeper.n_trials: expected a number >= 1"),
+    ({"storage": "notaurl://x"}, CONFIG, "hydra.sweeper.storage=notaurl://x: expected a database URL"),
+    ({"storage": "optuna.db"}, CONFIG, "hydra.sweeper.storage=optuna.db: expected a database URL"),
+    ({"storage": "redis://localhost"}, CONFIG, "hydra.sweeper.storage=redis://localhost: expected a"),
+    ({"storage": "sqlite+pysqlcipher://:pw@/x.db"}, CONFIG,
+     "hydra.sweeper.storage=sqlite+pysqlcipher://:***@/x.db: the database driver of sqlite+pysqlcipher"),
     ({"sampler": {"_target_": "optuna.samplers.GridSampler", "search_space": None},
       "params": {"lr": "interval(0.1, 1)"}}, CONFIG, "hydra.sweeper.params.lr: the grid sampler needs"),
 ]  # fmt: skip

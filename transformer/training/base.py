@@ -135,6 +135,13 @@ class TaskBase(L.LightningModule):
         self.best = max(self.best, value) if mode == "max" else min(self.best, value)
         self.log(f"val/{name}_best", self.best, sync_dist=True)
 
+    def _repeated_share(self) -> bool:
+        """Whether this process's evaluation batches repeat another process's (a split with fewer batches
+        than processes: `TokenBudgetBatchSampler.repeats_another_rank`): they run so that the process
+        joins the epoch's collectives, but their metrics would count twice in the synced values."""
+        loaders = self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
+        return bool(getattr(getattr(loaders, "batch_sampler", None), "repeats_another_rank", False))
+
     def _log_epoch_metrics(
         self, stage: str, names: Sequence[str], prog_bar: Sequence[str]
     ) -> dict[str, float]:

@@ -169,10 +169,12 @@ class ClassificationTask(TaskBase):
         return loss
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        self._step("val", batch)
+        if not self._repeated_share():
+            self._step("val", batch)
 
     def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        self._step("test", batch)
+        if not self._repeated_share():
+            self._step("test", batch)
 
     def _log_epoch(self, stage: str) -> dict[str, float]:
         names = ("acc", "f1") if stage == "train" else ("loss", "acc", "f1")  # train/loss is per step

@@ -109,6 +109,8 @@ class MaskedLMTask(TaskBase):
         return loss
 
     def _eval_step(self, stage: str, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        if self._repeated_share():
+            return
         # seeded by the batch's place in the whole split (under DDP rank r evaluates batches r, r + N, ...):
         # the same masks as one process
         seed = batch_idx * self.trainer.world_size + self.trainer.global_rank

@@ -132,12 +132,14 @@ class TranslationTask(TaskBase):
         self._decoded = []
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        self.val_means.update(self._token_loss(batch))
+        if not self._repeated_share():  # its hypotheses count once anyway: scored by example id
+            self.val_means.update(self._token_loss(batch))
         if self._decodes_this_epoch():
             self._decode(batch)
 
     def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        self.test_means.update(self._token_loss(batch))
+        if not self._repeated_share():
+            self.test_means.update(self._token_loss(batch))
         self._decode(batch)
 
     def translate(self, src: Tensor, decoding: Mapping[str, Any] | None = None) -> Tensor:
