@@ -299,3 +299,14 @@ def test_chunk_size_is_chosen_by_device() -> None:
     rows = (1 << 22) // V
     assert on_gpu[0] == slice(0, rows) and len(on_gpu) == -(-500 // rows)
     assert len(losses._row_chunks(2000, V, torch.device("cpu"))) == -(-2000 // ((1 << 24) // V))
+
+
+@pytest.mark.parametrize("which", ["loss", "nll"])
+def test_either_output_alone_carries_the_gradient(chunking: str, which: str) -> None:
+    """The other output's gradient is not materialized (None in backward): still the reference gradient."""
+    logits, target = _batch()
+    ours, theirs = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    getattr(label_smoothed_cross_entropy(ours, target, label_smoothing=0.1), which).backward()
+    loss, nll = _reference(theirs, target, 0.1)
+    (loss if which == "loss" else nll).backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)
