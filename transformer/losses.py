@@ -36,6 +36,8 @@ class TokenLoss(NamedTuple):
 # on a GPU: bench_gpu.py decides (fewer, larger chunks if the launches dominate).
 _CHUNK_ELEMENTS = 1 << 24
 _CHUNK_ELEMENTS_BY_DEVICE = {"cuda": 1 << 22}
+# Devices on which the gradient's rows are written by one addcmul (`_write_grad_rows`).
+_ONE_KERNEL_GRAD_WRITE = frozenset({"cuda"})
 
 
 def _row_chunks(n_rows: int, vocab: int, device: torch.device) -> list[slice]:
@@ -65,12 +67,19 @@ def _forward_rows(logits: Tensor, gold: Tensor, dtype: torch.dtype) -> tuple[Ten
 def _write_grad_rows(logits: Tensor, scale: Tensor, shift: Tensor, out: Tensor, dtype: torch.dtype) -> None:
     """out = softmax(logits) * scale + shift for logits (n, V), scale and shift (n,), into `out` (n, V).
 
-    The logits are read once and `out` (a row slice of the gradient, in the logits' dtype) is written once,
-    rounded once from float32: one `addcmul` over the float32 softmax of the chunk. A float32 gradient
-    holds the softmax itself (computed in place: no temporary); a 16-bit one needs a float32 chunk.
+    The logits are read once (upcast to `dtype`, float32 or wider) and `out` (a row slice of the gradient,
+    in the logits' dtype) is written once, rounded once from float32. A float32 gradient holds the softmax
+    itself (no temporary); a 16-bit one needs a float32 chunk. On a GPU one `addcmul` then scales, shifts
+    and casts; the CPU's addcmul with per-row factors (and its float32 -> 16-bit output) is not vectorized,
+    3-7x slower there than the in-place mul_, add_ and a copy.
     """
     probs = torch.softmax(logits, dim=-1, dtype=dtype, out=out if out.dtype == dtype else None)  # (n, V)
-    torch.addcmul(shift.unsqueeze(-1), probs, scale.unsqueeze(-1), out=out)
+    if out.device.type in _ONE_KERNEL_GRAD_WRITE:
+        torch.addcmul(shift.unsqueeze(-1), probs, scale.unsqueeze(-1), out=out)
+        return
+    probs.mul_(scale.unsqueeze(-1)).add_(shift.unsqueeze(-1))
+    if probs is not out:
+        out.copy_(probs)
 
 
 class _LabelSmoothedNLL(torch.autograd.Function):

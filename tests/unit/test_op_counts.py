@@ -4,7 +4,8 @@ count grows; when a change lowers one on purpose, lower the number here with it.
 
 What runs is the CUDA code, chosen the way the sync tests choose it (tests/unit/test_decoding_syncs.py):
 no token packing, the attention kernels' device check says "not the CPU" and torch's backend chooser says
-"memory-efficient" (what a masked call gets on a CUDA GPU), the loss splits its rows into chunks. Every
+"memory-efficient" (what a masked call gets on a CUDA GPU), the loss splits its rows into chunks and
+writes each chunk's gradient with one addcmul. Every
 aten operator that is not a view or a bare allocation counts as one launch (`_Launches`); the fused
 attention kernel counts as one, as on a GPU (the CPU's SDPA runs unobserved inside it).
 """
@@ -143,6 +144,7 @@ def test_loss_launches_and_passes_over_the_logits(
     # the GPU's rule, rows in chunks, at the test's size (raising=False: so that older code fails on counts)
     monkeypatch.setattr(losses, "_CHUNK_ELEMENTS_BY_DEVICE", {"cpu": CHUNK_ROWS * V}, raising=False)
     monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", CHUNK_ROWS * V)
+    monkeypatch.setattr(losses, "_ONE_KERNEL_GRAD_WRITE", frozenset({"cpu"}), raising=False)  # as on CUDA
     chunks = N // CHUNK_ROWS
     forward, backward, logits, grad = _loss_launches(dtype)
     upcast = int(dtype != torch.float32)
