@@ -179,6 +179,9 @@ def _kernel_leaves_empty_rows(
         return False
     if torch.compiler.is_compiling():  # torch's chooser cannot be traced; the compiler fuses the fix-up
         return True
+    device = q.device.type
+    if torch.is_autocast_enabled(device) and q.dtype != torch.get_autocast_dtype(device):
+        return True  # autocast casts SDPA's inputs (not the chooser's): it may pick another kernel
     return _sdpa_backend(q, k, v, mask, dropout_p, is_causal) not in _ZEROING_BACKENDS
 
 

@@ -90,8 +90,9 @@ class _LabelSmoothedNLL(torch.autograd.Function):
     - onehot(y) * ((1 - eps) * g_loss + g_nll): the softmax minus the target distribution, scaled.
 
     Passes over the padded (N, V) logits: the forward reads them once, the backward reads them once and
-    writes the gradient (in the logits' dtype) once; everything else works on float32 chunks of rows
-    (`_row_chunks`) or on per-token vectors. The gold column's gradient is written by one `index_put_` of N
+    writes the gradient (in the logits' dtype) once (a float32 gradient doubles as the softmax's buffer:
+    written twice, read once); everything else works on float32 chunks of rows (`_row_chunks`) or on
+    per-token vectors. The gold column's gradient is written by one `index_put_` of N
     values after the chunks, from log p(y) kept from the forward pass. Between forward and backward only the
     logits themselves (which exist anyway), the gold indices and log p(y) are kept: no float32 (N, V) copy
     of bf16/fp16 logits lives until the backward pass.

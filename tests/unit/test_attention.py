@@ -875,3 +875,14 @@ def test_cuda_backends_and_attend_on_fully_masked_rows(backend: SDPBackend) -> N
         out2, _ = kernels.attend(q, k, v, ~attend[0, 0], None, is_causal=False, need_weights=False)
     assert out.isfinite().all()
     _assert_zero_rows_and_finite_grads(out2, q, k, v)
+
+
+def test_under_autocast_the_chooser_is_not_trusted_with_other_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autocast casts SDPA's float32 inputs but not the chooser's: the fix-up runs whatever it says."""
+    monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())
+    monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.EFFICIENT_ATTENTION)
+    q, k, v, attend = _empty_row_inputs("cpu", torch.float32)
+    assert not kernels._kernel_leaves_empty_rows(q, k, v, attend, 0.0, False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernels._kernel_leaves_empty_rows(q, k, v, attend, 0.0, False)
+        assert not kernels._kernel_leaves_empty_rows(q.bfloat16(), k, v, attend, 0.0, False)
