@@ -5,9 +5,9 @@ count grows; when a change lowers one on purpose, lower the number here with it.
 What runs is the CUDA code, chosen the way the sync tests choose it (tests/unit/test_decoding_syncs.py):
 no token packing, the attention kernels' device check says "not the CPU" and torch's backend chooser says
 "memory-efficient" (what a masked call gets on a CUDA GPU), the loss splits its rows into chunks and
-writes each chunk's gradient with one addcmul. Every
-aten operator that is not a view or a bare allocation counts as one launch (`_Launches`); the fused
-attention kernel counts as one, as on a GPU (the CPU's SDPA runs unobserved inside it).
+writes each chunk's gradient with one addcmul. Every aten operator that is not a view or a host-only call
+counts as one launch (`_Launches`); the fused attention kernel counts as one, as on a GPU (the CPU's SDPA
+runs unobserved inside it).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from transformer.search.decoding import DecodingSettings, search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# host-only calls: allocations (no kernel), autograd bookkeeping, dtype and backend choices
 _NOT_LAUNCHES = {
     "empty",
     "empty_like",
