@@ -15,9 +15,11 @@ allocation events, which carry the CPU allocator's running total). The reference
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
-import sys
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -28,13 +30,31 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from references import load_revision
-
 from transformer import losses
+
+REPO = Path(__file__).resolve().parents[1]
 
 PAD, EPS = 0, 0.1
 LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def losses_at(revision: str) -> object:
+    """transformer/losses.py as it was at git `revision`, imported on its own (it imports only torch), so the
+    baseline loads whatever layout the rest of the package had then."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:transformer/losses.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp(prefix="bench_loss_")) / "losses_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _ours(module: object) -> LossFn:
@@ -126,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    fns = {"ours": _ours(losses), "before": _ours(load_revision(args.baseline)["losses"]), "torch": _torch}
+    fns = {"ours": _ours(losses), "before": _ours(losses_at(args.baseline)), "torch": _torch}
     for k in filter(None, args.chunks.split(",")):
         fns[f"ours@2^{k}"] = _Chunked(int(k))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import subprocess
 import sys
 import tempfile
@@ -295,32 +296,46 @@ _REVISION_FILES = (
     *("layers", "embedding", "stacks", "model", "encoder_only", "losses", "decoding"),
     *("search_step", "beam_search", "ensemble"),
 )
+# the decoding family under its names in transformer/search/ (since 07d8fdb) and before (transformer/)
+_SEARCH_NAMES = {"decoding": "decoding", "search_step": "step", "beam_search": "beam", "ensemble": "ensemble"}
+_SEARCH_NAMES |= {"cache": "cache", "static_cache": "static_cache"}
 
 
 def load_revision(revision: str) -> dict[str, ModuleType]:
     """Our torch-only model modules as they were at git `revision`, under a package of their own.
 
-    The files are exported with `git show` into a temporary package `transformer_at_<sha>` whose
-    imports are rewritten to point at itself; returns {"model": ..., "losses": ..., ...}.
+    The torch-only files (transformer/*.py and transformer/search/*.py) are exported with `git show` into
+    a temporary package `transformer_at_<sha>` whose imports are rewritten to point at itself; returns
+    {"model": ..., "losses": ..., "decoding": ...}, the decoding family under its old names whichever
+    layout the revision has.
     """
     sha = subprocess.run(
         ["git", "rev-parse", "--short", revision], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     package = f"transformer_at_{sha}"
     root = Path(tempfile.mkdtemp(prefix="bench_rev_"))
-    (root / package).mkdir()
-    (root / package / "__init__.py").write_text("")
-    for name in _REVISION_FILES:
-        text = subprocess.run(
-            ["git", "show", f"{revision}:transformer/{name}.py"], cwd=REPO, capture_output=True, text=True
+    listed = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", revision, "transformer/"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for path in listed:
+        parts = Path(path).parts[1:]
+        if not path.endswith(".py") or len(parts) > 2 or (len(parts) == 2 and parts[0] != "search"):
+            continue  # training/, evaluation/, ...: not torch-only
+        source = subprocess.run(
+            ["git", "show", f"{revision}:{path}"], cwd=REPO, capture_output=True, text=True
         )
-        if text.returncode:
-            continue  # a module that did not exist yet
-        source = text.stdout.replace("from transformer.", f"from {package}.")
-        (root / package / f"{name}.py").write_text(source)
+        target = root / package / Path(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = source.stdout if parts[-1] != "__init__.py" else ""
+        target.write_text(re.sub(r"\b(from|import) transformer\.", rf"\1 {package}.", text))
+    (root / package / "__init__.py").write_text("")
+    where = {}
+    for name in _REVISION_FILES:
+        moved = root / package / "search" / f"{_SEARCH_NAMES.get(name, name)}.py"
+        if name in _SEARCH_NAMES and moved.exists():
+            where[name] = f"{package}.search.{_SEARCH_NAMES[name]}"
+        elif (root / package / f"{name}.py").exists():
+            where[name] = f"{package}.{name}"
     sys.path.insert(0, str(root))
-    return {
-        name: importlib.import_module(f"{package}.{name}")
-        for name in _REVISION_FILES
-        if (root / package / f"{name}.py").exists()
-    }
+    return {name: importlib.import_module(module) for name, module in where.items()}

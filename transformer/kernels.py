@@ -13,16 +13,23 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend
 
 __all__ = ["RotaryLike", "attend", "check_masks", "make_causal_mask", "merge_masks"]
 
 # rotary(x: (B, H, L, Dh), offset: int) -> (B, H, L, Dh); offset = positions already in the cache.
 RotaryLike = Callable[[Tensor, int], Tensor]
 
-# Devices whose `F.scaled_dot_product_attention` kernels already return 0 (and finite gradients) for a
-# query row whose keys are all masked. Elsewhere (CUDA's memory-efficient kernel, pytorch#110213) we fix
-# the rows up ourselves. tests/unit/test_attention.py checks the claim for CPU on the installed torch.
+# Devices all of whose `F.scaled_dot_product_attention` backends (math and flash on the CPU) return 0, with
+# finite gradients, for a query row whose keys are all masked: no fix-up and no question asked there.
+# tests/unit/test_attention.py checks the claim on the installed torch.
 _SDPA_ZEROES_EMPTY_ROWS = frozenset({"cpu"})
+# Backends that do so on every device since torch 2.5 (pytorch#131863, "_safe_softmax"): math (checked on
+# the CPU), flash (the CPU's kernel takes masks and is checked; CUDA's takes none, so it never sees an empty
+# row) and CUDA's memory-efficient kernel (it set such rows to NaN in 2.1-2.4, pytorch#110213). cuDNN's and
+# other devices' kernels are not known to (pytorch#196678: cuDNN's backward gives NaN for very small
+# row log-sum-exps); there the rows are fixed up by hand. A CUDA test (-m gpu) checks each backend.
+_ZEROING_BACKENDS = frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION})
 
 
 def make_causal_mask(
@@ -144,13 +151,46 @@ def _sdpa(
     is_causal: bool,
     fix_empty_rows: bool,
 ) -> Tensor:
-    """F.scaled_dot_product_attention -> (B, H, T, Dh); query rows with every key masked give zeros."""
-    empty = None
-    if fix_empty_rows and mask is not None and q.device.type not in _SDPA_ZEROES_EMPTY_ROWS:
-        empty = _empty_rows(mask)  # (…, T, 1)
-        mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
-    out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, H, T, Dh)
-    return out if empty is None else out.masked_fill(empty, 0.0)
+    """F.scaled_dot_product_attention -> (B, H, T, Dh); query rows with every key masked give zeros.
+
+    Most kernels do that themselves (`_ZEROING_BACKENDS`): then nothing is added. Otherwise an empty row
+    attends to every key (finite) and its output is zeroed: 3 kernels for a boolean mask (4 for a
+    float one), the last one over the output.
+    """
+    fix = (
+        fix_empty_rows and mask is not None and _kernel_leaves_empty_rows(q, k, v, mask, dropout_p, is_causal)
+    )
+    if not fix or mask is None:
+        return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, H, T, Dh)
+    if mask.dtype == torch.bool:
+        has_key = mask.any(dim=-1, keepdim=True)  # (…, T, 1)
+        mask = mask >= has_key  # mask | ~has_key in one kernel: an empty row attends to every key
+        return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal) * has_key
+    empty = mask.amax(dim=-1, keepdim=True) == -math.inf  # (…, T, 1)
+    out = F.scaled_dot_product_attention(q, k, v, mask.masked_fill(empty, 0.0), dropout_p, is_causal)
+    return out.masked_fill(empty, 0.0)  # (B, H, T, Dh)
+
+
+def _kernel_leaves_empty_rows(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float, is_causal: bool
+) -> bool:
+    """Whether the SDPA kernel these inputs go to may leave a fully masked query row non-zero (NaN)."""
+    if q.device.type in _SDPA_ZEROES_EMPTY_ROWS:
+        return False
+    if torch.compiler.is_compiling():  # torch's chooser cannot be traced; the compiler fuses the fix-up
+        return True
+    device = q.device.type
+    if torch.is_autocast_enabled(device) and q.dtype != torch.get_autocast_dtype(device):
+        return True  # autocast casts SDPA's inputs (not the chooser's): it may pick another kernel
+    return _sdpa_backend(q, k, v, mask, dropout_p, is_causal) not in _ZEROING_BACKENDS
+
+
+def _sdpa_backend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+) -> SDPBackend:
+    """The backend `F.scaled_dot_product_attention` runs for these arguments: torch's own choice (the
+    function SDPA itself calls; host-side checks of shapes, dtypes and the device, no kernel)."""
+    return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal))
 
 
 def _empty_rows(mask: Tensor) -> Tensor:

@@ -25,50 +25,61 @@ class TokenLoss(NamedTuple):
     n_tokens: Tensor  # number of non-pad tokens (long)
 
 
-# Logits elements handled at once in eager mode: bounds the float32 temporaries of the forward and backward
-# passes to 64 MiB whatever N and V; up to this size the loss runs in one piece. Smaller chunks that stay in
-# cache were faster on one thread, but each chunk costs every kernel a parallel region, and on the loaded
-# 2-core machine (threads waiting for each other) 1M-element chunks were 2-3x slower than one piece
-# (benchmarks/bench_loss.py --chunks); at 16M elements both are as fast as one piece.
+# Logits elements handled at once in eager mode, by device type. On the CPU it bounds the float32 temporaries
+# of the forward and backward passes to 64 MiB whatever N and V; up to this size the loss runs in one piece.
+# Smaller chunks that stay in cache were faster on one thread, but each chunk costs every kernel a parallel
+# region, and on the loaded 2-core machine (threads waiting for each other) 1M-element chunks were 2-3x
+# slower than one piece (benchmarks/bench_loss.py --chunks); at 16M elements both are as fast as one piece.
+# On a GPU the chunk is sized for the L2 cache instead (16 MiB per float32 temporary, at most two alive: 32
+# MiB, under an A100's 40 MB and an H100's 50 MB), so that only the padded logits and gradient travel to and
+# from memory; the price is ~8 kernel launches per chunk (about 200 chunks at 28k x 32k). Not yet measured
+# on a GPU: bench_gpu.py decides (fewer, larger chunks if the launches dominate).
 _CHUNK_ELEMENTS = 1 << 24
+_CHUNK_ELEMENTS_BY_DEVICE = {"cuda": 1 << 22}
+# Devices on which the gradient's rows are written by one addcmul (`_write_grad_rows`).
+_ONE_KERNEL_GRAD_WRITE = frozenset({"cuda"})
 
 
-def _row_chunks(n_rows: int, vocab: int) -> list[slice]:
-    """Row slices covering `n_rows` rows of `vocab` columns, at most `_CHUNK_ELEMENTS` elements each.
+def _row_chunks(n_rows: int, vocab: int, device: torch.device) -> list[slice]:
+    """Row slices covering `n_rows` rows of `vocab` columns, at most the device's chunk of elements each.
 
     Under `torch.compile` one slice: a Python loop over a symbolic N would specialize the graph on N
     (a recompile per batch shape), and the compiler fuses the softmax into its reductions anyway, so the
     float32 (N, V) intermediates are not materialized there.
     """
-    if torch.compiler.is_compiling() or n_rows * vocab <= _CHUNK_ELEMENTS:
+    elements = _CHUNK_ELEMENTS_BY_DEVICE.get(device.type, _CHUNK_ELEMENTS)
+    if torch.compiler.is_compiling() or n_rows * vocab <= elements:
         return [slice(None)]
-    rows = max(1, _CHUNK_ELEMENTS // vocab)
+    rows = max(1, elements // vocab)
     return [slice(start, start + rows) for start in range(0, n_rows, rows)]
 
 
-def _forward_rows(logits: Tensor, gold: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-row smoothed loss, NLL and is-the-gold-token-the-argmax of logits (n, V), gold (n,)."""
-    # half-precision logits (autocast) are promoted: the log-sum-exp over V needs float32 range
-    lprobs = F.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # (n, V)
-    gold_lprobs = lprobs.gather(-1, gold.unsqueeze(-1)).squeeze(-1)  # (n,)
-    smooth = -lprobs.mean(dim=-1)  # (n,) cross entropy against the uniform distribution
-    # argmax == gold, via a max (a vectorized reduction; argmax over V is several times slower);
-    # an exact tie with the gold token counts as correct
-    is_top = gold_lprobs >= lprobs.amax(dim=-1)  # (n,) bool
-    return (1.0 - eps) * -gold_lprobs + eps * smooth, -gold_lprobs, is_top
+def _forward_rows(logits: Tensor, gold: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """log p(gold), sum_v log p(v) and max_v log p(v) of each row of logits (n, V), gold (n,): (n,) each.
+
+    The logits are read once (16-bit ones upcast to `dtype` on the way: the log-sum-exp over V needs float32
+    range); the three reductions read the float32 chunk, which on a GPU is still in the L2 cache.
+    """
+    lprobs = F.log_softmax(logits, dim=-1, dtype=dtype)  # (n, V)
+    return lprobs.gather(-1, gold.unsqueeze(-1)).squeeze(-1), lprobs.sum(dim=-1), lprobs.amax(dim=-1)
 
 
-def _grad_rows(
-    logits: Tensor, gold: Tensor, grad_loss: Tensor, grad_nll: Tensor, eps: float, out: Tensor | None = None
-) -> Tensor:
-    """d(g_loss * loss + g_nll * nll) / d logits for logits (n, V), in at least float32: (n, V), written
-    into `out` when given (a float32 view of the gradient buffer, which saves a copy)."""
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    grad = torch.softmax(logits, dim=-1, dtype=dtype, out=out)  # (n, V), recomputed, not kept from forward
-    grad.mul_((grad_loss + grad_nll).unsqueeze(-1))  # softmax * (g_loss + g_nll)
-    if eps:
-        grad.sub_((grad_loss * (eps / logits.size(-1))).unsqueeze(-1))
-    return grad.scatter_add_(-1, gold.unsqueeze(-1), -((1.0 - eps) * grad_loss + grad_nll).unsqueeze(-1))
+def _write_grad_rows(logits: Tensor, scale: Tensor, shift: Tensor, out: Tensor, dtype: torch.dtype) -> None:
+    """out = softmax(logits) * scale + shift for logits (n, V), scale and shift (n,), into `out` (n, V).
+
+    The logits are read once (upcast to `dtype`, float32 or wider) and `out` (a row slice of the gradient,
+    in the logits' dtype) is written once, rounded once from float32. A float32 gradient holds the softmax
+    itself (no temporary); a 16-bit one needs a float32 chunk. On a GPU one `addcmul` then scales, shifts
+    and casts; the CPU's addcmul with per-row factors (and its float32 -> 16-bit output) is not vectorized,
+    3-7x slower there than the in-place mul_, add_ and a copy.
+    """
+    probs = torch.softmax(logits, dim=-1, dtype=dtype, out=out if out.dtype == dtype else None)  # (n, V)
+    if out.device.type in _ONE_KERNEL_GRAD_WRITE:
+        torch.addcmul(shift.unsqueeze(-1), probs, scale.unsqueeze(-1), out=out)
+        return
+    probs.mul_(scale.unsqueeze(-1)).add_(shift.unsqueeze(-1))
+    if probs is not out:
+        out.copy_(probs)
 
 
 class _LabelSmoothedNLL(torch.autograd.Function):
@@ -76,38 +87,58 @@ class _LabelSmoothedNLL(torch.autograd.Function):
 
     loss_i = -(1 - eps) * log p(y_i) - eps * mean_v log p(v);  nll_i = -log p(y_i). The gradient of
     g_loss * loss + g_nll * nll w.r.t. the logits is softmax * (g_loss + g_nll) - g_loss * eps / V
-    - onehot(y) * ((1 - eps) * g_loss + g_nll), written straight into one (N, V) buffer of the logits'
-    dtype. Between forward and backward only the logits themselves (which exist anyway) and the gold
-    indices are kept: no float32 (N, V) copy of bf16/fp16 logits lives until the backward pass. Both
-    passes work in float32 on chunks of rows (`_row_chunks`), so their temporaries stay small too.
+    - onehot(y) * ((1 - eps) * g_loss + g_nll): the softmax minus the target distribution, scaled.
+
+    Passes over the padded (N, V) logits: the forward reads them once, the backward reads them once and
+    writes the gradient (in the logits' dtype) once (a float32 gradient doubles as the softmax's buffer:
+    written twice, read once); everything else works on float32 chunks of rows (`_row_chunks`) or on
+    per-token vectors. The gold column's gradient is written by one `index_put_` of N
+    values after the chunks, from log p(y) kept from the forward pass. Between forward and backward only the
+    logits themselves (which exist anyway), the gold indices and log p(y) are kept: no float32 (N, V) copy
+    of bf16/fp16 logits lives until the backward pass.
     """
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, gold: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-        chunks = _row_chunks(logits.size(0), logits.size(-1))
+        chunks = _row_chunks(logits.size(0), logits.size(-1), logits.device)
+        dtype = torch.promote_types(logits.dtype, torch.float32)
         if len(chunks) == 1:
-            loss, nll, is_top = _forward_rows(logits, gold, eps)  # (N,) each
+            gold_lprobs, sums, maxes = _forward_rows(logits, gold, dtype)  # (N,) each
         else:
-            parts = [_forward_rows(logits[rows], gold[rows], eps) for rows in chunks]
-            loss, nll, is_top = (torch.cat(column) for column in zip(*parts))  # (N,) each
-        ctx.save_for_backward(logits, gold)
+            parts = [_forward_rows(logits[rows], gold[rows], dtype) for rows in chunks]
+            gold_lprobs, sums, maxes = (torch.cat(column) for column in zip(*parts))  # (N,) each
+        nll = -gold_lprobs
+        # (1 - eps) * nll + eps * smooth, smooth = -sums / V: the cross entropy against the uniform
+        loss = torch.add(nll * (1.0 - eps), sums, alpha=-eps / logits.size(-1))
+        # argmax == gold via the row max (argmax over V is several times slower); a tie counts as correct
+        is_top = gold_lprobs >= maxes
+        ctx.save_for_backward(logits, gold, gold_lprobs)
         ctx.eps = eps
         ctx.mark_non_differentiable(is_top)
+        ctx.set_materialize_grads(False)  # no zeros for is_top's (or an unused output's) gradient
         return loss, nll, is_top
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor, _: Tensor) -> tuple[Tensor, None, None]:
-        logits, gold = ctx.saved_tensors
-        chunks = _row_chunks(logits.size(0), logits.size(-1))
-        if len(chunks) == 1:
-            return _grad_rows(logits, gold, grad_loss, grad_nll, ctx.eps).to(logits.dtype), None, None
+    def backward(
+        ctx: Any, grad_loss: Tensor | None, grad_nll: Tensor | None, _: Tensor | None
+    ) -> tuple[Tensor | None, None, None]:
+        logits, gold, gold_lprobs = ctx.saved_tensors
+        if grad_loss is None and grad_nll is None:
+            return None, None, None
+        grad_loss = torch.zeros_like(gold_lprobs) if grad_loss is None else grad_loss
+        grad_nll = torch.zeros_like(gold_lprobs) if grad_nll is None else grad_nll
+        eps, vocab = ctx.eps, logits.size(-1)
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        scale = grad_loss + grad_nll  # (N,) the softmax's factor
+        shift = grad_loss * (-eps / vocab)  # (N,) the uniform part of the target distribution
         grad = torch.empty_like(logits)  # (N, V) in the logits' dtype: the only full-size buffer
-        in_place = grad.dtype == torch.promote_types(grad.dtype, torch.float32)
-        for rows in chunks:
-            out = grad[rows] if in_place else None  # float32 or wider: computed in place
-            chunk = _grad_rows(logits[rows], gold[rows], grad_loss[rows], grad_nll[rows], ctx.eps, out)
-            if not in_place:
-                grad[rows] = chunk  # one rounding from float32 to the logits' dtype
+        for rows in _row_chunks(logits.size(0), vocab, logits.device):
+            _write_grad_rows(logits[rows], scale[rows], shift[rows], grad[rows], dtype)
+        # the gold column: the same softmax * scale + shift, minus the one-hot part, rounded once
+        one_hot = torch.add(grad_nll, grad_loss, alpha=1.0 - eps)  # (N,)
+        gold_grad = torch.addcmul(shift, gold_lprobs.exp(), scale).sub_(one_hot)
+        # (index_put_, not scatter_: the CPU's 16-bit scatter_ makes a float32 copy of all of `grad`)
+        grad.index_put_((torch.arange(gold.numel(), device=gold.device), gold), gold_grad.to(grad.dtype))
         return grad, None, None
 
 
@@ -127,15 +158,16 @@ def label_smoothed_cross_entropy(
     V = logits.size(-1)
     logits = logits.reshape(-1, V)  # (N, V), N = all positions
     target = target.reshape(-1)  # (N,)
-    keep = target != ignore_index  # (N,)
-    gold = target.masked_fill(~keep, 0)  # a valid index at ignored positions; their terms are zeroed
+    ignored = target == ignore_index  # (N,)
+    keep = ~ignored
+    gold = target.masked_fill(ignored, 0)  # a valid index at ignored positions; their terms are zeroed
     per_token, nll, is_top = _LabelSmoothedNLL.apply(logits, gold, label_smoothing)  # (N,) each
     n_tokens = keep.sum()
     denominator = n_tokens.clamp(min=1).to(nll.dtype)
     n_correct = (is_top & keep).sum()
     return TokenLoss(
-        loss=per_token.masked_fill(~keep, 0.0).sum() / denominator,
-        nll=nll.masked_fill(~keep, 0.0).sum() / denominator,
+        loss=per_token.masked_fill(ignored, 0.0).sum() / denominator,
+        nll=nll.masked_fill(ignored, 0.0).sum() / denominator,
         n_correct=n_correct,
         n_tokens=n_tokens,
     )

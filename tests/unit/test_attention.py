@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import transformer.attention as attention
 import transformer.kernels as kernels
@@ -777,3 +778,111 @@ def test_cache_grows_in_blocks_and_keeps_autograd() -> None:
     ]
     torch.cat(outs, dim=1).sum().backward()
     assert y.grad is not None and torch.all(y.grad[:, 3:] == 0) and y.grad[:, :3].abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# fully masked rows: which SDPA kernels zero them, and the fix-up for those that may not
+# ---------------------------------------------------------------------------------------------------
+
+
+def _empty_row_inputs(device: str, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """q, k, v (2, 2, 3, 8) and a boolean SDPA mask (True = attend) whose query row 1 of batch 0 is empty."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 3, 8, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+    attend = torch.ones(2, 1, 3, 3, dtype=torch.bool, device=device)
+    attend[0, :, 1] = False
+    attend[1, :, 2, 0] = False
+    return q, k, v, attend
+
+
+def _runs(backend: SDPBackend, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
+    """Whether SDPA runs `backend` for these inputs when it is the only one allowed."""
+    with sdpa_kernel([backend]):
+        try:
+            return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, False)) == backend
+        except RuntimeError:  # "No viable backend"
+            return False
+
+
+def _assert_zero_rows_and_finite_grads(out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> None:
+    assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1]))
+    assert out.isfinite().all()
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.isfinite().all() for t in (q, k, v))
+    assert torch.equal(q.grad[0, :, 1], torch.zeros_like(q.grad[0, :, 1]))
+
+
+@pytest.mark.parametrize("float_mask", [False, True])
+@pytest.mark.parametrize("backend", sorted(kernels._ZEROING_BACKENDS, key=int), ids=lambda b: b.name)
+def test_zeroing_backends_zero_fully_masked_rows_on_cpu(backend: SDPBackend, float_mask: bool) -> None:
+    """The claim behind `_ZEROING_BACKENDS`, for the backends the CPU has (math, flash)."""
+    q, k, v, attend = _empty_row_inputs("cpu", torch.float32)
+    mask = torch.zeros(attend.shape).masked_fill(~attend, -math.inf) if float_mask else attend
+    if not _runs(backend, q, k, v, mask):
+        pytest.skip(f"{backend.name} does not run on the CPU")
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(q, k, v, mask)
+    _assert_zero_rows_and_finite_grads(out, q, k, v)
+
+
+@pytest.mark.parametrize("float_mask", [False, True])
+def test_the_fix_up_zeroes_rows_for_kernels_that_may_not(
+    float_mask: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where torch would pick a kernel outside `_ZEROING_BACKENDS` (cuDNN's), `attend` fixes the rows up: the
+    same numbers elsewhere, zeros and zero gradients in the empty row."""
+    q, k, v, attend = _empty_row_inputs("cpu", torch.float32)
+    kpm = ~attend[:, 0, 0]  # (B, S) torch polarity; row 1 of batch 0 comes from attn_mask below
+    attn = torch.zeros(3, 3, dtype=torch.bool)
+    attn[1] = True  # query 1 attends to nothing
+    kwargs = {"is_causal": False, "need_weights": False}
+    if float_mask:
+        attn = torch.zeros(3, 3).masked_fill(attn, -math.inf)
+    expected, _ = kernels.attend(q, k, v, attn, kpm, **kwargs)
+    monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())
+    monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.CUDNN_ATTENTION)
+    calls: list[Tensor] = []
+    original = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(a[3]) or original(*a, **kw)
+    )
+    out, _ = kernels.attend(q, k, v, attn, kpm, **kwargs)
+    # the kernel saw no empty row: the fix-up ran
+    assert (calls[0] if calls[0].dtype == torch.bool else calls[0] > -math.inf).any(dim=-1).all()
+    torch.testing.assert_close(out, expected)
+    q.grad = k.grad = v.grad = None
+    _assert_zero_rows_and_finite_grads(out, q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "backend",
+    [SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION],
+    ids=lambda b: b.name,
+)
+def test_cuda_backends_and_attend_on_fully_masked_rows(backend: SDPBackend) -> None:
+    """On a GPU: every backend in `_ZEROING_BACKENDS` zeroes fully masked rows itself (else the claim is
+    wrong: take it out of the set), and `attend` gives zeros whichever backend runs (cuDNN's included)."""
+    q, k, v, attend = _empty_row_inputs("cuda", torch.bfloat16)
+    if not _runs(backend, q, k, v, attend):
+        pytest.skip(f"{backend.name} does not take these inputs here")
+    with sdpa_kernel([backend]):
+        if backend in kernels._ZEROING_BACKENDS:
+            _assert_zero_rows_and_finite_grads(F.scaled_dot_product_attention(q, k, v, attend), q, k, v)
+            q.grad = k.grad = v.grad = None
+        out, _ = kernels.attend(q, k, v, None, ~attend[:, 0, 0], is_causal=False, need_weights=False)
+        out2, _ = kernels.attend(q, k, v, ~attend[0, 0], None, is_causal=False, need_weights=False)
+    assert out.isfinite().all()
+    _assert_zero_rows_and_finite_grads(out2, q, k, v)
+
+
+def test_under_autocast_the_chooser_is_not_trusted_with_other_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autocast casts SDPA's float32 inputs but not the chooser's: the fix-up runs whatever it says."""
+    monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())
+    monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.EFFICIENT_ATTENTION)
+    q, k, v, attend = _empty_row_inputs("cpu", torch.float32)
+    assert not kernels._kernel_leaves_empty_rows(q, k, v, attend, 0.0, False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernels._kernel_leaves_empty_rows(q, k, v, attend, 0.0, False)
+        assert not kernels._kernel_leaves_empty_rows(q.bfloat16(), k, v, attend, 0.0, False)

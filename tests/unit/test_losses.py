@@ -253,3 +253,60 @@ def test_compiles_to_one_graph_whatever_the_number_of_tokens() -> None:
     finally:
         torch._dynamo.reset()
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("ignore_index", [PAD, 5])
+def test_padding_and_all_pad_rows_in_low_precision(
+    chunking: str, dtype: torch.dtype, ignore_index: int
+) -> None:
+    """16-bit logits with ignored positions (a whole sentence of them too, and an ignore_index that is a
+    real vocabulary entry): loss, NLL and the gradient are F.cross_entropy's through autograd in float32,
+    the gradient rounded once to the logits' dtype; ignored rows get exactly zero."""
+    torch.manual_seed(1)
+    logits, target = _batch(B=4)
+    target[target == PAD] = ignore_index
+    target[3] = ignore_index  # a sentence that is all padding
+    logits = (3 * logits).to(dtype)
+    ours, theirs = logits.clone().requires_grad_(), logits.float().requires_grad_()
+    out = label_smoothed_cross_entropy(ours, target, ignore_index=ignore_index, label_smoothing=0.1)
+    flat = theirs.reshape(-1, 11)
+    loss = F.cross_entropy(flat, target.reshape(-1), ignore_index=ignore_index, label_smoothing=0.1)
+    nll = F.cross_entropy(flat, target.reshape(-1), ignore_index=ignore_index)
+    torch.testing.assert_close(out.loss, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.nll, nll, rtol=1e-6, atol=1e-6)
+    (out.loss + 0.5 * out.nll).backward()
+    (loss + 0.5 * nll).backward()
+    assert ours.grad.dtype == dtype
+    exact = theirs.grad  # float32: ours is it rounded once, at most half an ulp of the dtype away
+    ulp = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-23}[dtype]
+    assert ((ours.grad.float() - exact).abs() <= ulp * exact.abs() + 1e-7).all()
+    assert torch.all(ours.grad[target == ignore_index] == 0)
+
+
+def test_all_pad_batch_in_bfloat16_has_zero_gradient(chunking: str) -> None:
+    logits = torch.randn(2, 3, 11).bfloat16().requires_grad_()
+    out = label_smoothed_cross_entropy(logits, torch.zeros(2, 3, dtype=torch.long))
+    (out.loss + out.nll).backward()
+    assert out.loss.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits.grad))
+
+
+def test_chunk_size_is_chosen_by_device() -> None:
+    """CPU: 16M-element chunks (one piece below); CUDA: 4M-element chunks sized for the L2 cache."""
+    V = 32_000
+    assert losses._row_chunks(500, V, torch.device("cpu")) == [slice(None)]
+    on_gpu = losses._row_chunks(500, V, torch.device("cuda"))
+    rows = (1 << 22) // V
+    assert on_gpu[0] == slice(0, rows) and len(on_gpu) == -(-500 // rows)
+    assert len(losses._row_chunks(2000, V, torch.device("cpu"))) == -(-2000 // ((1 << 24) // V))
+
+
+@pytest.mark.parametrize("which", ["loss", "nll"])
+def test_either_output_alone_carries_the_gradient(chunking: str, which: str) -> None:
+    """The other output's gradient is not materialized (None in backward): still the reference gradient."""
+    logits, target = _batch()
+    ours, theirs = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    getattr(label_smoothed_cross_entropy(ours, target, label_smoothing=0.1), which).backward()
+    loss, nll = _reference(theirs, target, 0.1)
+    (loss if which == "loss" else nll).backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)

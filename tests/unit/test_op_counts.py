@@ -1,0 +1,250 @@
+"""Kernel launches on the GPU's code path, counted on the CPU: the label-smoothed loss (forward + backward)
+and its passes over the (N, V) logits, one masked attention call, one decoding step. A test fails when a
+count grows; when a change lowers one on purpose, lower the number here with it.
+
+What runs is the CUDA code, chosen the way the sync tests choose it (tests/unit/test_decoding_syncs.py):
+no token packing, the attention kernels' device check says "not the CPU" and torch's backend chooser says
+"memory-efficient" (what a masked call gets on a CUDA GPU), the loss splits its rows into chunks and
+writes each chunk's gradient with one addcmul. Every aten operator that is not a view or a host-only call
+counts as one launch (`_Launches`); the fused attention kernel counts as one, as on a GPU (the CPU's SDPA
+runs unobserved inside it).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPBackend
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from tests.tiny import tiny_seq2seq, tiny_sources
+from transformer import MultiHeadAttention, kernels, losses
+from transformer.losses import label_smoothed_cross_entropy
+from transformer.search.decoding import DecodingSettings, search
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# host-only calls: allocations (no kernel), autograd bookkeeping, dtype and backend choices
+_NOT_LAUNCHES = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "detach",
+    "lift_fresh",
+    "promote_types",
+    "_fused_sdp_choice",
+}
+# operators that touch only the indexed elements (N of them), however large the tensor they index
+_INDEXED = {"gather", "scatter", "scatter_", "scatter_add", "scatter_add_", "index_put", "index_put_"}
+
+
+class _Launches(TorchDispatchMode):
+    """Records the name of every launch, and for each the rows of (…, V) tensors it reads and writes."""
+
+    active: _Launches | None = None  # the one recording now (for the fused SDPA below)
+
+    def __init__(self, vocab: int = 0) -> None:
+        super().__init__()
+        self.vocab = vocab  # tensors whose last dimension is this are rows of logits (0: do not track)
+        self.names: list[str] = []
+        self.touches: list[tuple[str, int, int]] = []  # ("r" or "w", storage, rows)
+        self.paused = False  # inside a fused kernel
+
+    def __enter__(self) -> _Launches:
+        _Launches.active = self
+        return super().__enter__()
+
+    def __exit__(self, *args: object) -> None:
+        _Launches.active = None
+        super().__exit__(*args)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if self.paused or func.is_view or name in _NOT_LAUNCHES:
+            return out
+        self.names.append(name)
+        if self.vocab and name not in _INDEXED:
+            in_place = name.endswith("_")
+            read = [a for key, a in kwargs.items() if key != "out"] + list(args)
+            written = [out, args[0]] if in_place else [out]
+            for mode, tensors in (("r", read), ("w", written)):
+                for t in {id(t): t for t in tree_flatten(tensors)[0] if isinstance(t, Tensor)}.values():
+                    if t.dim() and t.size(-1) == self.vocab:
+                        self.touches.append((mode, t.untyped_storage().data_ptr(), t.numel() // self.vocab))
+        return out
+
+    def passes(self, mode: str, storage: int | None, others: tuple[int, ...] = ()) -> float:
+        """Rows read ("r") or written ("w") in `storage`, or (None) in any storage but `others`, per row."""
+        rows = sum(
+            r for m, s, r in self.touches if m == mode and (s == storage if storage else s not in others)
+        )
+        return rows / N
+
+
+@pytest.fixture
+def cuda_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CUDA code: attention kernels that are not the CPU's and for which torch picks its memory-efficient
+    backend (which zeroes fully masked rows itself); the fused SDPA counted as one launch."""
+    monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())
+    monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.EFFICIENT_ATTENTION, raising=False)
+    original: Callable[..., Tensor] = F.scaled_dot_product_attention
+
+    def fused(*args: Any, **kwargs: Any) -> Tensor:
+        launches = _Launches.active
+        if launches is None:
+            return original(*args, **kwargs)
+        launches.names.append("scaled_dot_product_attention")
+        launches.paused = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            launches.paused = False
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", fused)
+    yield
+
+
+# --- the loss ------------------------------------------------------------------------------------------
+
+N, V, CHUNK_ROWS = 12, 16, 4  # 3 chunks of 4 rows
+
+
+def _loss_launches(dtype: torch.dtype) -> tuple[_Launches, _Launches, int, int]:
+    """Forward and backward launches of the loss over (N, V) logits; the logits' and gradient's storages."""
+    torch.manual_seed(0)
+    logits = torch.randn(N, V).to(dtype).requires_grad_()
+    target = torch.randint(1, V, (N,))
+    target[-3:] = 0  # padding
+    forward, backward = _Launches(V), _Launches(V)
+    with forward:
+        out = label_smoothed_cross_entropy(logits, target, label_smoothing=0.1)
+        total = out.loss + out.nll
+    with backward:
+        total.backward()
+    assert logits.grad is not None
+    return forward, backward, logits.untyped_storage().data_ptr(), logits.grad.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_loss_launches_and_passes_over_the_logits(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per chunk of rows: forward upcast (16-bit) + log-softmax + 3 reductions; backward upcast (16-bit) +
+    softmax + one addcmul into the gradient. 16-bit logits: the padded logits are read twice and the
+    gradient written once (3 passes); the float32 chunk temporaries see 9 passes, which on a GPU stay in L2.
+    float32 logits: no upcast; the gradient's rows hold the softmax, so it is written twice and read once."""
+    # the GPU's rule, rows in chunks, at the test's size (raising=False: so that older code fails on counts)
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS_BY_DEVICE", {"cpu": CHUNK_ROWS * V}, raising=False)
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", CHUNK_ROWS * V)
+    monkeypatch.setattr(losses, "_ONE_KERNEL_GRAD_WRITE", frozenset({"cpu"}), raising=False)  # as on CUDA
+    chunks = N // CHUNK_ROWS
+    forward, backward, logits, grad = _loss_launches(dtype)
+    upcast = int(dtype != torch.float32)
+    per_chunk_forward = ["_to_copy"] * upcast + ["_log_softmax", "gather", "sum", "amax"]
+    per_chunk_backward = ["_to_copy"] * upcast + ["_softmax", "addcmul"]
+    assert forward.names.count("_log_softmax") == chunks
+    # the fixed part: forward, the 3 chunk results joined (cat), 4 per-token terms, 3 + 11 for the masks, the
+    # counts and the means, 1 for the test's sum; backward, 5 through the means, 2 + 4 for the per-token
+    # factors and the gold column's gradient, arange + index_put_ to write it (+ a 16-bit copy first)
+    assert len(forward.names) == len(per_chunk_forward) * chunks + 22, forward.names
+    assert len(backward.names) == len(per_chunk_backward) * chunks + 13 + upcast, backward.names
+
+    known = (logits, grad)
+    assert (forward.passes("r", logits), backward.passes("r", logits)) == (1.0, 1.0)
+    assert forward.passes("w", None, known) + forward.passes("r", None, known) == (5 if upcast else 3)
+    grad_passes = (backward.passes("w", grad), backward.passes("r", grad))
+    temporaries = backward.passes("w", None, known) + backward.passes("r", None, known)
+    assert (*grad_passes, temporaries) == ((1.0, 0.0, 4) if upcast else (2.0, 1.0, 0))
+
+
+# --- one masked attention call -------------------------------------------------------------------------
+
+E, H = 16, 2
+
+
+def _attention_launches(**call: Any) -> list[str]:
+    """Launches of one MultiHeadAttention self-attention call over a padded (3, 5, E) batch."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(E, H, batch_first=True)
+    x = torch.randn(3, 5, E)
+    launches = _Launches()
+    with torch.no_grad(), launches:
+        module(x, x, x, need_weights=False, **call)
+    return launches.names
+
+
+def _padding() -> Tensor:
+    kpm = torch.zeros(3, 5, dtype=torch.bool)
+    kpm[1, 3:] = kpm[2, 1:] = True  # ragged lengths
+    return kpm
+
+
+def test_a_masked_attention_call_adds_only_the_mask_to_the_fused_kernel(cuda_path: None) -> None:
+    """Padding mask: the input projection, the mask's polarity flipped for SDPA, the kernel, the output
+    projection (the heads merge as a view). Causal + padding: the causal mask (2) and its union (1) too.
+    No fix-up for fully masked rows: the memory-efficient kernel returns zeros for them itself."""
+    padded = _attention_launches(key_padding_mask=_padding())
+    assert padded == ["addmm", "bitwise_not", "scaled_dot_product_attention", "addmm"]
+    causal = _attention_launches(key_padding_mask=_padding(), is_causal=True)
+    assert causal == [
+        "addmm",
+        "ones",
+        "triu_",
+        "bitwise_or",
+        "bitwise_not",
+        "scaled_dot_product_attention",
+        "addmm",
+    ]
+
+
+def test_kernels_that_may_leave_empty_rows_get_a_3_launch_fix_up(
+    cuda_path: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where torch picks a kernel not known to zero fully masked rows (cuDNN's), 3 launches fix them up and
+    the output keeps the kernel's layout (the heads still merge as a view, no copy)."""
+    monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.CUDNN_ATTENTION, raising=False)
+    fixed = _attention_launches(key_padding_mask=_padding())
+    assert fixed == ["addmm", "bitwise_not", "any", "ge", "scaled_dot_product_attention", "mul", "addmm"]
+
+
+# --- one decoding step ---------------------------------------------------------------------------------
+
+VOCAB = 24
+
+
+def _launches_per_step(settings: DecodingSettings) -> list[int]:
+    """Launches of each decoding step (from one `decode` of the model to the next) of a batch of 8."""
+    model = tiny_seq2seq(0, vocab=VOCAB)
+    model.pack_tokens = False  # the GPU's encoder path
+    src = tiny_sources(8, vocab=VOCAB)
+    launches = _Launches()
+    starts: list[int] = []
+    decode_step = model.decode
+
+    def counted(*args: Any, **kwargs: Any) -> Tensor:
+        starts.append(len(launches.names))
+        return decode_step(*args, **kwargs)
+
+    model.decode = counted  # type: ignore[method-assign]
+    with launches:
+        search(model, src, settings)
+    ends = [*starts[1:], len(launches.names)]
+    return [end - start for start, end in zip(starts, ends)]
+
+
+@pytest.mark.parametrize(("beam_size", "typical", "most"), [(1, 52, 75), (4, 105, 132)])
+def test_decoding_step_launches(cuda_path: None, beam_size: int, typical: int, most: int) -> None:
+    """Launches per step of greedy and beam search (2 layers): a typical step, and the most any step takes
+    (steps where sentences end also compact the caches)."""
+    per_step = _launches_per_step(DecodingSettings(beam_size=beam_size, max_len_b=12))
+    assert len(per_step) >= 10
+    assert statistics.median(per_step) <= typical and max(per_step) <= most, per_step
