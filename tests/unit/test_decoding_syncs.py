@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from tests.tiny import tiny_seq2seq, tiny_sources
 from transformer.model import Seq2SeqTransformer
+from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble
 
@@ -80,7 +81,9 @@ def _sources(batch: int, seed: int = 0) -> torch.Tensor:
     return tiny_sources(batch, vocab=VOCAB, seed=seed)
 
 
-def _count(model: Any, src: torch.Tensor, settings: DecodingSettings) -> list[int]:
+def _count(
+    model: Any, src: torch.Tensor, settings: DecodingSettings, requests: list[TargetRequest] | None = None
+) -> list[int]:
     counter = _SyncCounter()
     decode_step = model.decode
 
@@ -91,7 +94,7 @@ def _count(model: Any, src: torch.Tensor, settings: DecodingSettings) -> list[in
     model.decode = counted
     try:
         with counter:
-            search(model, src, settings)
+            search(model, src, settings, requests=requests)
     finally:
         del model.decode
     return counter.per_step
@@ -120,6 +123,29 @@ def test_at_most_one_host_read_per_decoding_step(name: str, batch: int) -> None:
 def test_an_ensemble_reads_back_no_more(name: str) -> None:
     ensemble = Ensemble([_model(0), _model(1, d_model=16, layers=1)])
     per_step = _count(ensemble, _sources(16), DecodingSettings(max_len_b=20, **SEARCHES[name]))
+    assert len(per_step) >= 7, "the search should run several steps"
+    assert set(per_step[1:-1]) == {1} and per_step[0] == 1 and per_step[-1] <= 2, per_step
+
+
+def _requests(batch: int, include: bool) -> list[TargetRequest]:
+    """Prefixes, avoided phrases and (`include`) required phrases of every shape: none, one token, several."""
+    phrases = [((5,), (6, 7, 8)), ((9, 10),), ()]
+    return [
+        TargetRequest(
+            prefix=(4, 11)[: b % 3],
+            include=phrases[b % 3] if include else (),
+            avoid=((12,), (13, 14)) if b % 2 else (),
+        )
+        for b in range(batch)
+    ]
+
+
+@pytest.mark.parametrize("ensemble", [False, True], ids=["one_model", "ensemble"])
+@pytest.mark.parametrize("name", ["greedy", "beam4", "sample"])
+def test_constraints_keep_one_host_read_per_step(name: str, ensemble: bool) -> None:
+    model = Ensemble([_model(0), _model(1, d_model=16, layers=1)]) if ensemble else _model(0)
+    requests = _requests(16, include=name != "sample")
+    per_step = _count(model, _sources(16), DecodingSettings(max_len_b=20, **SEARCHES[name]), requests)
     assert len(per_step) >= 7, "the search should run several steps"
     assert set(per_step[1:-1]) == {1} and per_step[0] == 1 and per_step[-1] <= 2, per_step
 
