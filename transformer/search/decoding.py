@@ -67,6 +67,8 @@ class DecodingSettings(Mapping[str, Any]):
     min_len: int = 0  # EOS is banned before this many tokens (fairseq's --min-len)
     no_repeat_ngram_size: int = 0  # no n-gram of this size occurs twice in a hypothesis (0 = off)
     kv_cache: str = "auto"  # auto | dynamic | static | compiled (auto: dynamic; see above)
+    alignments: bool = False  # word alignments of the outputs, from cross-attention (search.alignments)
+    alignment_layer: int = -2  # the decoder layer they come from (negative: from the top; Garg et al.)
 
     def __post_init__(self) -> None:
         _check_settings(dict(self))
@@ -140,6 +142,13 @@ def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
     beam_size, n_best = integer("beam_size", 1), integer("n_best", 1)
     for key in ("top_k", "min_len", "no_repeat_ngram_size"):
         integer(key, 0)
+    if not isinstance(settings.get("alignments", False), bool):
+        raise ValueError(f"{prefix}alignments must be true or false, got {settings['alignments']!r}")
+    layer = settings.get("alignment_layer", -2)
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise ValueError(
+            f"{prefix}alignment_layer must be an integer (negative: from the top), got {layer!r}"
+        )
     search = settings.get("search", "auto")
     if search not in SEARCHES:
         raise ValueError(f"{prefix}search must be one of {list(SEARCHES)}, got {search!r}")
