@@ -216,3 +216,20 @@ def test_stdin_bad_lines_and_split_alignments(checkpoint: Path, tmp_path: Path) 
         assert sorted(int(pair.split("-")[1]) for pair in line.split()) == list(
             range(len(hypothesis.split()))
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["text", "jsonl"])
+def test_a_binary_input_file_is_one_error_naming_file_and_line(
+    checkpoint: Path, tmp_path: Path, compose_eval, form: str
+) -> None:
+    """#40: a non-UTF-8 file said only "'utf-8' codec can't decode byte 0xff in position 2"."""
+    from evaluate import evaluate
+
+    source = tmp_path / "in.bin"
+    source.write_bytes(b'{"src": "They bought one car."}\n\x89PNG\xff\x00\n')
+    overrides = [f"ckpt_path={checkpoint}", f"translate.input={source}", f"translate.format={form}"]
+    with pytest.raises(
+        ConfigError, match=rf"^{source} line 2: not UTF-8 text \(byte 0x89 at byte 1 of the line\)"
+    ):
+        evaluate(compose_eval(tmp_path / "eval", *overrides))
