@@ -23,7 +23,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from transformer.cli import errors, evaluate_setup, results, text_io
+from transformer.cli import errors, evaluate_setup, results, text_io, word_alignments
+from transformer.disk import write_text
 from transformer.evaluation.n_best import write_n_best
 from transformer.evaluation.plots import read_learning_curves
 from transformer.evaluation.reports import (
@@ -38,7 +39,15 @@ from transformer.search.decoding import DecodingSettings
 log = logging.getLogger("evaluate")
 
 PROJECT_ROOT = Path(__file__).resolve().parent
-_RESULT_FILES = ("metrics.json", "report.md", "hypotheses.txt", "predictions.tsv", "nbest.txt", "checkpoints")
+_RESULT_FILES = (
+    "metrics.json",
+    "report.md",
+    "hypotheses.txt",
+    "predictions.tsv",
+    "nbest.txt",
+    "alignments.txt",
+    "checkpoints",
+)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
@@ -124,6 +133,10 @@ def score_and_write(
         )
         if result.n_best:
             files["nbest"] = write_n_best(out_dir / "nbest.txt", result.n_best)
+        if decoding is not None and decoding.alignments:
+            files["alignments"] = write_alignments(
+                out_dir / "alignments.txt", model, datamodule, result, decoding
+            )
     else:
         texts = datamodule.sources(split)
         result = score_classification(
@@ -136,6 +149,32 @@ def score_and_write(
         id_to_token = evaluate_setup.id_to_token(tokenizer)
         files = write_classification_outputs(out_dir, result, texts=texts, id_to_token=id_to_token, **outputs)
     return dict(result.metrics), files
+
+
+def write_alignments(
+    path: Path, model: Any, datamodule: Any, result: Any, decoding: DecodingSettings
+) -> Path:
+    """decode.alignments=true: the 1-best hypotheses' word alignments (Pharaoh), one line per sentence."""
+    config = model.config
+    specials = {config.pad_id, config.bos_id, config.eos_id}
+    aligner = word_alignments.Aligner(
+        model,
+        decoding.alignment_layer,
+        word_alignments.piece_function(datamodule.src_tokenizer, specials),
+        word_alignments.piece_function(datamodule.tgt_tokenizer, specials),
+    )
+    device = next(model.parameters()).device
+    tokenizer = datamodule.src_tokenizer
+    lines = word_alignments.split_alignment_lines(
+        aligner,
+        lambda text: tokenizer.encode(text)[: datamodule.max_len],
+        result.sources,
+        result.hypothesis_ids,
+        result.hypotheses,
+        config.pad_id,
+        device,
+    )
+    return write_text(path, "".join(line + "\n" for line in lines), "the word alignments")
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")

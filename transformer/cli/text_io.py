@@ -1,12 +1,15 @@
 """Batches and text streams of `evaluate.py`: batches moved to the device with a progress bar, lines
-translated from stdin or a file, metrics and report images handed to the configured loggers."""
+translated from stdin or a file (plain text, or JSONL with prefixes and constraints: `translate_input`),
+with their word alignments, metrics and report images handed to the configured loggers."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -16,9 +19,13 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from transformer.cli.errors import ConfigError
+from transformer.cli.translate_input import FORMATS, Entry, EntryParser, text_lines
+from transformer.cli.word_alignments import Aligner, piece_function
 from transformer.evaluation.n_best import n_best_lines
 from transformer.evaluation.scoring import n_best_texts
+from transformer.search.constraints import TargetRequest, unsatisfiable
 from transformer.search.decoding import DecodingSettings, search
+from transformer.search.step import LengthLimits
 
 log = logging.getLogger("evaluate")
 
@@ -32,6 +39,16 @@ def progress(batches: Iterable[Any], total: int, desc: str, enabled: bool) -> It
     return tqdm(batches, total=total, desc=desc, unit="batch", file=sys.stderr, disable=not enabled)
 
 
+@dataclass(frozen=True)
+class Translation:
+    """One input line's outputs: its hypotheses [(text, score), ...] best first, their alignment lines
+    (None: not asked for), and whether its prefix and constraints could not fit in its length limit."""
+
+    hypotheses: list[tuple[str, float]]
+    alignments: list[str] | None = None
+    unsatisfiable: bool = False
+
+
 def translate_stream(
     options: DictConfig,
     model: torch.nn.Module,
@@ -41,45 +58,135 @@ def translate_stream(
 ) -> None:
     """Translate lines from stdin or a file to stdout or a file with `model` (one, or an ensemble): one
     output line per input line, or with decoding.n_best > 1 the n-best lines `id ||| hypothesis |||
-    score` of every non-blank input line (id = its 0-based line number)."""
-    source, target = str(options.input), options.get("output")
+    score` of every non-blank input line (id = its 0-based line number). translate.format=jsonl: one
+    JSON object a line in (`translate_input`), one out; translate.alignments=FILE: Pharaoh lines."""
+    source, target, alignments = str(options.input), options.get("output"), options.get("alignments")
+    form = str(options.get("format") or "text")
+    if form not in FORMATS:
+        raise ConfigError(f"translate.format must be one of {list(FORMATS)}, got {form!r}")
     if source != "-" and not Path(source).is_file():
         raise ConfigError(f"translate.input={source} is not a file (use - for stdin)")
+    if decoding.alignments and alignments is None:
+        raise ConfigError("decode.alignments=true with translate.input needs translate.alignments=FILE")
+    name = "stdin" if source == "-" else source
     interactive = source == "-" and sys.stdin.isatty()
     if interactive:
         log.info("Type a sentence and press Enter (Ctrl-D ends)")
+    translate = _translator(model, datamodule, decoding, device, name, alignments is not None)
+    tokenizer = datamodule.tgt_tokenizer
+    parse = (
+        EntryParser(
+            name, tokenizer.encode, (tokenizer.bos_id, tokenizer.eos_id), getattr(tokenizer, "unk_id", None)
+        )
+        if form == "jsonl"
+        else None
+    )
+    with contextlib.ExitStack() as stack:
+        if source != "-":
+            reader = text_lines(stack.enter_context(open(source, "rb")), name)
+        else:
+            binary = None if interactive else getattr(sys.stdin, "buffer", None)
+            reader = sys.stdin if binary is None else text_lines(binary, name)
 
+        def open_output(path: object) -> TextIO:
+            return stack.enter_context(open(str(path), "w", encoding="utf-8"))
+
+        writer = sys.stdout if target in (None, "-") else open_output(target)
+        side = open_output(alignments) if alignments is not None else None
+        stream_lines(
+            reader,
+            writer,
+            translate,
+            chunk_lines=1 if interactive else options.get("chunk_lines", 256),
+            format_output=_output_format(form, decoding.n_best),
+            parse=parse,
+            blank=form == "jsonl" or decoding.n_best == 1,
+            side=side,
+        )
+
+
+def _translator(
+    model: Any, datamodule: Any, decoding: DecodingSettings, device: torch.device, name: str, align: bool
+) -> Callable[[list[Any]], list[Translation]]:
+    """Texts (or JSONL `Entry`s) -> their `Translation`s, decoded in the datamodule's batches."""
+    tgt, src = datamodule.tgt_tokenizer, datamodule.src_tokenizer
     config = model.config
+    specials = {config.pad_id, config.bos_id, config.eos_id}
+    aligner = (
+        Aligner(model, decoding.alignment_layer, piece_function(src, specials), piece_function(tgt, specials))
+        if align
+        else None
+    )
 
-    def translate_texts(texts: list[str]) -> list[list[tuple[str, float]]]:
-        datamodule.predict_texts = texts
-        outputs: list[list[tuple[str, float]]] = [[] for _ in texts]
+    def translate(items: list[Any]) -> list[Translation]:
+        entries = [item if isinstance(item, Entry) else Entry(0, item, TargetRequest()) for item in items]
+        datamodule.predict_texts = [entry.src for entry in entries]
+        outputs: list[Translation] = [Translation([]) for _ in entries]
         for batch in on_device(datamodule.predict_dataloader(), device):
-            tokens, scores = search(model, batch["src"], decoding)
-            lists = n_best_texts(
-                tokens, scores, datamodule.tgt_tokenizer.decode_batch, config.eos_id, config.pad_id
+            mine = [entries[i] for i in batch["id"].tolist()]
+            requests = [entry.request for entry in mine]
+            flagged = _unsatisfiable(config, batch["src"], decoding, mine, name)
+            tokens, scores = search(
+                model, batch["src"], decoding, requests=requests if any(requests) else None
             )
-            for index, hypotheses in zip(batch["id"].tolist(), lists):
-                outputs[index] = hypotheses
+            lists = n_best_texts(tokens, scores, tgt.decode_batch, config.eos_id, config.pad_id)
+            aligned = None
+            if aligner is not None:
+                texts = [[text for text, _ in hypotheses] for hypotheses in lists]
+                aligned = aligner.lines(batch["src"], tokens, [entry.src for entry in mine], texts)
+            for j, index in enumerate(batch["id"].tolist()):
+                outputs[index] = Translation(lists[j], aligned[j] if aligned else None, j in flagged)
         return outputs
 
-    with contextlib.ExitStack() as stack:
-        reader = sys.stdin if source == "-" else stack.enter_context(open(source, encoding="utf-8"))
-        writer = (
-            sys.stdout
-            if target in (None, "-")
-            else stack.enter_context(open(str(target), "w", encoding="utf-8"))
+    return translate
+
+
+def _unsatisfiable(
+    config: Any, src: torch.Tensor, decoding: DecodingSettings, entries: list[Entry], name: str
+) -> set[int]:
+    """The batch rows whose prefix and constraints cannot fit in their length limit, each reported as a
+    warning naming its input line (their outputs miss some: they are decoded all the same)."""
+    requests = [entry.request for entry in entries]
+    if not any(request.prefix or request.include for request in requests):
+        return set()
+    limits = LengthLimits.of(config, src, decoding.max_len_a, decoding.max_len_b).per_sentence.tolist()
+    flagged = unsatisfiable(requests, limits)
+    for row in flagged:
+        log.warning(
+            "%s line %d: the prefix and constraints need %d tokens with EOS, but the length limit is %d: "
+            "the output misses some (decode.max_len_a / max_len_b raise the limit)",
+            name,
+            entries[row].line,
+            requests[row].needed,
+            limits[row],
         )
-        chunk = 1 if interactive else options.get("chunk_lines", 256)
-        if decoding.n_best > 1:
-            stream_lines(reader, writer, translate_texts, chunk_lines=chunk, format_output=n_best_lines)
-        else:
-            stream_lines(
-                reader,
-                writer,
-                lambda texts: [hyps[0][0] for hyps in translate_texts(texts)],
-                chunk_lines=chunk,
-            )
+    return set(flagged)
+
+
+def _output_format(form: str, n_best: int) -> Callable[[int, Translation], tuple[list[str], list[str]]]:
+    """The lines one input line gets: (output lines, alignment lines)."""
+
+    def text(index: int, translation: Translation) -> tuple[list[str], list[str]]:
+        aligned = translation.alignments or []
+        if n_best > 1:
+            return n_best_lines(index, translation.hypotheses), [f"{index} ||| {a}\n" for a in aligned]
+        return _one_line(index, translation.hypotheses[0][0]), [f"{a}\n" for a in aligned[:1]]
+
+    def jsonl(index: int, translation: Translation) -> tuple[list[str], list[str]]:
+        aligned = translation.alignments
+        best, score = translation.hypotheses[0]
+        item: dict[str, Any] = {"translation": best, "score": score}
+        if aligned is not None:
+            item["alignment"] = aligned[0]
+        if n_best > 1:
+            item["n_best"] = [
+                {"translation": text, "score": value, **({"alignment": aligned[k]} if aligned else {})}
+                for k, (text, value) in enumerate(translation.hypotheses)
+            ]
+        item["unsatisfiable"] = translation.unsatisfiable
+        return [json.dumps(item, ensure_ascii=False) + "\n"], [f"{aligned[0]}\n"] if aligned else []
+
+    return jsonl if form == "jsonl" else text
 
 
 def log_to_loggers(cfg: DictConfig, metrics: Mapping[str, float], files: Mapping[str, Path]) -> None:
@@ -107,33 +214,43 @@ def _one_line(index: int, text: str) -> list[str]:
 def stream_lines(
     reader: Iterable[str],
     writer: TextIO,
-    translate_texts: Callable[[list[str]], list[Any]],
+    translate_texts: Callable[[list[Any]], list[Any]],
     *,
     chunk_lines: int,
-    format_output: Callable[[int, Any], list[str]] = _one_line,
+    format_output: Callable[[int, Any], list[str] | tuple[list[str], list[str]]] = _one_line,
+    parse: Callable[[int, str], Any] | None = None,
+    blank: bool | None = None,
+    side: TextIO | None = None,
 ) -> int:
     """Translate `reader`'s lines in chunks, writing each input line's output lines (flushed per chunk).
 
     `format_output(line number, translation)` gives the lines written for one input line (default: the
-    text on one line). Blank lines stay blank (no n-best lines) without reaching `translate_texts`;
-    chunk_lines=1 answers each line as soon as it is read (interactive use). Returns the number of
-    input lines answered.
+    text on one line), or a pair (lines for `writer`, lines for `side`). `parse(line number from 1,
+    text)` turns a non-blank line into what `translate_texts` takes (default: the stripped text). Blank
+    lines never reach `translate_texts`: they answer with a blank line (in `side` too) when `blank`
+    (default: with the default format), else with nothing; chunk_lines=1 answers each line as soon as it
+    is read (interactive use). Returns the number of input lines answered.
     """
     if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int) or chunk_lines < 1:
         raise ValueError(f"translate.chunk_lines must be an integer >= 1, got {chunk_lines!r}")
     written = 0
-    blank = format_output is _one_line  # a blank line answers with a blank line; no n-best lines
+    blank = format_output is _one_line if blank is None else blank
 
     def flush(lines: list[str]) -> None:
         nonlocal written
         texts = [line.strip() for line in lines]
         wanted = [i for i, text in enumerate(texts) if text]
-        outputs = [["\n"] if blank else [] for _ in lines]
+        items = [parse(written + i + 1, texts[i]) if parse else texts[i] for i in wanted]
+        outputs = [(["\n"], ["\n"]) if blank else ([], []) for _ in lines]
         if wanted:
-            for i, translation in zip(wanted, translate_texts([texts[i] for i in wanted]), strict=True):
-                outputs[i] = format_output(written + i, translation)
-        writer.write("".join(line for output in outputs for line in output))
+            for i, translation in zip(wanted, translate_texts(items), strict=True):
+                lines_out = format_output(written + i, translation)
+                outputs[i] = lines_out if isinstance(lines_out, tuple) else (lines_out, [])
+        writer.write("".join(line for output, _ in outputs for line in output))
         writer.flush()
+        if side is not None:
+            side.write("".join(line for _, output in outputs for line in output))
+            side.flush()
         written += len(outputs)
 
     lines: list[str] = []

@@ -20,16 +20,21 @@ from torch import Tensor
 from transformer.search.static_cache import Stepping
 from transformer.search.step import LengthLimits, Searchable, StepRules, length_normalizer
 
+_NONE = 1 << 30  # `_Finished.unmet` of an empty slot
+
 
 @dataclass
 class _Finished:
     """The K best ended hypotheses of every sentence, best first: tokens (B, K, L) pad-filled and
-    length-normalized scores (B, K), -inf where fewer than K have ended."""
+    length-normalized scores (B, K), -inf where fewer than K have ended. Under constraints, `unmet`
+    (B, K) counts the constraint tokens each misses (only a hypothesis cut at its maximum length misses
+    any): fewer unmet ranks first, then the score."""
 
     tokens: Tensor
     scores: Tensor
+    unmet: Tensor | None = None
 
-    def add(self, sentences: Tensor, tokens: Tensor, scores: Tensor) -> None:
+    def add(self, sentences: Tensor, tokens: Tensor, scores: Tensor, unmet: Tensor | None = None) -> None:
         """Merge the step's candidates (n, K, L) / (n, K) (-inf: not ended) of `sentences` (n,).
 
         The stable sort puts earlier hypotheses before later ones of equal score, and a step's
@@ -37,6 +42,12 @@ class _Finished:
         beam_size = self.scores.shape[1]
         merged_scores = torch.cat([self.scores[sentences], scores], dim=1)  # (n, 2K)
         best, order = merged_scores.sort(dim=1, descending=True, stable=True)
+        if self.unmet is not None and unmet is not None:
+            unmet = unmet.masked_fill(torch.isinf(scores), _NONE)  # (n, K) not ended: after every ended one
+            merged_unmet = torch.cat([self.unmet[sentences], unmet], dim=1).gather(1, order)  # (n, 2K)
+            merged_unmet, first = merged_unmet.sort(dim=1, stable=True)
+            best, order = best.gather(1, first), order.gather(1, first)
+            self.unmet[sentences] = merged_unmet[:, :beam_size]
         order = order[:, :beam_size]  # (n, K)
         merged_tokens = torch.cat([self.tokens[sentences], tokens], dim=1)  # (n, 2K, L)
         self.tokens[sentences] = merged_tokens.gather(1, order.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
@@ -67,15 +78,21 @@ def beam_search_loop(
     sentence stops at its max length (EOS forced), or once K hypotheses have ended and its best live
     beam, normalized at the current length, does not beat the K-th of them (Hugging Face's default
     heuristic; exact when length_penalty=0). With a static cache (`stepping.static`) a sentence that is
-    done stays in the batch and adds nothing more (the same results, fixed shapes).
+    done stays in the batch and adds nothing more (the same results, fixed shapes). With required
+    phrases (`rules.constraints`) the candidates and survivors are Dynamic Beam Allocation's
+    (`ConstraintState.candidates` / `survivors`).
     """
     stepping = stepping or Stepping()
     config, device, batch = model.config, src.device, src.size(0)
     limits = LengthLimits.of(config, src, max_len_a, max_len_b)  # the one read before the loop
     lengths, longest = limits.per_sentence, limits.longest  # (B,), int
+    constraints = (
+        rules.constraints if rules.constraints is not None and rules.constraints.has_include else None
+    )
     finished = _Finished(
         src.new_full((batch, beam_size, longest), config.pad_id),
         torch.full((batch, beam_size), -math.inf, device=device),
+        None if constraints is None else torch.full((batch, beam_size), _NONE, device=device),
     )
     if not batch:
         return finished.n_best(n_best, config.pad_id)
@@ -102,8 +119,12 @@ def beam_search_loop(
         )  # (n * beams, V)
 
         # 1. the 2K best candidates of each sentence: their scores, tokens and parent beams
-        n_candidates = min(2 * beam_size, beams * per_beam)
-        cand_scores, cand_tokens, cand_parents = _candidates(log_probs, scores, per_beam, n_candidates)
+        if constraints is None:
+            n_candidates = min(2 * beam_size, beams * per_beam)
+            cand_scores, cand_tokens, cand_parents = _candidates(log_probs, scores, per_beam, n_candidates)
+        else:  # every candidate: the top ones and the constraints' next tokens
+            cand_scores, cand_tokens, cand_parents = constraints.candidates(log_probs, scores, per_beam)
+            n_candidates = cand_scores.shape[1]
         cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_parents  # (n, 2K) in history
 
         # 2. EOS among the K best candidates ends a hypothesis (-inf ones are dead beams' leftovers)
@@ -114,11 +135,19 @@ def beam_search_loop(
             ended &= ~done.unsqueeze(1)  # a done sentence's beams run on, ending nothing
         ended_tokens = _ended_tokens(history, cand_rows[:, :beam_size], longest, config.pad_id, config.eos_id)
         ended_scores = (cand_scores[:, :beam_size] / normalizer).masked_fill(~ended, -math.inf)
-        finished.add(sentences, ended_tokens, ended_scores)
+        unmet = (
+            None if constraints is None else constraints.unmet_tokens(cand_rows[:, :beam_size].reshape(-1))
+        )
+        finished.add(sentences, ended_tokens, ended_scores, None if unmet is None else unmet.view(n, -1))
 
-        # 3. the K best non-EOS candidates live on
+        # 3. the K best non-EOS candidates live on (under constraints: shared among the banks)
         beams = min(beam_size, n_candidates)
-        pick, new_tokens, scores = _survivors(cand_scores, cand_tokens, is_eos, beams)  # each (n, K)
+        if constraints is None:
+            pick, new_tokens, scores = _survivors(cand_scores, cand_tokens, is_eos, beams)  # each (n, K)
+        else:
+            pick, new_tokens, scores = constraints.survivors(
+                cand_scores, cand_tokens, cand_rows, is_eos, beams
+            )
 
         # 4. a sentence is done at its max length, or once K hypotheses ended and its best live beam,
         #    normalized at the current length, scores below the K-th of them (exact for
@@ -141,6 +170,9 @@ def beam_search_loop(
             src_padding_mask = sentence_padding_mask[sentences]  # (n', S)
         last_tokens = new_tokens.view(-1)  # (n' * K,)
         history = torch.cat([history[rows.view(-1)], last_tokens.unsqueeze(1)], dim=1)  # (n' * K, 2 + t)
+        if rules.constraints is not None:  # each new beam takes its parent's progress, then its token's
+            rules.constraints.select(rows.view(-1))
+            rules.constraints.advance(last_tokens)
         # a beam's parent is a beam of the same sentence: the caches (one row per sentence) only lose
         # the sentences that are done, and each new beam points at its parent's keys
         cache.select_beams(parents, live)

@@ -14,8 +14,9 @@ so every step has the same shapes and the step can run as one compiled graph; th
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,15 +24,10 @@ import torch
 from torch import Tensor
 
 from transformer.search.beam import beam_search_loop
+from transformer.search.constraints import ConstraintState, TargetRequest
+from transformer.search.rows import argmax, row_search, samples
 from transformer.search.static_cache import Stepping
-from transformer.search.step import (
-    LengthLimits,
-    Sampler,
-    Searchable,
-    StepRules,
-    eval_mode,
-    length_normalizer,
-)
+from transformer.search.step import Sampler, Searchable, StepRules, eval_mode
 
 __all__ = ["DecodingSettings", "beam_search", "decode", "greedy_search", "sample", "search"]
 
@@ -71,6 +67,8 @@ class DecodingSettings(Mapping[str, Any]):
     min_len: int = 0  # EOS is banned before this many tokens (fairseq's --min-len)
     no_repeat_ngram_size: int = 0  # no n-gram of this size occurs twice in a hypothesis (0 = off)
     kv_cache: str = "auto"  # auto | dynamic | static | compiled (auto: dynamic; see above)
+    alignments: bool = False  # word alignments of the outputs, from cross-attention (search.alignments)
+    alignment_layer: int = -2  # the decoder layer they come from (negative: from the top; Garg et al.)
 
     def __post_init__(self) -> None:
         _check_settings(dict(self))
@@ -144,6 +142,13 @@ def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
     beam_size, n_best = integer("beam_size", 1), integer("n_best", 1)
     for key in ("top_k", "min_len", "no_repeat_ngram_size"):
         integer(key, 0)
+    if not isinstance(settings.get("alignments", False), bool):
+        raise ValueError(f"{prefix}alignments must be true or false, got {settings['alignments']!r}")
+    layer = settings.get("alignment_layer", -2)
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise ValueError(
+            f"{prefix}alignment_layer must be an integer (negative: from the top), got {layer!r}"
+        )
     search = settings.get("search", "auto")
     if search not in SEARCHES:
         raise ValueError(f"{prefix}search must be one of {list(SEARCHES)}, got {search!r}")
@@ -174,22 +179,32 @@ def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
 
 @torch.no_grad()
 def search(
-    model: Searchable, src: Tensor, settings: DecodingSettings, generator: torch.Generator | None = None
+    model: Searchable,
+    src: Tensor,
+    settings: DecodingSettings,
+    generator: torch.Generator | None = None,
+    requests: Sequence[TargetRequest] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """src (B, S) -> (hypotheses (B, n_best, L) long, scores (B, n_best) float) as `settings` say, best
     first. Scores are the search's own: summed log-probabilities / ((5 + len) / 6) ** length_penalty.
-    `generator` fixes sampling's draws (None: torch's global RNG, as seeded by the entry points)."""
+    `generator` fixes sampling's draws (None: torch's global RNG, as seeded by the entry points).
+    `requests` (one per sentence, `transformer.search.constraints`): target prefixes, required and
+    avoided phrases; greedy search with any of them is beam search with one beam (the same tokens),
+    sampling takes prefixes and avoided phrases only."""
     lengths = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
     rules, stepping = settings.rules(model), settings.stepping(src.device)
+    if requests is not None and any(requests):
+        _check_requests(settings, requests, src.size(0))
+        rules = dataclasses.replace(rules, constraints=ConstraintState(requests, src.device))
     with eval_mode(model):
         if settings.sampling:
             sampler = Sampler(settings.top_k, settings.top_p, generator)
-            return _samples(
+            return samples(
                 model, src, rules, sampler, settings.n_best, settings.length_penalty, lengths, stepping
             )
-        if settings.greedy:
-            tokens, scores = _row_search(
-                model, src, rules, _argmax, settings.length_penalty, **lengths, stepping=stepping
+        if settings.greedy and rules.constraints is None:
+            tokens, scores = row_search(
+                model, src, rules, argmax, settings.length_penalty, **lengths, stepping=stepping
             )
             return tokens.unsqueeze(1), scores.unsqueeze(1)
         return beam_search_loop(
@@ -201,6 +216,22 @@ def search(
             n_best=settings.n_best,
             stepping=stepping,
             **lengths,
+        )
+
+
+def _check_requests(settings: DecodingSettings, requests: Sequence[TargetRequest], batch: int) -> None:
+    """ValueError for requests the settings cannot serve."""
+    if len(requests) != batch:
+        raise ValueError(f"{len(requests)} constraint requests for a batch of {batch} sentences")
+    if settings.kv_cache in ("static", "compiled"):
+        raise ValueError(
+            f"decode.kv_cache={settings.kv_cache} cannot decode with prefixes or constraints (their "
+            "bookkeeping follows the rows of the growing cache); use decode.kv_cache=dynamic"
+        )
+    if settings.sampling and any(request.include for request in requests):
+        raise ValueError(
+            "required phrases (constraints) need beam or greedy search, not decode.search=sample "
+            "(prefix and avoid work with sampling)"
         )
 
 
@@ -303,91 +334,3 @@ def beam_search(
         no_repeat_ngram_size=no_repeat_ngram_size,
     )
     return search(model, src, settings)
-
-
-def _argmax(log_probs: Tensor) -> Tensor:
-    return log_probs.max(dim=-1).indices  # (N,) the first of ties; 2-3x faster than argmax on CPU
-
-
-def _samples(
-    model: Searchable,
-    src: Tensor,
-    rules: StepRules,
-    sampler: Sampler,
-    n_best: int,
-    length_penalty: float,
-    lengths: Mapping[str, float],
-    stepping: Stepping,
-) -> tuple[Tensor, Tensor]:
-    """n_best samples per sentence (each source repeated n_best times), sorted best first."""
-    batch = src.size(0)
-    tokens, scores = _row_search(
-        model,
-        src.repeat_interleave(n_best, dim=0),
-        rules,
-        sampler,
-        length_penalty,
-        **lengths,
-        stepping=stepping,
-    )
-    tokens, scores = tokens.view(batch, n_best, tokens.shape[-1]), scores.view(batch, n_best)  # (B, n, L)
-    scores, order = scores.sort(dim=1, descending=True, stable=True)
-    return tokens.gather(1, order.unsqueeze(-1).expand_as(tokens)), scores
-
-
-def _row_search(
-    model: Searchable,
-    src: Tensor,
-    rules: StepRules,
-    pick: Callable[[Tensor], Tensor],
-    length_penalty: float,
-    max_len_a: float,
-    max_len_b: float,
-    stepping: Stepping,
-) -> tuple[Tensor, Tensor]:
-    """One hypothesis per row, its next token chosen by `pick` (argmax: greedy search; a `Sampler`)
-    -> (hypotheses (B, L), scores (B,) length-normalized).
-
-    Rows that finish leave the decoder batch; with a static cache they stay in it (fixed shapes, their
-    outputs unused) and `pick` sees the live rows only, as it would without (so sampling draws alike)."""
-    config, batch = model.config, src.size(0)
-    limits = LengthLimits.of(config, src, max_len_a, max_len_b)  # the one read before the loop
-    longest = limits.longest
-    hypotheses = src.new_full((batch, 1 + longest), config.pad_id)  # BOS, then the tokens
-    hypotheses[:, 0] = config.bos_id
-    log_prob_sums = torch.zeros(batch, device=src.device)
-    step = 0
-    if batch:
-        src_padding_mask = model.padding_mask(src)  # (N, S) for the rows in the decoder batch
-        memory = model.encode(src)  # projected once into the cross-attention caches
-        cache = stepping.new_cache(model, batch, longest, 1, src.device)
-        rows = torch.arange(batch, device=src.device)  # (N,) original row of each row still decoding
-        decoded = rows  # the decoder batch: `rows`, or all B rows with a static cache
-        last_tokens = hypotheses[:, 0]
-        while True:
-            at_max_length = limits.reached(decoded, step, always=stepping.static)  # (N,) or None
-            history = hypotheses[decoded, : step + 1] if rules.no_repeat_ngram_size else None
-            log_probs = stepping(
-                step, model, last_tokens, memory, src_padding_mask, cache, rules, at_max_length, history
-            )  # (N, V), or (B, V) with a static cache
-            if log_probs.shape[0] != rows.numel():
-                log_probs = log_probs.index_select(0, rows)  # (N, V) the live rows of a static batch
-            tokens = pick(log_probs)  # (N,)
-            log_prob_sums.index_add_(0, rows, log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1))
-            hypotheses[rows, step + 1] = tokens
-            step += 1
-            running = tokens != config.eos_id  # (N,)
-            n_live = int(running.sum())  # the one value read back per step
-            if not n_live:
-                break
-            stepping.advance(cache)
-            # (B,) with a static cache: finished rows feed their last token again, unused
-            last_tokens = last_tokens.index_copy(0, rows, tokens) if stepping.static else tokens
-            if n_live < rows.numel():  # finished rows leave (the batch and the caches), or are masked
-                keep = (~running).byte().argsort(stable=True)[:n_live]  # (N',) in order
-                rows = rows[keep]
-                if not stepping.static:
-                    decoded, last_tokens, src_padding_mask = rows, last_tokens[keep], src_padding_mask[keep]
-                    cache.reorder(keep)
-    tokens = hypotheses[:, 1 : 1 + step]  # (B, L)
-    return tokens, log_prob_sums / length_normalizer(tokens.ne(config.pad_id).sum(dim=1), length_penalty)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
+from transformer.search.constraints import ConstraintState
 from transformer.search.ensemble import Ensemble
 
 
@@ -85,7 +86,9 @@ class StepRules:
     pad and BOS are never emitted (they would break the output layout); EOS is banned before
     `min_len` tokens (fairseq's --min-len) and forced at a sentence's maximum length; with
     `no_repeat_ngram_size` n > 0 no n-gram occurs twice in a hypothesis (fairseq's meaning: the
-    n-grams of BOS + the tokens so far); `temperature` divides the logits before the softmax.
+    n-grams of BOS + the tokens so far); `temperature` divides the logits before the softmax;
+    `constraints` (a search's own, following its hypotheses) forces prefixes, bans avoided phrases and
+    EOS before the required phrases are met (`transformer.search.constraints`).
     """
 
     pad_id: int
@@ -94,6 +97,14 @@ class StepRules:
     min_len: int = 0
     no_repeat_ngram_size: int = 0
     temperature: float = 1.0
+    constraints: ConstraintState | None = field(default=None, compare=False)
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the step reads the hypotheses' tokens so far (n-gram blocking, avoided phrases)."""
+        return bool(self.no_repeat_ngram_size) or (
+            self.constraints is not None and self.constraints.has_avoid
+        )
 
 
 def next_log_probs(
@@ -132,6 +143,9 @@ def next_log_probs(
         log_probs.masked_fill_(
             repeated_ngram_ends(history, rules.no_repeat_ngram_size, log_probs.shape[-1]), -math.inf
         )
+    if rules.constraints is not None:  # before the maximum length, which forces EOS whatever is unmet
+        assert isinstance(step, int), "constraints run over the dynamic cache only (search() checks)"
+        rules.constraints.restrict(log_probs, step, history, rules.eos_id)
     if at_max_length is not None:
         log_probs.masked_fill_(at_max_length.unsqueeze(1), -math.inf)
         log_probs[:, rules.eos_id] = torch.where(at_max_length, eos, log_probs[:, rules.eos_id])

@@ -1,0 +1,186 @@
+"""Constrained decoding on untrained tiny models (the guarantees hold whatever the model predicts):
+prefixes start every output, required phrases appear in every output that can hold them (greedy, beam,
+n-best, ensembles), avoided phrases never appear, and no request means today's output token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny import tiny_seq2seq, tiny_sources
+from transformer.search.constraints import ConstraintState, TargetRequest, unsatisfiable
+from transformer.search.decoding import DecodingSettings, search
+from transformer.search.ensemble import Ensemble
+from transformer.search.step import LengthLimits
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 24
+BATCH = 12
+
+
+def _model(seed: int = 0, eos_boost: float = 0.0, **kwargs: object) -> torch.nn.Module:
+    """A tiny model; `eos_boost` added to EOS's logit makes it want to stop early (9: many outputs of
+    1-8 tokens, where the untrained model alone runs to its maximum length), which the constraints must
+    overrule."""
+    model = tiny_seq2seq(seed, vocab=VOCAB, **kwargs)
+    if eos_boost:
+
+        def boost(module: torch.nn.Module, inputs: object, logits: torch.Tensor) -> torch.Tensor:
+            return logits + torch.nn.functional.one_hot(torch.tensor(2), VOCAB) * eos_boost
+
+        model.output_projection.register_forward_hook(boost)
+    return model
+
+
+def _contains(hypothesis: list[int], phrase: tuple[int, ...]) -> bool:
+    return any(tuple(hypothesis[i : i + len(phrase)]) == phrase for i in range(len(hypothesis)))
+
+
+def _tokens(row: torch.Tensor) -> list[int]:
+    """One hypothesis without EOS and padding."""
+    tokens = row.tolist()
+    return tokens[: tokens.index(2)] if 2 in tokens else [t for t in tokens if t]
+
+
+def _random_phrases(seed: int, count: int, longest: int = 3) -> list[TargetRequest]:
+    generator = torch.Generator().manual_seed(seed)
+
+    def phrase() -> tuple[int, ...]:
+        length = int(torch.randint(1, longest + 1, (1,), generator=generator))
+        return tuple(torch.randint(4, VOCAB, (length,), generator=generator).tolist())
+
+    return [TargetRequest(include=tuple(phrase() for _ in range(count))) for _ in range(BATCH)]
+
+
+SEARCHES = {
+    "greedy": {"beam_size": 1},
+    "beam1": {"search": "beam", "beam_size": 1},
+    "beam4": {"beam_size": 4},
+    "beam5_nbest3": {"beam_size": 5, "n_best": 3},
+}
+
+
+@pytest.mark.parametrize("name", list(SEARCHES))
+@pytest.mark.parametrize("eos_boost", [0.0, 9.0])
+def test_every_required_phrase_appears_in_every_output(name: str, eos_boost: float) -> None:
+    """The best hypothesis holds every phrase, in any order; so does every n-best entry that ended on
+    its own (one cut at the maximum length may miss some: they rank after the complete ones)."""
+    model, src = _model(eos_boost=eos_boost), tiny_sources(BATCH, vocab=VOCAB)
+    requests = _random_phrases(seed=len(name), count=3)
+    settings = DecodingSettings(max_len_b=20, **SEARCHES[name])
+    tokens, _ = search(model, src, settings, requests=requests)
+    limits = LengthLimits.of(model.config, src, settings.max_len_a, settings.max_len_b).per_sentence.tolist()
+    assert not unsatisfiable(requests, limits)
+    for b, request in enumerate(requests):
+        for k in range(tokens.shape[1]):
+            hypothesis = _tokens(tokens[b, k])
+            met = all(_contains(hypothesis, phrase) for phrase in request.include)
+            assert met or (k > 0 and len(hypothesis) + 1 == limits[b]), (b, k, hypothesis, request)
+            if k and met:
+                assert all(_contains(_tokens(tokens[b, j]), p) for j in range(k) for p in request.include), (
+                    "complete hypotheses rank before cut ones"
+                )
+
+
+def test_an_ensemble_meets_the_constraints_too() -> None:
+    ensemble = Ensemble([_model(0, eos_boost=9.0), _model(1, eos_boost=9.0, d_model=16, layers=1)])
+
+    def free_token(request: TargetRequest) -> int:  # one no phrase needs (a conflict is unsatisfiable)
+        return next(t for t in range(4, VOCAB) if all(t not in phrase for phrase in request.include))
+
+    requests = [
+        TargetRequest(prefix=(9,), include=r.include, avoid=((free_token(r),),))
+        for r in _random_phrases(7, count=2)
+    ]
+    for beam in (1, 4):
+        tokens, _ = search(
+            ensemble,
+            tiny_sources(BATCH, vocab=VOCAB),
+            DecodingSettings(beam_size=beam, max_len_b=20),
+            None,
+            requests,
+        )
+        for b, request in enumerate(requests):
+            hypothesis = _tokens(tokens[b, 0])
+            assert hypothesis[0] == 9 and request.avoid[0][0] not in hypothesis
+            assert all(_contains(hypothesis, phrase) for phrase in request.include), (hypothesis, request)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"beam_size": 1}, {"beam_size": 4, "n_best": 2}, {"search": "sample", "n_best": 3, "top_k": 5}],
+    ids=["greedy", "beam", "sample"],
+)
+def test_a_prefix_starts_every_output(settings: dict) -> None:
+    prefixes = [tuple(range(4 + b % 3, 8 + b % 3))[: 1 + b % 4] for b in range(BATCH)]
+    requests = [TargetRequest(prefix=p) for p in prefixes]
+    tokens, scores = search(
+        _model(), tiny_sources(BATCH, vocab=VOCAB), DecodingSettings(max_len_b=20, **settings), None, requests
+    )
+    for b, prefix in enumerate(prefixes):
+        for k in range(tokens.shape[1]):
+            assert tuple(tokens[b, k, : len(prefix)].tolist()) == prefix
+    assert torch.isfinite(scores).all()  # the prefix tokens keep their real log-probabilities
+
+
+def test_avoided_phrases_never_appear() -> None:
+    """Phrases taken from the unconstrained outputs themselves (a bigram and a token of each), so the
+    rule has something to remove."""
+    model, src = _model(), tiny_sources(BATCH, vocab=VOCAB)
+    for settings in (
+        DecodingSettings(beam_size=1, max_len_b=20),
+        DecodingSettings(beam_size=4, max_len_b=20),
+    ):
+        free = [_tokens(row) for row in search(model, src, settings)[0][:, 0]]
+        requests = [
+            TargetRequest(avoid=(tuple(h[1:3]),) if len(h) >= 3 else ((h[0],),)) if h else TargetRequest()
+            for h in free
+        ]
+        requests = [
+            TargetRequest(avoid=(*r.avoid, (free[b][-1],))) if free[b] else r for b, r in enumerate(requests)
+        ]
+        tokens = search(model, src, settings, requests=requests)[0]
+        for b, request in enumerate(requests):
+            for k in range(tokens.shape[1]):
+                hypothesis = _tokens(tokens[b, k])
+                assert not any(_contains(hypothesis, phrase) for phrase in request.avoid), (
+                    hypothesis,
+                    request,
+                )
+
+
+@pytest.mark.parametrize("settings", [{"beam_size": 1}, {"beam_size": 4, "n_best": 4}])
+def test_empty_requests_decode_as_today(settings: dict) -> None:
+    model, src = _model(), tiny_sources(BATCH, vocab=VOCAB)
+    decoding = DecodingSettings(max_len_b=20, **settings)
+    plain = search(model, src, decoding)
+    empty = search(model, src, decoding, requests=[TargetRequest()] * BATCH)
+    assert torch.equal(plain[0], empty[0]) and torch.equal(plain[1], empty[1])
+
+
+def test_a_broken_off_phrase_is_undone() -> None:
+    state = ConstraintState([TargetRequest(include=((7, 8, 9),))] * 3, torch.device("cpu"))
+    for tokens in ([7, 7, 7], [8, 7, 8], [5, 8, 9], [9, 9, 9]):  # rows: 7 8 5 9 | 7 7 8 9 | 7 8 9 9
+        state.advance(torch.tensor(tokens))
+    assert state.met[:, 0].tolist() == [False, True, True]
+    assert state.unmet_tokens(torch.arange(3)).tolist() == [3, 0, 0]
+
+
+def test_unsatisfiable_sentences_are_reported_and_still_decoded() -> None:
+    model, src = _model(), tiny_sources(4, vocab=VOCAB)
+    settings = DecodingSettings(max_len_a=0.0, max_len_b=4)  # 4 tokens, EOS included
+    requests = [TargetRequest(include=((5, 6),)), TargetRequest(prefix=(7,), include=((5, 6), (8,)))] * 2
+    limits = LengthLimits.of(model.config, src, 0.0, 4).per_sentence.tolist()
+    assert unsatisfiable(requests, limits) == [1, 3]
+    tokens = search(model, src, settings, requests=requests)[0][:, 0]
+    assert _contains(_tokens(tokens[0]), (5, 6)) and len(_tokens(tokens[1])) == 3
+
+
+def test_unsupported_combinations_are_refused() -> None:
+    model, src = _model(), tiny_sources(2, vocab=VOCAB)
+    requests = [TargetRequest(include=((5,),))] * 2
+    with pytest.raises(ValueError, match=r"decode\.kv_cache=static"):
+        search(model, src, DecodingSettings(kv_cache="static"), requests=requests)
+    with pytest.raises(ValueError, match=r"decode\.search=sample"):
+        search(model, src, DecodingSettings(search="sample"), requests=requests)

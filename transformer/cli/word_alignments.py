@@ -1,0 +1,114 @@
+"""Word alignments as a user sees them: the subword attention of `transformer.search.alignments` summed
+into whitespace words of the source line and of the output line, written in the Pharaoh format
+(`0-0 1-2 ...`: source word - output word, 0-based)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from transformer.search.alignments import cross_attention, word_alignment
+from transformer.search.step import Searchable
+
+__all__ = ["Aligner", "pharaoh", "piece_function", "split_alignment_lines", "word_index"]
+
+_SPACE = "▁"  # the project's BPE marks word starts with it (data.tokenization)
+
+
+def word_index(pieces: Sequence[str | None]) -> list[int]:
+    """Subword pieces (None: a special token) -> the word of each (-1: none): a piece that starts with
+    "▁" starts a new word, the others continue it (the way the tokenizer's decoder joins them)."""
+    index, word = [], -1
+    for piece in pieces:
+        if piece is None:
+            index.append(-1)
+            continue
+        if piece.startswith(_SPACE) or word < 0:
+            word += 1
+        index.append(word)
+    return index
+
+
+def pharaoh(pairs: Sequence[tuple[int, int]], n_src: int, n_tgt: int) -> str:
+    """Pairs -> "i-j ..." with the indices kept inside the lines' word counts (a piece that decodes to
+    no visible word cannot point past the line)."""
+    if not n_src or not n_tgt:
+        return ""
+    return " ".join(f"{min(i, n_src - 1)}-{min(j, n_tgt - 1)}" for i, j in pairs)
+
+
+class Aligner:
+    """Alignment lines for a search's output: `model`'s decoder layer `layer` (negative: from the top),
+    the pieces of source and target token ids (`src_piece` / `tgt_piece`: None for special tokens)."""
+
+    def __init__(
+        self,
+        model: Searchable,
+        layer: int,
+        src_piece: Callable[[int], str | None],
+        tgt_piece: Callable[[int], str | None],
+    ) -> None:
+        self.model, self.layer, self.src_piece, self.tgt_piece = model, layer, src_piece, tgt_piece
+
+    def lines(
+        self, src: Tensor, tokens: Tensor, sources: Sequence[str], outputs: Sequence[Sequence[str]]
+    ) -> list[list[str]]:
+        """src (B, S) and the search's tokens (B, N, L) -> per sentence, for each of its output texts
+        (`outputs[b]`, at most N, best first) the Pharaoh line against `sources[b]`."""
+        batch, n, length = tokens.shape
+        attention = cross_attention(
+            self.model, src.repeat_interleave(n, dim=0), tokens.reshape(batch * n, length), self.layer
+        ).cpu()  # (B * N, L, S): read back once per batch, after the search
+        src_rows, token_rows = src.tolist(), tokens.reshape(batch * n, length).tolist()
+        result = []
+        for b in range(batch):
+            src_words = word_index([self.src_piece(i) for i in src_rows[b]])
+            lines = []
+            for k, text in enumerate(outputs[b]):
+                tgt_words = word_index([self.tgt_piece(i) for i in token_rows[b * n + k]])
+                pairs = word_alignment(attention[b * n + k], src_words, tgt_words)
+                lines.append(pharaoh(pairs, len(sources[b].split()), len(text.split())))
+            result.append(lines)
+        return result
+
+
+def piece_function(tokenizer: object, specials: set[int]) -> Callable[[int], str | None]:
+    """A tokenizer's id -> its piece (None: a special token); a tokenizer without pieces: each token
+    its own word."""
+    backend = getattr(tokenizer, "tokenizer", None)  # BPETokenizer wraps a `tokenizers.Tokenizer`
+
+    def piece(i: int) -> str | None:
+        if i in specials:
+            return None
+        return (backend.id_to_token(i) or _SPACE) if backend is not None else _SPACE + str(i)
+
+    return piece
+
+
+def split_alignment_lines(
+    aligner: Aligner,
+    encode_source: Callable[[str], list[int]],
+    sources: Sequence[str],
+    hypothesis_ids: Sequence[Sequence[int]],
+    hypotheses: Sequence[str],
+    pad_id: int,
+    device: torch.device,
+    batch_size: int = 64,
+) -> list[str]:
+    """A scored split's alignment lines (its 1-best hypotheses' token ids, EOS-terminated), in split
+    order: the sources encoded as the split was, `batch_size` sentences a pass."""
+    lines: list[str] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = range(start, min(start + batch_size, len(sources)))
+        src = _padded([encode_source(sources[i]) for i in chunk], pad_id, device)  # (b, S)
+        tokens = _padded([hypothesis_ids[i] for i in chunk], pad_id, device).unsqueeze(1)  # (b, 1, L)
+        aligned = aligner.lines(src, tokens, [sources[i] for i in chunk], [[hypotheses[i]] for i in chunk])
+        lines.extend(line for (line,) in aligned)
+    return lines
+
+
+def _padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> Tensor:
+    width = max(1, max(len(row) for row in rows))
+    return torch.tensor([list(row) + [pad_id] * (width - len(row)) for row in rows], device=device)
