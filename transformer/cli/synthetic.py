@@ -179,6 +179,8 @@ def _translate_in_ddp(cfg: DictConfig, plan: Plan, trainer: Any) -> Path:
     """In every DDP process (started by the launcher): join the process group, translate this rank's
     chunks, meet the others at the barrier; rank 0 writes the corpus."""
     trainer.strategy.setup_environment()
+    if plan.options["device"] == "auto":
+        plan.translator.to(trainer.strategy.root_device)
     shard = Shard(trainer.global_rank, trainer.world_size, trainer.strategy.barrier)
     return translate(cfg, plan, shard)
 

@@ -45,6 +45,11 @@ class Translator:
     device: torch.device
     digest: str
 
+    def to(self, device: torch.device) -> None:
+        """Decode on `device` (under DDP: this process's own)."""
+        self.model.to(device)
+        self.device = device
+
     def chunk_function(self, seed: int) -> Callable[[int, Sequence[str]], list[str]]:
         """`translate(chunk index, sentences) -> translations`: the same output for the same chunk
         whatever was translated before (sampling draws from a generator seeded by `seed` and the chunk)."""
