@@ -52,9 +52,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # distillation / back-translation: checked, then translated (under DDP by every process, started
     # now) or reused from the cache, before the data is prepared on the synthetic pairs
-    early = synthetic.wanted(cfg) and (cfg.train or cfg.test)
-    trainer = build.build_trainer(cfg, checkpoint) if early else None
-    synthetic.add_synthetic_pairs(cfg, trainer)
+    plan = synthetic.make_plan(cfg) if synthetic.wanted(cfg) else None
+    trainer = build.build_trainer(cfg, checkpoint) if plan and (cfg.train or cfg.test) else None
+    if plan is not None:
+        synthetic.add_synthetic_pairs(cfg, plan, trainer)
     datamodule = prepare_data(cfg, checkpoint)
     if not cfg.train and not cfg.test:  # prepare-only: data and tokenizer cached for later runs
         log.info("Data prepared (train=false, test=false): nothing else to do")

@@ -46,12 +46,9 @@ def wanted(cfg: DictConfig) -> bool:
     return bool(_teachers(cfg)) or OmegaConf.select(cfg, "backtranslate.model", default=None) is not None
 
 
-def add_synthetic_pairs(cfg: DictConfig, trainer: Any | None = None) -> None:
-    """Check, translate (or reuse) and hand the synthetic pairs to `cfg.data`. With a DDP `trainer` the
-    processes are started now and each translates its share."""
-    if not wanted(cfg):
-        return
-    plan = make_plan(cfg)  # every check, before any work
+def add_synthetic_pairs(cfg: DictConfig, plan: Plan, trainer: Any | None = None) -> None:
+    """Translate (or reuse) what `plan` (checked by `make_plan`) says and hand the synthetic pairs to
+    `cfg.data`. With a DDP `trainer` the processes are started now and each translates its share."""
     if trainer is not None and trainer.world_size > 1 and trainer.strategy.launcher is not None:
         entry = trainer.strategy.launcher.launch(_translate_in_ddp, cfg, plan, trainer, trainer=trainer)
     else:
@@ -60,7 +57,8 @@ def add_synthetic_pairs(cfg: DictConfig, trainer: Any | None = None) -> None:
 
 
 def make_plan(cfg: DictConfig) -> Plan:
-    """The translator and the sentences of `distill` or `backtranslate`, checked."""
+    """The translator and the sentences of `distill` or `backtranslate`, every setting, checkpoint and
+    file checked (before any work)."""
     teachers, reverse = _teachers(cfg), OmegaConf.select(cfg, "backtranslate.model", default=None)
     if teachers and reverse is not None:
         raise ConfigError("distill.teachers and backtranslate.model: use one of them in a run")
