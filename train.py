@@ -56,6 +56,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build.build_trainer(cfg, checkpoint) if plan and (cfg.train or cfg.test) else None
     if plan is not None:
         synthetic.add_synthetic_pairs(cfg, plan, trainer)
+        del plan  # the teachers' weights: not needed while the student trains
     datamodule = prepare_data(cfg, checkpoint)
     if not cfg.train and not cfg.test:  # prepare-only: data and tokenizer cached for later runs
         log.info("Data prepared (train=false, test=false): nothing else to do")

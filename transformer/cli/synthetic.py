@@ -189,7 +189,6 @@ def _hand_to_data(cfg: DictConfig, plan: Plan, entry: Path) -> None:
     if plan.name == "distill":
         pair = {"src": str(entry / "sources.txt"), "tgt": str(entry / TRANSLATIONS), "tag": None}
         copies = 0 if plan.options["mix"] == "distilled" else 1
-        files = {f"train.{src}": pair["src"], f"train.{tgt}": pair["tgt"]}
     else:
         pair = {
             "src": str(entry / TRANSLATIONS),
@@ -197,7 +196,7 @@ def _hand_to_data(cfg: DictConfig, plan: Plan, entry: Path) -> None:
             "tag": plan.options["tag"],
         }
         copies = plan.options["real_copies"]
-        files = {f"train.{src}": pair["src"], f"train.{tgt}": pair["tgt"]}
+    files = {f"train.{src}": pair["src"], f"train.{tgt}": pair["tgt"]}
     if (cfg.get("train") or cfg.get("test")) and rank_zero_only.rank == 0:
         run_dir = Path(str(cfg.paths.output_dir)) / plan.name
         run_dir.mkdir(parents=True, exist_ok=True)
