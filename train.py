@@ -30,7 +30,7 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.cli import build, checks, errors, process, results, sweeps
+from transformer.cli import build, checks, errors, process, results, sweeps, synthetic
 from transformer.disk import write_text
 from transformer.training.checkpoint_io import check_room_for_checkpoint
 
@@ -50,12 +50,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         L.seed_everything(cfg.seed, workers=True)
     checkpoint = checks.peek_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
 
+    # distillation / back-translation: checked, then translated (under DDP by every process, started
+    # now) or reused from the cache, before the data is prepared on the synthetic pairs
+    plan = synthetic.make_plan(cfg) if synthetic.wanted(cfg) else None
+    trainer = build.build_trainer(cfg, checkpoint) if plan and (cfg.train or cfg.test) else None
+    if plan is not None:
+        synthetic.add_synthetic_pairs(cfg, plan, trainer)
+        del plan  # the teachers' weights: not needed while the student trains
     datamodule = prepare_data(cfg, checkpoint)
     if not cfg.train and not cfg.test:  # prepare-only: data and tokenizer cached for later runs
         log.info("Data prepared (train=false, test=false): nothing else to do")
         return {"run_dir": str(cfg.paths.output_dir)}
     task = build.build_task(cfg, datamodule, checkpoint)
-    trainer = build.build_trainer(cfg, checkpoint)
+    trainer = trainer or build.build_trainer(cfg, checkpoint)
     if cfg.train and trainer.is_global_zero:  # refuse now if not even one checkpoint fits
         check_room_for_checkpoint(trainer, task)
 

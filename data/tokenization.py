@@ -170,10 +170,13 @@ def train_bpe(
     min_frequency: int = 2,
     show_progress: bool = False,
     length: int | None = None,
+    extra_special_tokens: Sequence[str] = (),
 ) -> BPETokenizer:
     """Train a BPE model on `texts` (NFKC-normalized, split at spaces and punctuation).
 
     The vocabulary can end up smaller than `vocab_size` when the corpus has fewer merges to offer.
+    `extra_special_tokens` (e.g. the tag of tagged back-translation) get the ids after the four fixed
+    ones: each is one token wherever it occurs in a text, never split by BPE, and dropped by `decode`.
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
@@ -181,7 +184,7 @@ def train_bpe(
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *extra_special_tokens],
         show_progress=show_progress,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer, length=length)

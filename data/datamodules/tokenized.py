@@ -129,6 +129,10 @@ class TokenizedDataModule(L.LightningDataModule):
         """Raw columns each tokenizer learns from: {"joint": [...]} or {"src": [...], "tgt": [...]}."""
         raise NotImplementedError
 
+    def _special_tokens(self) -> tuple[str, ...]:
+        """Tokens besides the four fixed ones that the tokenizer must keep whole (e.g. a tag)."""
+        return ()
+
     def _files(self, split: str) -> list[Path] | None:
         """The local files `split` is read from (their identity keys the cache), None for generated or
         hub data (keyed by the loaded split's `datasets` fingerprint)."""
@@ -204,6 +208,7 @@ class TokenizedDataModule(L.LightningDataModule):
                     "min_frequency": self.min_frequency,
                     "sample_size": self.tokenizer_sample_size,
                     "tokenizers": tokenizers.__version__,
+                    **({"special_tokens": list(self._special_tokens())} if self._special_tokens() else {}),
                 }
             )
             tag = f"{self._cache_tag(side)}-{key[:16]}"
@@ -239,6 +244,7 @@ class TokenizedDataModule(L.LightningDataModule):
             min_frequency=self.min_frequency,
             show_progress=self.show_progress,
             length=count,
+            extra_special_tokens=self._special_tokens(),
         )
 
     def _identity(self, split: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import datasets
 import numpy as np
 
-from data import sources, synthetic
+from data import cache, sources, synthetic
 from data.batching import TranslationCollator
 from data.datamodules.base import TokenBudgetDataModule
 from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE
@@ -23,6 +23,12 @@ class TranslationDataModule(TokenBudgetDataModule):
     source: "synthetic" (built-in task, splits train/val/test), "multi30k" (`data_dir` in the official
     `{split}.{lang}.gz` layout, or the hub when `data_dir` is None), "parallel" (`data_dir` with
     `{split}.{lang}` files, plain or .gz) or "hub" (`hub_name`, `hub_config`, `hub_split_names`).
+
+    `extra_train`: more training pairs, read like any local corpus: a list of {"src": FILE, "tgt": FILE,
+    "tag": TOKEN or null}, line-aligned text files (distilled targets, back-translated sources); a tag is
+    put before each of its sources and becomes a special token of the tokenizer (tagged
+    back-translation). `train_copies`: how many times the real training pairs are used (0: only the extra
+    pairs, as in distillation on the teachers' targets alone; 2: the real data upsampled twice).
     """
 
     _text_columns = ("src", "tgt")
@@ -55,6 +61,8 @@ class TranslationDataModule(TokenBudgetDataModule):
         show_progress: bool = True,
         bpe_dropout: float = 0.0,
         tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
+        extra_train: Sequence[Mapping[str, Any]] | None = None,
+        train_copies: int = 1,
     ) -> None:
         super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
         if source not in ("synthetic", "multi30k", "parallel", "hub"):
@@ -74,8 +82,24 @@ class TranslationDataModule(TokenBudgetDataModule):
         self.hub_split_names = dict(hub_split_names or {})
         self.synthetic_sizes = None if synthetic_sizes is None else dict(synthetic_sizes)
         self.joint_vocab = joint_vocab
+        self.extra_train = [_extra_pair(pair, i) for i, pair in enumerate(extra_train or [])]
+        if isinstance(train_copies, bool) or not isinstance(train_copies, int) or train_copies < 0:
+            raise ValueError(f"train_copies must be an integer >= 0, got {train_copies!r}")
+        if train_copies == 0 and not self.extra_train:
+            raise ValueError("train_copies=0 leaves no training pairs: it needs extra_train")
+        self.train_copies = train_copies
 
     def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
+        loaded = self._load_real(splits)
+        train = self.splits["train"]
+        if train in loaded and (self.extra_train or self.train_copies != 1):
+            parts = [loaded[train]] * self.train_copies
+            parts += [sources.load_parallel(p["src"], p["tgt"], p["tag"]) for p in self.extra_train]
+            loaded[train] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        return loaded
+
+    def _load_real(self, splits: Sequence[str]) -> datasets.DatasetDict:
+        """The corpus's own splits (the training split without `extra_train` and `train_copies`)."""
         if self.source == "synthetic":
             # Generating one split draws the others too (they are disjoint): keep them all.
             everything = list(dict.fromkeys([*splits, *(self.synthetic_sizes or synthetic.DEFAULT_SIZES)]))
@@ -105,6 +129,26 @@ class TranslationDataModule(TokenBudgetDataModule):
 
     def _settings(self) -> dict[str, Any]:
         return {"source": self.source, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
+
+    def _special_tokens(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p["tag"] for p in self.extra_train if p["tag"]))
+
+    def _identity(self, split: str) -> dict[str, Any]:
+        """The training split's identity also names its extra pairs' files and how often the real pairs
+        come (the real part: its files, or the fingerprint of the generated / hub split alone)."""
+        if split != self.splits["train"] or not (self.extra_train or self.train_copies != 1):
+            return super()._identity(split)
+        files = self._files(split)
+        real = (
+            {"files": [cache.file_identity(path) for path in files]}
+            if files is not None
+            else {"fingerprint": self._load_real([split])[split]._fingerprint}
+        )
+        extra = [
+            {"src": cache.file_identity(p["src"]), "tgt": cache.file_identity(p["tgt"]), "tag": p["tag"]}
+            for p in self.extra_train
+        ]
+        return {**real, "extra_train": extra, "train_copies": self.train_copies}
 
     def _cache_tag(self, side: str) -> str:
         langs = (
@@ -148,3 +192,16 @@ class TranslationDataModule(TokenBudgetDataModule):
     def references(self, split: str) -> list[str]:
         """Raw target sentences of `split` (detokenized references for sacreBLEU), indexed by `id`."""
         return self.raw_split(split)["tgt"][:]
+
+
+def _extra_pair(pair: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """One `extra_train` entry checked: {"src": path, "tgt": path, "tag": a token without spaces or None}."""
+    unknown = sorted(set(pair) - {"src", "tgt", "tag"})
+    if unknown or not pair.get("src") or not pair.get("tgt"):
+        raise ValueError(
+            f"extra_train[{index}] must be {{src: FILE, tgt: FILE, tag: TOKEN or null}}, got {dict(pair)}"
+        )
+    tag = pair.get("tag")
+    if tag is not None and (not isinstance(tag, str) or not tag or any(c.isspace() for c in tag)):
+        raise ValueError(f"extra_train[{index}].tag must be one word (e.g. <bt>) or null, got {tag!r}")
+    return {"src": str(pair["src"]), "tgt": str(pair["tgt"]), "tag": tag}

@@ -30,10 +30,11 @@ def parallel_dataset(sources: Sequence[str], targets: Sequence[str], origin: str
     return datasets.Dataset.from_dict({"src": [p[0] for p in pairs], "tgt": [p[1] for p in pairs]})
 
 
-def load_parallel(src_path: str | Path, tgt_path: str | Path) -> datasets.Dataset:
+def load_parallel(src_path: str | Path, tgt_path: str | Path, src_tag: str | None = None) -> datasets.Dataset:
     """One split from two line-aligned UTF-8 files (plain or .gz), streamed into Arrow.
 
-    Pairs with an empty side are dropped and counted, as in `parallel_dataset`.
+    Pairs with an empty side are dropped and counted, as in `parallel_dataset`. `src_tag` (e.g. "<bt>")
+    is put before every source, separated by a space (tagged back-translation marks synthetic sources).
     """
     origin = f"{src_path} / {tgt_path}"
     lines = 0
@@ -48,7 +49,7 @@ def load_parallel(src_path: str | Path, tgt_path: str | Path) -> datasets.Datase
                 raise DataError(f"{origin}: source has {n_src} lines but target has {n_tgt}")
             lines += 1
             if src and tgt:
-                yield src, tgt
+                yield (f"{src_tag} {src}" if src_tag else src), tgt
 
     dataset = arrow_dataset(pairs(), _TEXT_PAIRS)
     _check_kept(origin, lines, len(dataset))

@@ -3,8 +3,9 @@
 Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
 validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
 the hub download for commands without one), one Optuna trial, sweeps cut to two values a key, run
-directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`)
-become a checkpoint or run made here. Commands that cannot run on this machine (a GPU, SLURM, a
+directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, and
+any value of `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint,
+run or file made here. Commands that cannot run on this machine (a GPU, SLURM, a
 hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them
 run in one interpreter (`readme_driver.py`), so the libraries are imported once.
 """
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.slow
 DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"))
 HUB_ONLY = {"iwslt14_de_en", "wmt14_en_de_base"}  # corpora with no local layout: composed only
+SYNTHETIC_MODELS = ("distill.teachers", "backtranslate.model")  # docs/distillation.md's placeholders
 CANNOT_RUN_HERE = {"trainer=gpu", "trainer=ddp", "device=cuda", "hydra/launcher=slurm"}
 COMMAND = re.compile(
     r"""(?:echo\s+(?P<stdin>"[^"]*"|'[^']*')\s*\|\s*)?python\s+(?P<script>train|evaluate)\.py\b(?P<rest>.*)"""
@@ -141,6 +143,12 @@ def _plan(
             path = run if averaging else run / "checkpoints" / "last.ckpt"
             members = value.count(",") + 1 if value.startswith("[") else 0  # an ensemble: that many
             args[i] = f"ckpt_path=[{','.join([str(path)] * members)}]" if members else f"ckpt_path={path}"
+        elif key in SYNTHETIC_MODELS:  # A.ckpt, REVERSE.ckpt: the Multi30k de -> en run's checkpoint
+            path = fixtures["multi30k"] / "checkpoints" / "last.ckpt"
+            members = value.count(",") + 1 if value.startswith("[") else 0
+            args[i] = f"{key}=[{','.join([str(path)] * members)}]" if members else f"{key}={path}"
+        elif key == "backtranslate.monolingual" and "multi30k" in data:  # FILE: German text
+            args[i] = f"{key}={data['multi30k'] / 'train.de.gz'}"
         elif key == "data.data_dir":
             args[i] = f"data.data_dir={data.get(command.dataset or '', value)}"
     compose_only = any(a in CANNOT_RUN_HERE for a in args) or any(
@@ -172,6 +180,10 @@ def _plan(
         ]
         if any(a.startswith("hparams_search=") for a in args):
             tiny.append("hydra.sweeper.n_trials=1")
+        for key in SYNTHETIC_MODELS:  # a 10-step teacher: translations of 1 to 3 tokens, none empty
+            if any(a.startswith(f"{key}=") for a in args):
+                group = key.split(".")[0]
+                tiny += [f"{group}.decode.{k}" for k in ("max_len_a=0", "max_len_b=3", "min_len=1")]
     ddp = any(a.startswith("trainer=ddp") for a in args)
     command.steps = [
         {
