@@ -1,4 +1,4 @@
-"""Reliability promises (README "Reliability"), checked through the real command line where it matters:
+"""Reliability promises (docs/reliability.md), checked through the real command line where it matters:
 exact resume after SIGTERM mid-epoch, checkpoints on SIGTERM / SIGINT, SIGKILL at random moments,
 atomic checkpoint files, NaN/inf losses skipped or stopped, hostile input refused in one line.
 

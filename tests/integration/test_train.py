@@ -414,7 +414,7 @@ def test_ddp_cpu_two_processes_one_run_directory(
 def test_ddp_sigterm_to_the_launcher_then_resume_equals_the_straight_run(
     ddp_runs: dict[str, tuple[Path, subprocess.CompletedProcess]], tmp_path: Path
 ) -> None:
-    """README, Reliability: under DDP a SIGTERM acts after the next training step, the run writes
+    """docs/reliability.md: under DDP a SIGTERM acts at the next log write (here every step), the run writes
     last.ckpt and exits 143; resuming from it continues as if never stopped. SIGTERM to the launching
     process only, at the end of step 6: both ranks finish step 7 and stop there, one last.ckpt holds
     step 7, and the command exits 143 although rank 0 ends 6 s after rank 1 (not 137: Lightning's
