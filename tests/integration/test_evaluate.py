@@ -244,6 +244,8 @@ def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_pat
         "min_len": 0,
         "no_repeat_ngram_size": 0,
         "kv_cache": "auto",
+        "alignments": False,
+        "alignment_layer": -2,
     }
     assert evaluated["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert evaluated["split"] == "test" and evaluated["num_examples"] == 40
