@@ -255,7 +255,11 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[list[JobReturn]]:
                 sweeper.validate_batch_is_legal(batch)
                 results = sweeper.launcher.launch(batch, initial_job_idx=job_idx)
             if interrupted.seen:  # its KeyboardInterrupt was swallowed (raised inside a library's cleanup
-                raise KeyboardInterrupt  # callback) and the jobs ran on: the sweep stops all the same
+                # callback) and the jobs ran on to their end: the study records what they did (a pruned
+                # job's run directory says pruned, so must the study), then the sweep stops all the same
+                for trial, result in zip(trials, results):
+                    _tell(study, trial, result, settings)
+                raise KeyboardInterrupt
         except BaseException:
             _fail_running(study, trials)
             raise
