@@ -48,6 +48,10 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 WANT=$(cat "$HERE/PYTHON_VERSION")
+if ! command -v python >/dev/null && command -v python3 >/dev/null; then  # images with python3 only
+    mkdir -p "$HERE/bin" && ln -sf "$(command -v python3)" "$HERE/bin/python"
+    export PATH="$HERE/bin:$PATH"
+fi
 HAVE=$(python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")' 2>/dev/null) || {
     echo "error: no 'python' on PATH; this bundle is for Python $WANT" >&2
     exit 1
