@@ -2,9 +2,12 @@
 
     python benchmarks/constraints_eval.py CKPT [--data DIR] [--sentences N] [--beam 4] [--out FILE]
 
+`--data`: a Multi30k directory (default: $MULTI30K_DIR).
+
 For each sentence, up to two reference words that the unconstrained beam search missed (alphabetic, at
 least 4 letters, encodable without <unk>) become its required phrases. Reported: constraint satisfaction
-(token level: the phrase's pieces in the output; word level: the word among the output's words), BLEU
+(token level: the phrase's pieces in the output; word level: the word among the output's
+whitespace-separated words, punctuation around them stripped; required phrases end at word ends), BLEU
 with and without constraints over the sentences that got constraints and over all, and the time of
 constrained against unconstrained beam search at the same beam size on the constrained sentences (the
 two alternated `--repeats` times, the median of each; the ratio is only as good as the machine is quiet).
@@ -15,8 +18,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import platform
 import statistics
+import string
 import sys
 import time
 from pathlib import Path
@@ -48,7 +53,8 @@ def _decode(model, tokenizer, sources, settings, requests=None, batch=32):
             [torch.tensor(e) for e in encoded], batch_first=True, padding_value=config.pad_id
         )
         chunk = requests[start : start + batch] if requests is not None else None
-        tokens = search(model, src, settings, requests=chunk)[0][:, 0].tolist()
+        ends = tokenizer.word_continuations() if chunk is not None else ()
+        tokens = search(model, src, settings, requests=chunk, word_continuations=ends)[0][:, 0].tolist()
         rows = [row[: row.index(config.eos_id)] if config.eos_id in row else row for row in tokens]
         ids += rows
         texts += tokenizer.decode_batch(rows)
@@ -66,6 +72,11 @@ def _terms(reference: str, hypothesis: str, tokenizer: BPETokenizer, most: int =
         if len(terms) == most:
             break
     return terms
+
+
+def _words(text: str) -> set[str]:
+    """The whitespace-separated words of `text`, punctuation around them stripped ("dog," -> "dog")."""
+    return {word.strip(string.punctuation) for word in text.split()}
 
 
 def _contains(ids: list[int], phrase: tuple[int, ...]) -> bool:
@@ -95,7 +106,7 @@ def _summary(
     texts, ids = constrained
     n_terms = sum(len(r.include) for r in requests)
     token_met = sum(_contains(ids[k], p) for k, r in enumerate(requests) for p in r.include)
-    word_met = sum(w in texts[k].replace(".", " ").split() for k, i in enumerate(chosen) for w in terms[i])
+    word_met = sum(w in _words(texts[k]) for k, i in enumerate(chosen) for w in terms[i])
     combined = list(free)
     for k, i in enumerate(chosen):
         combined[i] = texts[k]
@@ -121,12 +132,16 @@ def _summary(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", type=Path)
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/multi30k"))
+    parser.add_argument(
+        "--data", type=Path, default=os.environ.get("MULTI30K_DIR"), help="default: $MULTI30K_DIR"
+    )
     parser.add_argument("--sentences", type=int, default=1014)
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.data is None:
+        parser.error("--data: no Multi30k directory given and $MULTI30K_DIR is not set")
     torch.set_grad_enabled(False)
     checkpoint = torch.load(args.ckpt, map_location="cpu", weights_only=True)
     restored = restore_model(checkpoint, args.ckpt)

@@ -71,6 +71,16 @@ class BPETokenizer:
         """The subword strings of `text` (for inspection and reports)."""
         return self.tokenizer.encode(text).tokens
 
+    def word_continuations(self) -> list[int]:
+        """Ids of the pieces that continue the word before them: no word-start mark and a letter or digit
+        first (punctuation is split off by the pre-tokenizer, so a piece like "." is not one)."""
+        specials = set(self.tokenizer.get_added_tokens_decoder())
+        return sorted(
+            i
+            for piece, i in self.tokenizer.get_vocab().items()
+            if i not in specials and not piece.startswith(_SPACE) and piece[:1].isalnum()
+        )
+
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenized text of `ids` up to the first EOS, special tokens removed."""
         return self.tokenizer.decode(self._until_eos(ids), skip_special_tokens=True)

@@ -83,6 +83,48 @@ def test_every_required_phrase_appears_in_every_output(name: str, eos_boost: flo
                 )
 
 
+CONTINUING = tuple(range(14, VOCAB))  # stand-ins for the pieces that continue a word
+
+
+def _first_end(hypothesis: list[int], phrase: tuple[int, ...]) -> int | None:
+    """The position after the phrase's first occurrence (None: it does not occur)."""
+    ends = [
+        i + len(phrase) for i in range(len(hypothesis)) if tuple(hypothesis[i : i + len(phrase)]) == phrase
+    ]
+    return ends[0] if ends else None
+
+
+@pytest.mark.parametrize("name", ["greedy", "beam4", "beam5_nbest3"])
+def test_required_phrases_end_at_a_word_end(name: str) -> None:
+    """With the tokenizer's word continuations, what follows a required phrase's first occurrence is never
+    one of them (a new word, punctuation, EOS); without them, some outputs go on inside the word."""
+    model, src = _model(), tiny_sources(BATCH, vocab=VOCAB)
+    generator = torch.Generator().manual_seed(3)
+
+    def word() -> tuple[int, ...]:  # a word start (4-13) and 0-2 pieces of any kind, as a tokenizer's word
+        rest = torch.randint(
+            4, VOCAB, (int(torch.randint(0, 3, (1,), generator=generator)),), generator=generator
+        )
+        return (int(torch.randint(4, 14, (1,), generator=generator)), *rest.tolist())
+
+    requests = [TargetRequest(include=(word(), word())) for _ in range(BATCH)]
+    settings = DecodingSettings(max_len_b=20, **SEARCHES[name])
+    after = {}
+    for continuations in ((), CONTINUING):
+        tokens, _ = search(model, src, settings, requests=requests, word_continuations=continuations)
+        after[continuations] = []
+        for b, request in enumerate(requests):
+            for k in range(tokens.shape[1]):
+                hypothesis = [*_tokens(tokens[b, k]), 2]
+                for phrase in request.include:
+                    end = _first_end(hypothesis, phrase)
+                    assert end is not None or k > 0, (b, hypothesis, request)  # n-best: may be cut short
+                    if end is not None:
+                        after[continuations].append(hypothesis[end])
+    assert not set(after[CONTINUING]) & set(CONTINUING)
+    assert set(after[()]) & set(CONTINUING)  # the rule had something to do
+
+
 def test_an_ensemble_meets_the_constraints_too() -> None:
     ensemble = Ensemble([_model(0, eos_boost=9.0), _model(1, eos_boost=9.0, d_model=16, layers=1)])
 

@@ -94,7 +94,13 @@ def _count(
     model.decode = counted
     try:
         with counter:
-            search(model, src, settings, requests=requests)
+            search(
+                model,
+                src,
+                settings,
+                requests=requests,
+                word_continuations=range(14, VOCAB) if requests else (),
+            )
     finally:
         del model.decode
     return counter.per_step

@@ -76,6 +76,19 @@ def test_decode_stops_at_eos_and_skips_specials() -> None:
     assert tok.decode_batch(torch.tensor([[*ids, 0], [1, 2] + [0] * len(ids[1:])])) == ["the dog", ""]
 
 
+def test_word_continuations_are_the_pieces_inside_words() -> None:
+    """What constrained decoding bans after a required phrase: pieces that would lengthen its last word."""
+    tok = train_bpe(["the dogs ran, the dog sat.", "a dog's day", "dogma and cats"] * 5, 38, min_frequency=1)
+    continuing = set(tok.word_continuations())
+    words = [tok.tokens(word)[1:-1] for word in ("dogs", "dogma", "cats")]  # BOS and EOS dropped
+    assert all(len(pieces) > 1 for pieces in words), words  # each word splits into pieces here
+    for pieces in words:
+        assert tok.tokenizer.token_to_id(pieces[0]) not in continuing  # a word's start ("▁dog")
+        assert all(tok.tokenizer.token_to_id(piece) in continuing for piece in pieces[1:])
+    for piece in (".", ",", "'", *tokenization.SPECIAL_TOKENS):
+        assert tok.tokenizer.token_to_id(piece) not in continuing
+
+
 def test_json_save_load_identical_ids(tmp_path: Path) -> None:
     tok = train_bpe(TINY, 60)
     restored = BPETokenizer.from_json(tok.to_json())

@@ -118,6 +118,8 @@ def _translator(
         else None
     )
 
+    continuations = tgt.word_continuations() if hasattr(tgt, "word_continuations") else ()
+
     def translate(items: list[Any]) -> list[Translation]:
         entries = [item if isinstance(item, Entry) else Entry(0, item, TargetRequest()) for item in items]
         datamodule.predict_texts = [entry.src for entry in entries]
@@ -127,7 +129,11 @@ def _translator(
             requests = [entry.request for entry in mine]
             flagged = _unsatisfiable(config, batch["src"], decoding, mine, name)
             tokens, scores = search(
-                model, batch["src"], decoding, requests=requests if any(requests) else None
+                model,
+                batch["src"],
+                decoding,
+                requests=requests if any(requests) else None,
+                word_continuations=continuations,
             )
             lists = n_best_texts(tokens, scores, tgt.decode_batch, config.eos_id, config.pad_id)
             aligned = None

@@ -79,9 +79,16 @@ class ConstraintState:
     that breaks off drops back to 0, or to 1 when the token starts it again: its progress is undone);
     `met` (N, C) marks the phrases completed. A row may produce EOS only once every phrase is met (its
     maximum length still forces EOS: `unsatisfiable` reports those sentences beforehand).
+
+    `word_continuations` (the target vocabulary's pieces that continue a word, e.g. BPE pieces without
+    the word-start mark) make a required phrase end at a word end: the token after a completed phrase may
+    not be one of them (`just_met` (N,) marks the rows whose last token completed one). Without them, a
+    phrase is met by its pieces even where they start a longer word ("dog" in "dogs").
     """
 
-    def __init__(self, requests: Sequence[TargetRequest], device: torch.device) -> None:
+    def __init__(
+        self, requests: Sequence[TargetRequest], device: torch.device, word_continuations: Sequence[int] = ()
+    ) -> None:
         self.longest_prefix = max((len(r.prefix) for r in requests), default=0)
         self.prefix = _table([r.prefix for r in requests], device)  # (B, P)
         self.phrases = _phrases([r.include for r in requests], device)  # (B, C, L)
@@ -95,12 +102,19 @@ class ConstraintState:
         self.sentence = torch.arange(len(requests), device=device)  # (N,)
         self.progress = torch.zeros(self.phrases.shape[:2], dtype=torch.long, device=device)  # (N, C)
         self.met = torch.zeros(self.phrases.shape[:2], dtype=torch.bool, device=device)  # (N, C)
+        self.continuations = (
+            torch.tensor(sorted(set(word_continuations)), dtype=torch.long, device=device)
+            if word_continuations and self.has_include
+            else None
+        )
+        self.just_met = torch.zeros(len(requests), dtype=torch.bool, device=device)  # (N,)
 
     def repeat(self, times: int) -> ConstraintState:
         """Each sentence's rows `times` times in a row (sampling's n independent samples)."""
         self.sentence = self.sentence.repeat_interleave(times)
         self.progress = self.progress.repeat_interleave(times, dim=0)
         self.met = self.met.repeat_interleave(times, dim=0)
+        self.just_met = self.just_met.repeat_interleave(times)
         return self
 
     # -- the step's rules ------------------------------------------------------------------------------
@@ -108,7 +122,8 @@ class ConstraintState:
     def restrict(self, log_probs: Tensor, step: int, history: Tensor | None, eos_id: int) -> None:
         """Write the constraints into the step's log_probs (N, V) in place: the prefix token forced
         while a row's prefix lasts (keeping its real log-probability), avoided phrases' last tokens
-        banned where the rest was just produced, EOS banned while a required phrase is unmet."""
+        banned where the rest was just produced, EOS banned while a required phrase is unmet, a word's
+        continuation banned right after a completed phrase (with `word_continuations`)."""
         forced = None
         if step < self.longest_prefix:
             forced = self.prefix[self.sentence, step].unsqueeze(1)  # (N, 1), -1: the prefix is over
@@ -118,6 +133,11 @@ class ConstraintState:
         if self.has_include:
             unmet = (~self.met & self.phrase_lengths[self.sentence].gt(0)).any(dim=1)  # (N,)
             log_probs[:, eos_id] = log_probs[:, eos_id].masked_fill(unmet, -math.inf)
+        if self.continuations is not None:  # (N, k): -inf where the row just met a phrase
+            ended = torch.zeros_like(log_probs[:, : self.continuations.numel()]).masked_fill_(
+                self.just_met.unsqueeze(1), -math.inf
+            )
+            log_probs.index_add_(1, self.continuations, ended)
         if forced is not None:
             forcing = forced >= 0  # (N, 1)
             vocab = torch.arange(log_probs.shape[-1], device=log_probs.device)
@@ -145,11 +165,14 @@ class ConstraintState:
     def select(self, rows: Tensor) -> None:
         """The rows (n',) that go on (the parents of the new beams, or the rows still decoding)."""
         self.sentence, self.progress, self.met = self.sentence[rows], self.progress[rows], self.met[rows]
+        self.just_met = self.just_met[rows]
 
     def advance(self, tokens: Tensor) -> None:
         """Every row (N,) produced `tokens` (N,): its progress moves on."""
         if self.has_include:
+            before = self.met
             self.progress, self.met = self._advanced(self.sentence, self.progress, self.met, tokens)
+            self.just_met = (self.met & ~before).any(dim=1)
 
     def _advanced(
         self, sentence: Tensor, progress: Tensor, met: Tensor, tokens: Tensor

@@ -184,18 +184,21 @@ def search(
     settings: DecodingSettings,
     generator: torch.Generator | None = None,
     requests: Sequence[TargetRequest] | None = None,
+    word_continuations: Sequence[int] = (),
 ) -> tuple[Tensor, Tensor]:
     """src (B, S) -> (hypotheses (B, n_best, L) long, scores (B, n_best) float) as `settings` say, best
     first. Scores are the search's own: summed log-probabilities / ((5 + len) / 6) ** length_penalty.
     `generator` fixes sampling's draws (None: torch's global RNG, as seeded by the entry points).
     `requests` (one per sentence, `transformer.search.constraints`): target prefixes, required and
     avoided phrases; greedy search with any of them is beam search with one beam (the same tokens),
-    sampling takes prefixes and avoided phrases only."""
+    sampling takes prefixes and avoided phrases only. `word_continuations` (the target tokenizer's
+    pieces that continue a word) make every required phrase end at a word end."""
     lengths = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
     rules, stepping = settings.rules(model), settings.stepping(src.device)
     if requests is not None and any(requests):
         _check_requests(settings, requests, src.size(0))
-        rules = dataclasses.replace(rules, constraints=ConstraintState(requests, src.device))
+        constraints = ConstraintState(requests, src.device, word_continuations)
+        rules = dataclasses.replace(rules, constraints=constraints)
     with eval_mode(model):
         if settings.sampling:
             sampler = Sampler(settings.top_k, settings.top_p, generator)
