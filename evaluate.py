@@ -154,7 +154,8 @@ def score_and_write(
 def write_alignments(
     path: Path, model: Any, datamodule: Any, result: Any, decoding: DecodingSettings
 ) -> Path:
-    """decode.alignments=true: the 1-best hypotheses' word alignments (Pharaoh), one line per sentence."""
+    """decode.alignments=true: the hypotheses' word alignments (Pharaoh), one line per sentence; with
+    decode.n_best > 1 one `id ||| pairs` line per hypothesis, as nbest.txt and translate.input do."""
     config = model.config
     specials = {config.pad_id, config.bos_id, config.eos_id}
     aligner = word_alignments.Aligner(
@@ -165,16 +166,26 @@ def write_alignments(
     )
     device = next(model.parameters()).device
     tokenizer = datamodule.src_tokenizer
+    n_best = bool(result.n_best)
+    ids = result.n_best_ids if n_best else [[ids] for ids in result.hypothesis_ids]
+    texts = (
+        [[text for text, _ in hyps] for hyps in result.n_best] if n_best else [[h] for h in result.hypotheses]
+    )
     lines = word_alignments.split_alignment_lines(
         aligner,
         lambda text: tokenizer.encode(text)[: datamodule.max_len],
         result.sources,
-        result.hypothesis_ids,
-        result.hypotheses,
+        ids,
+        texts,
         config.pad_id,
         device,
     )
-    return write_text(path, "".join(line + "\n" for line in lines), "the word alignments")
+    text = "".join(
+        f"{i} ||| {line}\n" if n_best else f"{line}\n"
+        for i, sentence in enumerate(lines)
+        for line in sentence
+    )
+    return write_text(path, text, "the word alignments")
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")

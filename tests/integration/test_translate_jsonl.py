@@ -219,6 +219,26 @@ def test_stdin_bad_lines_and_split_alignments(checkpoint: Path, tmp_path: Path) 
         assert sorted(int(pair.split("-")[1]) for pair in line.split()) == list(
             range(len(hypothesis.split()))
         )
+    n_best = _run(
+        "evaluate.py",
+        [
+            f"ckpt_path={checkpoint}",
+            f"hydra.run.dir={tmp_path / 'd'}",
+            "decode.alignments=true",
+            "decode.beam_size=4",
+            "decode.n_best=3",
+            "report.enabled=false",
+        ],
+    )
+    assert n_best.returncode == 0, n_best.stderr[-2000:]
+    entries = [line.split(" ||| ") for line in (tmp_path / "d" / "nbest.txt").read_text("utf-8").splitlines()]
+    aligned = [
+        line.split(" ||| ") for line in (tmp_path / "d" / "alignments.txt").read_text("utf-8").splitlines()
+    ]
+    assert len(aligned) == len(entries) > 20  # one line per hypothesis, in the n-best list's order
+    for (index, text, _), (same_index, pairs) in zip(entries, aligned):
+        assert index == same_index
+        assert sorted(int(pair.split("-")[1]) for pair in pairs.split()) == list(range(len(text.split())))
 
 
 @pytest.mark.slow

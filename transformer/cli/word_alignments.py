@@ -91,21 +91,24 @@ def split_alignment_lines(
     aligner: Aligner,
     encode_source: Callable[[str], list[int]],
     sources: Sequence[str],
-    hypothesis_ids: Sequence[Sequence[int]],
-    hypotheses: Sequence[str],
+    hypothesis_ids: Sequence[Sequence[Sequence[int]]],
+    hypotheses: Sequence[Sequence[str]],
     pad_id: int,
     device: torch.device,
     batch_size: int = 64,
-) -> list[str]:
-    """A scored split's alignment lines (its 1-best hypotheses' token ids, EOS-terminated), in split
-    order: the sources encoded as the split was, `batch_size` sentences a pass."""
-    lines: list[str] = []
+) -> list[list[str]]:
+    """A scored split's alignment lines, in split order: per sentence one line for each of its hypotheses
+    (`hypothesis_ids[i]`: their token ids, EOS-terminated, best first; `hypotheses[i]`: their texts), the
+    sources encoded as the split was, `batch_size` sentences a pass."""
+    lines: list[list[str]] = []
     for start in range(0, len(sources), batch_size):
         chunk = range(start, min(start + batch_size, len(sources)))
         src = _padded([encode_source(sources[i]) for i in chunk], pad_id, device)  # (b, S)
-        tokens = _padded([hypothesis_ids[i] for i in chunk], pad_id, device).unsqueeze(1)  # (b, 1, L)
-        aligned = aligner.lines(src, tokens, [sources[i] for i in chunk], [[hypotheses[i]] for i in chunk])
-        lines.extend(line for (line,) in aligned)
+        most = max(len(hypothesis_ids[i]) for i in chunk)  # fewer for a sentence: all-pad rows, unread
+        rows = [list(hypothesis_ids[i]) + [[]] * (most - len(hypothesis_ids[i])) for i in chunk]
+        tokens = _padded([row for sentence in rows for row in sentence], pad_id, device)  # (b * n, L)
+        tokens = tokens.view(len(chunk), most, -1)
+        lines += aligner.lines(src, tokens, [sources[i] for i in chunk], [hypotheses[i] for i in chunk])
     return lines
 
 

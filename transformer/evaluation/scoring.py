@@ -69,6 +69,7 @@ class TranslationResult:
     sentence_bleu: list[float]
     # with n_best > 1: per sentence its hypotheses (text, the search's score), best first; else empty
     n_best: list[list[tuple[str, float]]] = field(default_factory=list)
+    n_best_ids: list[list[list[int]]] = field(default_factory=list)  # their token ids, as hypothesis_ids
 
 
 # force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
@@ -122,16 +123,18 @@ def score_translation(
     sums = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     hypotheses: dict[int, tuple[str, list[int]]] = {}
     n_best: dict[int, list[tuple[str, float]]] = {}
+    n_best_ids: dict[int, list[list[int]]] = {}
     eos_id, pad_id = model.config.eos_id, model.config.pad_id
     with torch.no_grad():
         for batch in batches:
             _add_teacher_forced(sums, model, batch, label_smoothing)
             tokens, scores = search(model, batch["src"], decoding)  # (B, N, L), (B, N) best first
             lists = n_best_texts(tokens, scores, decode_ids, eos_id, pad_id)
-            for index, hyps, row in zip(batch["id"].tolist(), lists, tokens[:, 0]):
-                hypotheses[index] = (hyps[0][0], _until_eos(row, eos_id, pad_id))
-                if decoding.n_best > 1:
+            for index, hyps, rows in zip(batch["id"].tolist(), lists, tokens):
+                hypotheses[index] = (hyps[0][0], _until_eos(rows[0], eos_id, pad_id))
+                if decoding.n_best > 1:  # the kept hypotheses are the first ones (best first)
                     n_best[index] = hyps
+                    n_best_ids[index] = [_until_eos(row, eos_id, pad_id) for row in rows[: len(hyps)]]
     _check_every_example(hypotheses, len(references))
     hyps = [hypotheses[i][0] for i in range(len(references))]
     refs = list(references)
@@ -145,6 +148,7 @@ def score_translation(
         hypothesis_ids=[hypotheses[i][1] for i in range(len(references))],
         sentence_bleu=[sentence.sentence_score(h, [r]).score for h, r in zip(hyps, refs)],
         n_best=[n_best[i] for i in range(len(references))] if n_best else [],
+        n_best_ids=[n_best_ids[i] for i in range(len(references))] if n_best else [],
     )
 
 
