@@ -220,6 +220,18 @@ def check_pip() -> None:
         )
 
 
+def remove_contents(out: Path, created: bool) -> None:
+    """What a failed build wrote: the whole folder if the build made it, else everything inside."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for path in out.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def copy_repository(out: Path) -> int:
     """The tracked files as they are in the working tree (no data, no build output); returns the count."""
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=False)
@@ -281,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 wheels = build(args, Path(tmp), out)
                 files = copy_repository(out)
             except BaseException:  # no half bundle left behind
-                shutil.rmtree(out, ignore_errors=True) if created else [
-                    shutil.rmtree(p) for p in out.iterdir()
-                ]
+                remove_contents(out, created)
                 raise
     except BundleError as error:
         print(f"error: {error}", file=sys.stderr)

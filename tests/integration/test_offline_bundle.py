@@ -82,6 +82,11 @@ def test_bundle_refuses_a_used_folder_and_a_malformed_freeze_file(tmp_path: Path
     done = _run(["bash", script, str(tmp_path / "new"), "--have", str(have)], tmp_path, PYTHON=sys.executable)
     assert done.returncode == 1 and f"{have}:2" in done.stderr and len(done.stderr.splitlines()) == 1
     assert not (tmp_path / "new").exists()
+    empty = tmp_path / "empty"  # a folder the user made is emptied by a failed build, never removed
+    empty.mkdir()
+    done = _run(["bash", script, str(empty), "--have", str(have)], tmp_path, PYTHON=sys.executable)
+    assert done.returncode == 1 and f"{have}:2" in done.stderr
+    assert empty.is_dir() and not list(empty.iterdir())
 
 
 def test_bench_gpu_runs_from_a_plain_copy_with_only_a_gpu_images_packages(tmp_path: Path) -> None:
