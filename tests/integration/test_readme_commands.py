@@ -143,12 +143,14 @@ def _plan(
             path = run if averaging else run / "checkpoints" / "last.ckpt"
             members = value.count(",") + 1 if value.startswith("[") else 0  # an ensemble: that many
             args[i] = f"ckpt_path=[{','.join([str(path)] * members)}]" if members else f"ckpt_path={path}"
-        elif key in SYNTHETIC_MODELS:  # A.ckpt, REVERSE.ckpt: the Multi30k de -> en run's checkpoint
-            path = fixtures["multi30k"] / "checkpoints" / "last.ckpt"
+        elif key in SYNTHETIC_MODELS:  # teachers: a de -> en run; a reverse model: the student's reverse
+            reverse = key == "backtranslate.model" and "experiment=multi30k_de_en" in args
+            path = fixtures["multi30k_en_de" if reverse else "multi30k"] / "checkpoints" / "last.ckpt"
             members = value.count(",") + 1 if value.startswith("[") else 0
             args[i] = f"{key}=[{','.join([str(path)] * members)}]" if members else f"{key}={path}"
-        elif key == "backtranslate.monolingual" and "multi30k" in data:  # FILE: German text
-            args[i] = f"{key}={data['multi30k'] / 'train.de.gz'}"
+        elif key == "backtranslate.monolingual" and "multi30k" in data:  # FILE: the student's target text
+            language = "en" if "experiment=multi30k_de_en" in args else "de"
+            args[i] = f"{key}={data['multi30k'] / f'train.{language}.gz'}"
         elif key == "data.data_dir":
             args[i] = f"data.data_dir={data.get(command.dataset or '', value)}"
     compose_only = any(a in CANNOT_RUN_HERE for a in args) or any(
@@ -254,7 +256,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         data["multi30k"] = _tiny_multi30k(Path(os.environ["MULTI30K_DIR"]), tmp / "multi30k")
     if os.environ.get("SST2_DIR"):
         data["sst2"] = _tiny_sst2(Path(os.environ["SST2_DIR"]), tmp / "sst2")
-    fixtures = {"quickstart": tmp / "fixtures" / "quickstart", "multi30k": tmp / "fixtures" / "multi30k"}
+    fixtures = {name: tmp / "fixtures" / name for name in ("quickstart", "multi30k", "multi30k_en_de")}
     # the runs the placeholders point at: the quickstart, and a Multi30k run with five checkpoints
     base = ["++callbacks.rich_progress_bar=null", "logger=csv", f"paths.cache_dir={tmp / 'cache'}"]
     steps = [
@@ -277,6 +279,20 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                     "++trainer.limit_test_batches=1",
                     "callbacks.model_checkpoint.save_top_k=-1",
                     f"hydra.run.dir={fixtures['multi30k']}",
+                ],
+            }
+        )
+        steps.append(  # the reverse model of a de -> en student's back-translation
+            {
+                "script": str(REPO_ROOT / "train.py"),
+                "args": [
+                    *base,
+                    "experiment=multi30k_en_de",
+                    f"data.data_dir={data['multi30k']}",
+                    "trainer.max_steps=2",
+                    "++trainer.limit_val_batches=1",
+                    "test=false",
+                    f"hydra.run.dir={fixtures['multi30k_en_de']}",
                 ],
             }
         )
