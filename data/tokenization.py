@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # their ids are their positions: 0, 1, 2, 3
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
-_SPACE = "▁"  # SentencePiece's visible space: marks word starts so decoding restores spaces exactly
+WORD_START = "▁"  # SentencePiece's visible space: marks word starts so decoding restores spaces exactly
 
 
 @runtime_checkable
@@ -78,7 +78,7 @@ class BPETokenizer:
         return sorted(
             i
             for piece, i in self.tokenizer.get_vocab().items()
-            if i not in specials and not piece.startswith(_SPACE) and piece[:1].isalnum()
+            if i not in specials and not piece.startswith(WORD_START) and piece[:1].isalnum()
         )
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -208,10 +208,9 @@ def _pipeline() -> tokenizers.Tokenizer:
     tokenizer.normalizer = normalizers.NFKC()
     # Metaspace keeps spaces as "▁" so decode(encode(x)) == x; punctuation is split off so that
     # "Hund." and "Hund" share one token.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="always"), pre_tokenizers.Punctuation()]
-    )
-    tokenizer.decoder = decoders.Metaspace(replacement=_SPACE, prepend_scheme="always")
+    metaspace = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([metaspace, pre_tokenizers.Punctuation()])
+    tokenizer.decoder = decoders.Metaspace(replacement=WORD_START, prepend_scheme="always")
     return tokenizer
 
 
@@ -279,7 +278,7 @@ class CorpusEncoder:
     def _split(self, text: str) -> list[str] | None:
         """The chunks of `text`, or None when it must be encoded whole."""
         chunks = text.split(" ")
-        if "" in chunks or _SPACE in text:
+        if "" in chunks or WORD_START in text:
             return None
         if any(start in text for start in self._special_starts) and any(s in text for s in self._specials):
             return None

@@ -9,23 +9,22 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from data.tokenization import WORD_START
 from transformer.search.alignments import cross_attention, word_alignment
 from transformer.search.step import Searchable
 
 __all__ = ["Aligner", "pharaoh", "piece_function", "split_alignment_lines", "word_index"]
 
-_SPACE = "▁"  # the project's BPE marks word starts with it (data.tokenization)
-
 
 def word_index(pieces: Sequence[str | None]) -> list[int]:
     """Subword pieces (None: a special token) -> the word of each (-1: none): a piece that starts with
-    "▁" starts a new word, the others continue it (the way the tokenizer's decoder joins them)."""
+    WORD_START ("▁") starts a new word, the others continue it (as the tokenizer's decoder joins them)."""
     index, word = [], -1
     for piece in pieces:
         if piece is None:
             index.append(-1)
             continue
-        if piece.startswith(_SPACE) or word < 0:
+        if piece.startswith(WORD_START) or word < 0:
             word += 1
         index.append(word)
     return index
@@ -82,7 +81,7 @@ def piece_function(tokenizer: object, specials: set[int]) -> Callable[[int], str
     def piece(i: int) -> str | None:
         if i in specials:
             return None
-        return (backend.id_to_token(i) or _SPACE) if backend is not None else _SPACE + str(i)
+        return (backend.id_to_token(i) or WORD_START) if backend is not None else WORD_START + str(i)
 
     return piece
 
