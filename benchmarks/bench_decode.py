@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_deploy import deploy_methods
+from decode_deploy import deploy_methods, length_batches
 from decode_report import deploy_table
 from decode_timing import interleaved, paired_ratio
 from references import BOS, EOS, PAD, MarianReference, load_revision, make_batches
@@ -279,9 +279,8 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
     source = load_source(args.export_ckpt)
     texts, references = _load_split(source, args)
     threads = torch.get_num_threads()
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))  # similar lengths batched together
     step = args.sentences_per_batch
-    batches = [[(i, texts[i]) for i in order[k : k + step]] for k in range(0, len(order), step)]
+    batches = length_batches(texts, step)
     load = os.getloadavg()
     print(
         f"torch {torch.__version__}, cpu, float32, {threads} threads (CTranslate2: inter_threads={threads}, "

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling modules; the repository, when not installed
 
 import torch  # noqa: E402
-from decode_deploy import ct2_runner, ct2_translator, ours_runner, prepare  # noqa: E402
+from decode_deploy import ct2_runner, ct2_translator, length_batches, ours_runner, prepare  # noqa: E402
 from decode_timing import interleaved, paired_ratio  # noqa: E402
 
 ROLES = ("teacher", "student")
@@ -82,9 +82,8 @@ def main() -> None:
         parser.error(f"the student translates {pairs['student']}, the teacher {pairs['teacher']}")
     texts, references = _split(args.data_dir, args.split, teacher.run_config, args.quick)
     repeats = 1 if args.quick else args.repeats
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
     step = args.sentences_per_batch
-    batches = [[(i, texts[i]) for i in order[k : k + step]] for k in range(0, len(order), step)]
+    batches = length_batches(texts, step)
     load = os.getloadavg()
     print(
         f"torch {torch.__version__}, cpu, {threads} threads (CTranslate2 int8: inter_threads={threads}, "

@@ -50,6 +50,13 @@ class PreparedSplit:
         return out
 
 
+def length_batches(texts: list[str], size: int) -> list[list[tuple[int, str]]]:
+    """(index, text) groups of `size`, the texts sorted by their number of words: similar lengths batched
+    together, the same batches for every model whatever its tokenizer."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
+    return [[(i, texts[i]) for i in order[k : k + size]] for k in range(0, len(order), size)]
+
+
 def prepare(source: ExportSource, batches: list[list[tuple[int, str]]]) -> PreparedSplit:
     """Tokenize `batches` (lists of (index, text) of similar length) once for every runner."""
     import tokenizers
