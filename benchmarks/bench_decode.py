@@ -49,13 +49,12 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_deploy import deploy_methods, length_batches
+from decode_deploy import deploy_methods, length_batches, load_split
 from decode_report import deploy_table
 from decode_timing import interleaved, paired_ratio
 from references import BOS, EOS, PAD, MarianReference, load_revision, make_batches
@@ -64,9 +63,6 @@ from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer
 from transformer.search.decoding import beam_search, greedy_search, sample
 from transformer.search.ensemble import Ensemble
-
-if TYPE_CHECKING:
-    from transformer.export.source import ExportSource
 
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
@@ -258,18 +254,6 @@ def synthetic_benchmark(args: argparse.Namespace) -> None:
 # --- a trained checkpoint and its exports (--export-ckpt) ---------------------------------------------------
 
 
-def _load_split(source: ExportSource, args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """The split's source texts and references (the first 16 with --quick, which also sets 1 repeat)."""
-    from data.sources import load_multi30k
-
-    data = source.run_config.get("data") or {}
-    split = load_multi30k(args.data_dir, [args.split], data.get("src_lang", "de"), data.get("tgt_lang", "en"))
-    texts, references = split[args.split]["src"][:], split[args.split]["tgt"][:]
-    if args.quick:
-        texts, references, args.repeats = texts[:16], references[:16], 1
-    return texts, references
-
-
 def deploy_benchmark(args: argparse.Namespace) -> None:
     """--export-ckpt: ours vs CTranslate2 float32 / int8 vs transformers on a real split (see the top)."""
     import tempfile
@@ -277,7 +261,8 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
     from transformer.export.source import load_source
 
     source = load_source(args.export_ckpt)
-    texts, references = _load_split(source, args)
+    texts, references = load_split(args.data_dir, args.split, source.run_config, args.quick)
+    args.repeats = 1 if args.quick else args.repeats
     threads = torch.get_num_threads()
     step = args.sentences_per_batch
     batches = length_batches(texts, step)

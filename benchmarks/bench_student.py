@@ -32,19 +32,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the sibling modules; the repository, when not installed
 
 import torch  # noqa: E402
-from decode_deploy import ct2_runner, ct2_translator, length_batches, ours_runner, prepare  # noqa: E402
+from decode_deploy import ct2_runner, ct2_translator, length_batches, load_split, ours_runner, prepare  # noqa: E402
 from decode_timing import interleaved, paired_ratio  # noqa: E402
 
 ROLES = ("teacher", "student")
-
-
-def _split(data_dir: str, split: str, run_config: dict, quick: bool) -> tuple[list[str], list[str]]:
-    from data.sources import load_multi30k
-
-    data = run_config.get("data") or {}
-    loaded = load_multi30k(data_dir, [split], data.get("src_lang", "de"), data.get("tgt_lang", "en"))
-    texts, references = loaded[split]["src"][:], loaded[split]["tgt"][:]
-    return (texts[:16], references[:16]) if quick else (texts, references)
 
 
 def main() -> None:
@@ -80,7 +71,7 @@ def main() -> None:
     }
     if pairs["student"] != pairs["teacher"]:
         parser.error(f"the student translates {pairs['student']}, the teacher {pairs['teacher']}")
-    texts, references = _split(args.data_dir, args.split, teacher.run_config, args.quick)
+    texts, references = load_split(args.data_dir, args.split, teacher.run_config, args.quick)
     repeats = 1 if args.quick else args.repeats
     step = args.sentences_per_batch
     batches = length_batches(texts, step)

@@ -50,6 +50,17 @@ class PreparedSplit:
         return out
 
 
+def load_split(data_dir: str, split: str, run_config: dict, quick: bool) -> tuple[list[str], list[str]]:
+    """The Multi30k split's source texts and references in the checkpoint's direction (`run_config`: its
+    training config); the first 16 of each with `quick`."""
+    from data.sources import load_multi30k
+
+    data = run_config.get("data") or {}
+    loaded = load_multi30k(data_dir, [split], data.get("src_lang", "de"), data.get("tgt_lang", "en"))
+    texts, references = loaded[split]["src"][:], loaded[split]["tgt"][:]
+    return (texts[:16], references[:16]) if quick else (texts, references)
+
+
 def length_batches(texts: list[str], size: int) -> list[list[tuple[int, str]]]:
     """(index, text) groups of `size`, the texts sorted by their number of words: similar lengths batched
     together, the same batches for every model whatever its tokenizer."""
