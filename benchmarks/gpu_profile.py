@@ -1,6 +1,7 @@
 """Where a training step's time goes: bench_gpu.py's eager training case under torch.profiler.
 
-    python benchmarks/gpu_profile.py [--models ours,torch] [--smoke] [--results-dir DIR]
+    python benchmarks/gpu_profile.py [--models ours,torch] [--no-cudnn-sdp] [--loss-chunk-elements N]
+                                     [--smoke] [--results-dir DIR]
 
 For each model: the step time over the bench's varying batches and over one batch repeated (does a new
 shape cost?), then one profiled step: wall time, the GPU's busy time (the sum of its kernels), the number
@@ -23,6 +24,7 @@ from bench_gpu import SMOKE, WMT_BASE
 from gpu_train import _build, wmt_batches
 from torch.profiler import ProfilerActivity, profile
 
+from transformer import losses
 from transformer.config import TransformerConfig
 
 
@@ -59,7 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, fp32, on the CPU")
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--results-dir", default=None)
+    parser.add_argument("--no-cudnn-sdp", action="store_true", help="SDPA without the cuDNN backend (A/B)")
+    parser.add_argument(
+        "--loss-chunk-elements", type=int, default=None, help="the loss's row chunk on CUDA, in elements (A/B)"
+    )
     args = parser.parse_args(argv)
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    if args.loss_chunk_elements:
+        losses._CHUNK_ELEMENTS_BY_DEVICE["cuda"] = args.loss_chunk_elements
+    variant = f"cudnn_sdp={not args.no_cudnn_sdp} loss_chunk={losses._CHUNK_ELEMENTS_BY_DEVICE['cuda']}"
     device = torch.device("cpu" if args.smoke else "cuda")
     shape = SMOKE if args.smoke else WMT_BASE
     vocab, tokens = (1000, 300) if args.smoke else (32_000, 25_000)
@@ -67,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     batches = [b.to(device) for b in wmt_batches(max(args.batches, 4), tokens, vocab)]
     out = []
     for name in args.models.split(","):
-        text = profile_model(name, config, batches, device, bf16=not args.smoke)
+        text = f"[{variant}] " + profile_model(name, config, batches, device, bf16=not args.smoke)
         print(text, flush=True)
         out.append(text)
     if args.results_dir:
-        Path(args.results_dir, "gpu_profile.txt").write_text("\n\n".join(out) + "\n")
+        with open(Path(args.results_dir, "gpu_profile.txt"), "a") as file:
+            file.write("\n\n".join(out) + "\n\n")
     return 0
 
 
