@@ -14,19 +14,22 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
-from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from hydra_plugins.aiayn_optuna_sweeper._space import parse_space
 from tests.conftest import REPO_ROOT, cli_env
 from tests.integration.test_train import TINY, _cli
 from transformer.evaluation.sweep_report import write_report
+
+# the Optuna sweeper is an extra (`aiayn[sweep]`): a GPU image without it still runs `pytest -m gpu`
+optuna = pytest.importorskip("optuna")
+from optuna.distributions import CategoricalDistribution, IntDistribution  # noqa: E402
+
+from hydra_plugins.aiayn_optuna_sweeper._space import parse_space  # noqa: E402
 
 CONFIGS = REPO_ROOT / "configs"
 SEARCHES = sorted(p.stem for p in (CONFIGS / "hparams_search").glob("*.yaml"))

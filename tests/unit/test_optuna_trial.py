@@ -7,13 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
-import optuna
 import pytest
 import torch
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from transformer.training.optuna_trial import PRUNED_AT_STEP, OptunaTrialReporter
+
+# the Optuna sweeper is an extra (`aiayn[sweep]`): a GPU image without it still runs `pytest -m gpu`
+optuna = pytest.importorskip("optuna")
 
 
 class _AlwaysPrune(optuna.pruners.BasePruner):

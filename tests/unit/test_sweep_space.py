@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import optuna
 import pytest
 from omegaconf import OmegaConf
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from hydra_plugins.aiayn_optuna_sweeper._space import SweepConfigError, parse_space
-from hydra_plugins.aiayn_optuna_sweeper._study import open_study, read_settings
+# the Optuna sweeper is an extra (`aiayn[sweep]`): a GPU image without it still runs `pytest -m gpu`
+optuna = pytest.importorskip("optuna")
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution  # noqa: E402
+
+from hydra_plugins.aiayn_optuna_sweeper._space import SweepConfigError, parse_space  # noqa: E402
+from hydra_plugins.aiayn_optuna_sweeper._study import open_study, read_settings  # noqa: E402
 
 GRAMMAR = [
     ("choice(64, 128, 192)", CategoricalDistribution([64, 128, 192])),
