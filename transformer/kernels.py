@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = ["RotaryLike", "attend", "check_masks", "make_causal_mask", "merge_masks"]
 
@@ -30,6 +30,15 @@ _SDPA_ZEROES_EMPTY_ROWS = frozenset({"cpu"})
 # other devices' kernels are not known to (pytorch#196678: cuDNN's backward gives NaN for very small
 # row log-sum-exps); there the rows are fixed up by hand. A CUDA test (-m gpu) checks each backend.
 _ZEROING_BACKENDS = frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION})
+# Devices whose SDPA runs without cuDNN's backend. cuDNN builds an execution plan for every new input
+# shape: 0.2-0.3 s each on an H200 (torch 2.11), and length-bucketed batches make nearly every training
+# step and every decoding batch a new shape (a WMT-base bf16 training step over varying batches: 0.31 s
+# with cuDNN first, as torch 2.11 orders the backends on Hopper, 0.076 s without; on one batch repeated
+# 0.088 and 0.082 s; benchmarks/results/2026-11-27_h200_gpu_profile.txt). What is left (flash, then
+# memory-efficient, then math) zeroes fully masked rows itself, so no row needs fixing up there either.
+_WITHOUT_CUDNN_DEVICES = frozenset({"cuda"})
+_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_TORCH_ZEROES_EMPTY_ROWS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # see above
 
 
 def make_causal_mask(
@@ -153,10 +162,26 @@ def _sdpa(
 ) -> Tensor:
     """F.scaled_dot_product_attention -> (B, H, T, Dh); query rows with every key masked give zeros.
 
-    Most kernels do that themselves (`_ZEROING_BACKENDS`): then nothing is added. Otherwise an empty row
-    attends to every key (finite) and its output is zeroed: 3 kernels for a boolean mask (4 for a
-    float one), the last one over the output.
+    Runs without cuDNN's kernel on `_WITHOUT_CUDNN_DEVICES`. Most kernels zero empty rows themselves
+    (`_ZEROING_BACKENDS`): then nothing is added. Otherwise an empty row attends to every key (finite) and
+    its output is zeroed: 3 kernels for a boolean mask (4 for a float one), the last one over the output.
     """
+    if q.device.type in _WITHOUT_CUDNN_DEVICES:
+        with sdpa_kernel(_WITHOUT_CUDNN):  # traced by torch.compile, no graph break
+            return _sdpa_zeroing(q, k, v, mask, dropout_p, is_causal, fix_empty_rows)
+    return _sdpa_zeroing(q, k, v, mask, dropout_p, is_causal, fix_empty_rows)
+
+
+def _sdpa_zeroing(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    fix_empty_rows: bool,
+) -> Tensor:
+    """`_sdpa` inside its choice of backends."""
     fix = (
         fix_empty_rows and mask is not None and _kernel_leaves_empty_rows(q, k, v, mask, dropout_p, is_causal)
     )
@@ -176,6 +201,8 @@ def _kernel_leaves_empty_rows(
 ) -> bool:
     """Whether the SDPA kernel these inputs go to may leave a fully masked query row non-zero (NaN)."""
     if q.device.type in _SDPA_ZEROES_EMPTY_ROWS:
+        return False
+    if q.device.type in _WITHOUT_CUDNN_DEVICES and _TORCH_ZEROES_EMPTY_ROWS:  # only zeroing backends left
         return False
     if torch.compiler.is_compiling():  # torch's chooser cannot be traced; the compiler fuses the fix-up
         return True

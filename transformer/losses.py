@@ -30,12 +30,13 @@ class TokenLoss(NamedTuple):
 # Smaller chunks that stay in cache were faster on one thread, but each chunk costs every kernel a parallel
 # region, and on the loaded 2-core machine (threads waiting for each other) 1M-element chunks were 2-3x
 # slower than one piece (benchmarks/bench_loss.py --chunks); at 16M elements both are as fast as one piece.
-# On a GPU the chunk is sized for the L2 cache instead (16 MiB per float32 temporary, at most two alive: 32
-# MiB, under an A100's 40 MB and an H100's 50 MB), so that only the padded logits and gradient travel to and
-# from memory; the price is ~8 kernel launches per chunk (about 200 chunks at 28k x 32k). Not yet measured
-# on a GPU: bench_gpu.py decides (fewer, larger chunks if the launches dominate).
+# On a GPU the chunk was first sized for the L2 cache (4M elements, ~220 chunks at 28k x 32k, ~8 launches
+# each), but there the launches dominated: the loss's host time exceeded its kernels' time. Measured on an
+# H200 (torch 2.11, WMT-base bf16 step, 50k tokens, benchmarks/results/2026-11-27_h200_gpu_profile.txt):
+# 4M-element chunks 3407 kernels and 0.086 s a step, 64M-element chunks (256 MiB per float32 temporary,
+# ~14 chunks) 1636 kernels and 0.076 s. The extra trips to memory cost less than the launches they save.
 _CHUNK_ELEMENTS = 1 << 24
-_CHUNK_ELEMENTS_BY_DEVICE = {"cuda": 1 << 22}
+_CHUNK_ELEMENTS_BY_DEVICE = {"cuda": 1 << 26}
 # Devices on which the gradient's rows are written by one addcmul (`_write_grad_rows`).
 _ONE_KERNEL_GRAD_WRITE = frozenset({"cuda"})
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -863,7 +865,8 @@ def test_the_fix_up_zeroes_rows_for_kernels_that_may_not(
 )
 def test_cuda_backends_and_attend_on_fully_masked_rows(backend: SDPBackend) -> None:
     """On a GPU: every backend in `_ZEROING_BACKENDS` zeroes fully masked rows itself (else the claim is
-    wrong: take it out of the set), and `attend` gives zeros whichever backend runs (cuDNN's included)."""
+    wrong: take it out of the set), and `attend` gives zeros whichever backends the caller enables (it
+    leaves cuDNN's out on CUDA, `_WITHOUT_CUDNN_DEVICES`)."""
     q, k, v, attend = _empty_row_inputs("cuda", torch.bfloat16)
     if not _runs(backend, q, k, v, attend):
         pytest.skip(f"{backend.name} does not take these inputs here")
@@ -875,6 +878,47 @@ def test_cuda_backends_and_attend_on_fully_masked_rows(backend: SDPBackend) -> N
         out2, _ = kernels.attend(q, k, v, ~attend[0, 0], None, is_causal=False, need_weights=False)
     assert out.isfinite().all()
     _assert_zero_rows_and_finite_grads(out2, q, k, v)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_sdpa_runs_without_cudnn_on_the_listed_devices(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where `_WITHOUT_CUDNN_DEVICES` lists the device (CUDA; the CPU here): the kernel runs with cuDNN's
+    backend off and the caller's setting back afterwards, no row fix-up is added even where torch's chooser
+    would say cuDNN, the output is unchanged, and torch.compile traces it without a graph break."""
+    from torch._dynamo.utils import counters
+
+    q, k, v, attend = _empty_row_inputs("cpu", torch.float32)
+    attn = ~attend[0, 0]  # (T, S), torch polarity: query 1 attends to nothing
+    expected, _ = kernels.attend(q, k, v, attn, None, is_causal=False, need_weights=False)
+    monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())
+    monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.CUDNN_ATTENTION)
+    monkeypatch.setattr(kernels, "_WITHOUT_CUDNN_DEVICES", frozenset({"cpu"}))
+    seen: list[tuple[bool, Tensor]] = []
+    original = F.scaled_dot_product_attention
+
+    def recording(*args: Any, **kwargs: Any) -> Tensor:
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), args[3]))
+        return original(*args, **kwargs)
+
+    call = functools.partial(kernels.attend, is_causal=False, need_weights=False)
+    if compiled:
+        torch._dynamo.reset()
+        counters.clear()
+        call = torch.compile(call, fullgraph=True, backend="eager")  # fullgraph: a break raises
+    else:  # (the recording itself would break the graph)
+        monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    out, _ = call(q, k, v, attn, None)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored
+    torch.testing.assert_close(out, expected)
+    if not compiled:
+        assert seen == [(False, seen[0][1])]
+        assert not seen[0][1][1].any()  # the empty row reached the kernel as it is: no fix-up
+    else:
+        assert counters["graph_break"] == {}
+        torch._dynamo.reset()
 
 
 def test_under_autocast_the_chooser_is_not_trusted_with_other_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:

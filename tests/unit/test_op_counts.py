@@ -3,11 +3,11 @@ and its passes over the (N, V) logits, one masked attention call, one decoding s
 count grows; when a change lowers one on purpose, lower the number here with it.
 
 What runs is the CUDA code, chosen the way the sync tests choose it (tests/unit/test_decoding_syncs.py):
-no token packing, the attention kernels' device check says "not the CPU" and torch's backend chooser says
-"memory-efficient" (what a masked call gets on a CUDA GPU), the loss splits its rows into chunks and
-writes each chunk's gradient with one addcmul. Every aten operator that is not a view or a host-only call
-counts as one launch (`_Launches`); the fused attention kernel counts as one, as on a GPU (the CPU's SDPA
-runs unobserved inside it).
+no token packing, the attention kernels' device check says "not the CPU", the kernel runs without cuDNN's
+backend and torch's chooser says "memory-efficient" (what a masked call then gets on a CUDA GPU), the loss
+splits its rows into chunks and writes each chunk's gradient with one addcmul. Every aten operator that is
+not a view or a host-only call counts as one launch (`_Launches`); the fused attention kernel counts as one,
+as on a GPU (the CPU's SDPA runs unobserved inside it).
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ def cuda_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     backend (which zeroes fully masked rows itself); the fused SDPA counted as one launch."""
     monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())
     monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.EFFICIENT_ATTENTION, raising=False)
+    monkeypatch.setattr(kernels, "_WITHOUT_CUDNN_DEVICES", frozenset({"cpu"}), raising=False)
     original: Callable[..., Tensor] = F.scaled_dot_product_attention
 
     def fused(*args: Any, **kwargs: Any) -> Tensor:
@@ -209,8 +210,10 @@ def test_a_masked_attention_call_adds_only_the_mask_to_the_fused_kernel(cuda_pat
 def test_kernels_that_may_leave_empty_rows_get_a_3_launch_fix_up(
     cuda_path: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where torch picks a kernel not known to zero fully masked rows (cuDNN's), 3 launches fix them up and
-    the output keeps the kernel's layout (the heads still merge as a view, no copy)."""
+    """Where torch picks a kernel not known to zero fully masked rows (cuDNN's, on a device where it is not
+    left out: not CUDA), 3 launches fix them up and the output keeps the kernel's layout (the heads still
+    merge as a view, no copy)."""
+    monkeypatch.setattr(kernels, "_WITHOUT_CUDNN_DEVICES", frozenset())
     monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.CUDNN_ATTENTION, raising=False)
     fixed = _attention_launches(key_padding_mask=_padding())
     assert fixed == ["addmm", "bitwise_not", "any", "ge", "scaled_dot_product_attention", "mul", "addmm"]
