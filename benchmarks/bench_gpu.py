@@ -170,7 +170,9 @@ def decoding_header(args: argparse.Namespace, ctranslate2: str) -> None:
         f"\nDecoding, {args.decode_batches} batches of each size, every sentence {args.decode_length} "
         f"tokens, median of {args.decode_repeats} interleaved rounds; CTranslate2: {ctranslate2}"
     )
-    print(f"{'case':14} {'method':22} {'sent/s':>9} {'tok/s':>10} {'mean len':>8} {'ours x':>7}")
+    print("(first s: the untimed warm-up round over the same batches: compiling and CUDA graphs included)")
+    head = f"{'case':14} {'method':22} {'sent/s':>9} {'tok/s':>10} {'mean len':>8} {'ours x':>7}"
+    print(f"{head} {'first s':>7}")
 
 
 def decoding_rows(case: str, methods: dict[str, Any]) -> None:
@@ -183,7 +185,8 @@ def decoding_rows(case: str, methods: dict[str, Any]) -> None:
             continue
         speedup = f"{row['ours_speedup']:7.2f}" if "ours_speedup" in row else f"{'':>7}"
         cells = f"{row['sent_s']:9.1f} {row['tok_s']:10.0f} {row['mean_length']:8.1f}"
-        print(f"{case:14} {name:22} {cells} {speedup}")
+        first = f"{row['first_s']:7.2f}" if "first_s" in row else f"{'':>7}"
+        print(f"{case:14} {name:22} {cells} {speedup} {first}")
 
 
 def ratios(result: dict[str, Any]) -> dict[str, float]:
@@ -352,6 +355,8 @@ class ResultsLog(io.TextIOBase):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # why each recompilation and graph break happened, on stderr (the "frames" column counts them)
+    torch._logging.set_logs(recompiles=True, graph_breaks=True)
     log = ResultsLog(sys.stdout)
     path = None
     try:

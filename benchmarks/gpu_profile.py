@@ -28,7 +28,9 @@ from transformer import losses
 from transformer.config import TransformerConfig
 
 
-def profile_model(name: str, config: TransformerConfig, batches: list, device: torch.device, bf16: bool) -> str:
+def profile_model(
+    name: str, config: TransformerConfig, batches: list, device: torch.device, bf16: bool
+) -> str:
     runner = _build(name, config, device, "inductor")
     runner.autocast = torch.bfloat16 if bf16 else None
     for batch in batches[:3]:
@@ -41,11 +43,13 @@ def profile_model(name: str, config: TransformerConfig, batches: list, device: t
     events = prof.key_averages()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.device_time for e in kernels) / 1e6  # us -> s (overlaps not removed)
+    aten_ops = sum(e.count for e in events if e.key.startswith("aten::"))
     lines = [
         f"== {name}: step s over varying batches: median {statistics.median(varying):.4f} "
-        f"(min {min(varying):.4f}, max {max(varying):.4f}); one batch repeated: median {statistics.median(same):.4f}",
+        f"(min {min(varying):.4f}, max {max(varying):.4f}); "
+        f"one batch repeated: median {statistics.median(same):.4f}",
         f"profiled step: wall {wall:.4f} s, GPU kernels {len(kernels)}, GPU busy {busy:.4f} s "
-        f"({100 * busy / wall:.0f}% of wall), aten ops {sum(e.count for e in events if e.key.startswith('aten::'))}",
+        f"({100 * busy / wall:.0f}% of wall), aten ops {aten_ops}",
     ]
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     lines.append(events.table(sort_by=sort, row_limit=15, max_name_column_width=60))
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", default=None)
     parser.add_argument("--no-cudnn-sdp", action="store_true", help="SDPA without the cuDNN backend (A/B)")
     parser.add_argument(
-        "--loss-chunk-elements", type=int, default=None, help="the loss's row chunk on CUDA, in elements (A/B)"
+        "--loss-chunk-elements", type=int, default=None, help="the loss's row chunk on CUDA (elements, A/B)"
     )
     args = parser.parse_args(argv)
     if args.no_cudnn_sdp:
