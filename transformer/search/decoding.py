@@ -51,8 +51,10 @@ class DecodingSettings(Mapping[str, Any]):
     keeps every row (finished ones masked), so every step after the first has the same shapes;
     "compiled" is "static" with the step through `torch.compile` (a CUDA graph on CUDA:
     `transformer.search.static_cache.compile_step`). "auto" is "dynamic" on every device for now: on the CPU
-    "static" and "compiled" measured slower (benchmarks/decode_ab.py --kv-cache), and on CUDA nothing
-    is measured yet; "auto" should mean "compiled" on CUDA only once a GPU run shows it faster.
+    "static" and "compiled" measured slower (benchmarks/decode_ab.py --kv-cache); on an H200 "compiled"
+    decoded 2.6-3.9x as fast as "dynamic" once compiled (bench_gpu.py, benchmarks/README.md), but its
+    one-off cost (compiling, a CUDA graph per bucket) is not measured yet, and small test sets decode in
+    seconds eagerly: use "compiled" for large jobs on a GPU.
     """
 
     search: str = "auto"  # auto | greedy | beam | sample (auto: greedy for beam_size 1, else beam)

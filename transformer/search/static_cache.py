@@ -281,8 +281,8 @@ class Stepping:
 
     @classmethod
     def of(cls, kv_cache: str, device: torch.device) -> Stepping:
-        """`DecodingSettings.kv_cache` on `device`; "auto" is "dynamic" on every device (no other measured
-        faster yet: see `DecodingSettings`)."""
+        """`DecodingSettings.kv_cache` on `device`; "auto" is "dynamic" on every device (why: see
+        `DecodingSettings`)."""
         if kv_cache in ("auto", "dynamic"):
             return cls()
         if kv_cache == "static":
