@@ -17,6 +17,7 @@ import torch._dynamo
 from data.batching import TokenBudgetBatchSampler, TranslationCollator
 from tests.unit.test_tasks import TINY, CopyData, _trainer
 from transformer.training import TranslationTask
+from transformer.training.compiling import pad_length
 from transformer.training.optim import adamw
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -91,6 +92,25 @@ def test_bucketed_batches_compile_the_step_at_most_three_times() -> None:
     assert 1 <= task._compiled_step.compilations <= 3
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 3
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_the_compiled_step_gets_lengths_padded_to_a_multiple_of_8() -> None:
+    """One alignment for every batch (`compiling.LENGTH_MULTIPLE`): each input's length is rounded up with
+    pads; a length that already is a multiple is passed through as it is."""
+    task = _task()
+    task._compile()
+    seen: list[tuple[int, ...]] = []
+    task._compiled_step = lambda *tensors: seen.append(tuple(t.size(1) for t in tensors)) or None
+    batches = _bucketed_batches(10)
+    for batch in batches:
+        task._token_loss(batch)
+    assert len(seen) == len(batches)
+    for batch, lengths in zip(batches, seen):
+        raw = (batch["src"].size(1), batch["tgt_in"].size(1), batch["tgt_out"].size(1))
+        assert lengths == tuple(-(-n // 8) * 8 for n in raw), (raw, lengths)
+    ids = torch.tensor([[5, 6, 7, 2, 0, 0, 0, 0]])
+    assert pad_length(ids, 0) is ids
+    assert pad_length(ids[:, :5], 0).tolist() == [[5, 6, 7, 2, 0, 0, 0, 0]]
 
 
 def test_the_compiled_loss_and_gradients_are_the_eager_ones() -> None:

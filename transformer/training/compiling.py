@@ -22,9 +22,26 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
-__all__ = ["CompiledStep", "compile_unavailable"]
+__all__ = ["LENGTH_MULTIPLE", "CompiledStep", "compile_unavailable", "pad_length"]
 
 log = logging.getLogger(__name__)
+
+
+# The compiled step's inputs are padded to lengths that are multiples of this. CUDA's memory-efficient
+# attention needs its mask's rows aligned (a multiple of 8 elements); in eager mode torch pads the mask
+# itself, but in a compiled graph that choice is fixed when it is traced, so a batch whose lengths have
+# another alignment compiles the graph again (pytorch#163083). With every length a multiple of 8 there is
+# one alignment; the matmuls' token dimensions suit the tensor cores too. Suspected, not yet confirmed, as
+# the cause of the 2 recompilations bench_gpu.py saw on an H200 (benchmarks/README.md).
+LENGTH_MULTIPLE = 8
+
+
+def pad_length(ids: Tensor, pad_id: int, multiple: int = LENGTH_MULTIPLE) -> Tensor:
+    """(B, L) token ids -> (B, L') with pads appended, L' the next multiple of `multiple` (the same tensor
+    when L already is one). Trailing pads change no loss: a source's are masked keys, a target's come after
+    every real position (causal attention) and the loss ignores them."""
+    extra = -ids.size(-1) % multiple
+    return torch.nn.functional.pad(ids, (0, extra), value=pad_id) if extra else ids
 
 
 def _graphs_compiled() -> int:

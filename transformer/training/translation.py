@@ -22,7 +22,7 @@ from transformer.training.base import (
     TokenMeans,
     plain,
 )
-from transformer.training.compiling import CompiledStep
+from transformer.training.compiling import CompiledStep, pad_length
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,8 @@ class TranslationTask(TaskBase):
         output projection and the softmax. Otherwise (GPU, compiled) the padded layout, whose shapes do
         not depend on the data: nothing is read back to the host."""
         if self._compiled_step is not None and self.training and torch.is_grad_enabled():
-            return self._compiled_step(batch["src"], batch["tgt_in"], batch["tgt_out"])
+            src, tgt_in, tgt_out = (pad_length(batch[k], self.pad_id) for k in ("src", "tgt_in", "tgt_out"))
+            return self._compiled_step(src, tgt_in, tgt_out)
         if not self.model.packing_on(batch["src"].device):
             return self._padded_token_loss(batch["src"], batch["tgt_in"], batch["tgt_out"])
         tgt_out = batch["tgt_out"]
