@@ -115,13 +115,16 @@ def ct2_translator(directory: Path, compute_type: str, threads: int, parallel: i
     `parallel` batches at once (its inter_threads) on threads / parallel each."""
     import ctranslate2
 
-    return ctranslate2.Translator(
-        str(directory),
-        device="cpu",
-        compute_type=compute_type,
-        inter_threads=parallel,
-        intra_threads=max(threads // parallel, 1),
-    )
+    from transformer.export.ctranslate2 import keeping_torch_threads
+
+    with keeping_torch_threads():  # else torch (ours, decoding after it) would run on intra_threads
+        return ctranslate2.Translator(
+            str(directory),
+            device="cpu",
+            compute_type=compute_type,
+            inter_threads=parallel,
+            intra_threads=max(threads // parallel, 1),
+        )
 
 
 def ct2_runner(

@@ -54,7 +54,7 @@ def ctranslate2_translator(model: Seq2SeqTransformer, device: torch.device, tmp:
     import ctranslate2
     import tokenizers
 
-    from transformer.export.ctranslate2 import to_ctranslate2_spec
+    from transformer.export.ctranslate2 import keeping_torch_threads, to_ctranslate2_spec
     from transformer.export.source import ExportSource
 
     vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
@@ -68,7 +68,8 @@ def ctranslate2_translator(model: Seq2SeqTransformer, device: torch.device, tmp:
     (tmp / "ct2").mkdir()
     spec.save(str(tmp / "ct2"))
     compute_type = "bfloat16" if device.type == "cuda" else "float32"
-    return ctranslate2.Translator(str(tmp / "ct2"), device=device.type, compute_type=compute_type)
+    with keeping_torch_threads():
+        return ctranslate2.Translator(str(tmp / "ct2"), device=device.type, compute_type=compute_type)
 
 
 def ctranslate2_available(device: torch.device) -> str | None:

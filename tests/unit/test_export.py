@@ -353,6 +353,22 @@ def test_ctranslate2_expresses_every_variant(trained: dict, tmp_path: Path, chan
     assert translated == _without_eos(greedy, tokenizer.eos_id)
 
 
+def test_starting_a_translator_leaves_torch_threads_alone(ct2_dir: Path) -> None:
+    """A Translator sets the shared OpenMP thread count to its intra_threads (torch followed it: our beam
+    search then ran 7-8x slower); inside `keeping_torch_threads` torch keeps its own count."""
+    from transformer.export.ctranslate2 import keeping_torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with keeping_torch_threads():
+            translator = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=1, inter_threads=2)
+        assert torch.get_num_threads() == 2
+        del translator
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_ctranslate2_config_adds_the_special_tokens(ct2_dir: Path) -> None:
     config = json.loads((ct2_dir / "config.json").read_text())
     assert config["add_source_bos"] and config["add_source_eos"]

@@ -11,6 +11,8 @@ as with CTranslate2's own converters; the tokenizer JSON(s) are written beside t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import ctranslate2
@@ -180,6 +182,21 @@ def export_ctranslate2(
     return Exported(Path(output), difference, checked)
 
 
+@contextlib.contextmanager
+def keeping_torch_threads() -> Iterator[None]:
+    """Starting a `ctranslate2.Translator` sets the OpenMP thread count to its `intra_threads`, and in a
+    process that has loaded torch the two share one OpenMP runtime: torch's intra-op thread count changed
+    with it (2 -> 1 for `intra_threads=1`), and our beam search then ran 7-8x slower on the 2-core CPU
+    (benchmarks/bench_student.py's "ours" column, 2026-11-27). Whatever starts a Translator inside this
+    block, torch's count is what it was afterwards."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
 def _check(source: ExportSource, directory: Path, *, enforce: bool) -> float:
     """Max |log p| difference between the saved model (loaded back by `ctranslate2.Translator`) and the
     checkpoint, over the target tokens of `probe_batch`; with `enforce`, above TOLERANCE fails."""
@@ -192,7 +209,8 @@ def _check(source: ExportSource, directory: Path, *, enforce: bool) -> float:
     def plain(row: Tensor, vocabulary: list[str]) -> list[str]:  # without <s>, </s> and padding
         return [vocabulary[i] for i in row.tolist() if i not in (config.pad_id, config.bos_id, config.eos_id)]
 
-    translator = ctranslate2.Translator(str(directory), device="cpu")
+    with keeping_torch_threads():
+        translator = ctranslate2.Translator(str(directory), device="cpu")
     scores = translator.score_batch(
         [plain(row, src_vocabulary) for row in src], [plain(row, tgt_vocabulary) for row in tgt]
     )
