@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -166,34 +167,23 @@ def _sdpa(
     (`_ZEROING_BACKENDS`): then nothing is added. Otherwise an empty row attends to every key (finite) and
     its output is zeroed: 3 kernels for a boolean mask (4 for a float one), the last one over the output.
     """
-    if q.device.type in _WITHOUT_CUDNN_DEVICES:
-        with sdpa_kernel(_WITHOUT_CUDNN):  # traced by torch.compile, no graph break
-            return _sdpa_zeroing(q, k, v, mask, dropout_p, is_causal, fix_empty_rows)
-    return _sdpa_zeroing(q, k, v, mask, dropout_p, is_causal, fix_empty_rows)
-
-
-def _sdpa_zeroing(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    fix_empty_rows: bool,
-) -> Tensor:
-    """`_sdpa` inside its choice of backends."""
-    fix = (
-        fix_empty_rows and mask is not None and _kernel_leaves_empty_rows(q, k, v, mask, dropout_p, is_causal)
-    )
-    if not fix or mask is None:
-        return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, H, T, Dh)
-    if mask.dtype == torch.bool:
-        has_key = mask.any(dim=-1, keepdim=True)  # (…, T, 1)
-        mask = mask >= has_key  # mask | ~has_key in one kernel: an empty row attends to every key
-        return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal) * has_key
-    empty = mask.amax(dim=-1, keepdim=True) == -math.inf  # (…, T, 1)
-    out = F.scaled_dot_product_attention(q, k, v, mask.masked_fill(empty, 0.0), dropout_p, is_causal)
-    return out.masked_fill(empty, 0.0)  # (B, H, T, Dh)
+    # sdpa_kernel and nullcontext are both traced by torch.compile, no graph break
+    backends = sdpa_kernel(_WITHOUT_CUDNN) if q.device.type in _WITHOUT_CUDNN_DEVICES else nullcontext()
+    with backends:  # the chooser below and the kernel see the same backends
+        fix = (
+            fix_empty_rows
+            and mask is not None
+            and _kernel_leaves_empty_rows(q, k, v, mask, dropout_p, is_causal)
+        )
+        if not fix or mask is None:
+            return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, H, T, Dh)
+        if mask.dtype == torch.bool:
+            has_key = mask.any(dim=-1, keepdim=True)  # (…, T, 1)
+            mask = mask >= has_key  # mask | ~has_key in one kernel: an empty row attends to every key
+            return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal) * has_key
+        empty = mask.amax(dim=-1, keepdim=True) == -math.inf  # (…, T, 1)
+        out = F.scaled_dot_product_attention(q, k, v, mask.masked_fill(empty, 0.0), dropout_p, is_causal)
+        return out.masked_fill(empty, 0.0)  # (B, H, T, Dh)
 
 
 def _kernel_leaves_empty_rows(
