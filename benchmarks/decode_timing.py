@@ -10,25 +10,32 @@ from typing import Any
 import torch
 
 
+def timed(method: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """(seconds, output) of one call, on a GPU from an idle device to the end of its last kernel."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    output = method()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, output
+
+
 def interleaved(
     methods: dict[str, Callable[[], Any]],
     repeats: int,
     device: torch.device = torch.device("cpu"),  # noqa: B008
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Seconds of each method in each of `repeats` rounds (the order rotates), and its last output;
-    on a GPU each call is timed from an idle device to the end of its last kernel."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    on a GPU each call is timed from an idle device to the end of its last kernel (`timed`)."""
     names = list(methods)
     times: dict[str, list[float]] = {name: [] for name in names}
     outputs: dict[str, Any] = {}
     for i in range(repeats):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
-            sync()
-            start = time.perf_counter()
-            outputs[name] = methods[name]()
-            sync()
-            times[name].append(time.perf_counter() - start)
+            seconds, outputs[name] = timed(methods[name], device)
+            times[name].append(seconds)
     return times, outputs
 
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from bench_decode import LENGTH_PENALTY, marian_generate, mean_length
-from decode_timing import interleaved, paired_ratio
+from decode_timing import interleaved, paired_ratio, timed
 from gpu_train import wmt_lengths
 from references import BOS, EOS, PAD, MarianReference
 from torch import Tensor
@@ -161,11 +160,6 @@ class DecodingBench:
         self.tmp.cleanup()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _time_case(
     ours: Any, marian: Any, ct2: Any, batches: list[Tensor], beams: int, args: Any, device: torch.device
 ) -> dict[str, Any]:
@@ -175,11 +169,8 @@ def _time_case(
     working, first = {}, {}
     for name, method in methods.items():
         try:
-            _sync(device)
-            start = time.perf_counter()
-            method()  # warm-up: first-call allocations, kernel selection; compiling and CUDA graphs
-            _sync(device)
-            first[name] = time.perf_counter() - start
+            # warm-up: first-call allocations, kernel selection; compiling and CUDA graphs
+            first[name], _ = timed(method, device)
             working[name] = method
         except TimeoutError:  # bench_gpu's time box of the whole case: end it
             raise
