@@ -7,9 +7,15 @@ search and a 2-model ensemble over one model (beam 4), in the same way. `--kv-ca
 "static" (preallocated, fixed shapes, eager) and "compiled" (the static step through torch.compile's
 default inductor backend on the CPU; compiled before the timed rounds, the compile time printed).
 
+`--host` times the host's share of eager decoding, what bounds it on a GPU: the WMT-base depth (6 + 6
+layers, 8 heads) at a width of 64 and 4 sentences a batch, where a step's arithmetic is negligible and its
+time is the Python and dispatcher work of its operators; ours against transformers `generate` (MarianMTModel of the same shape,
+each at `max_len_b` tokens, as bench_gpu.py's decoding) and, with a REVISION, against our code there too.
+
     python benchmarks/decode_ab.py REVISION [ROUNDS]
     python benchmarks/decode_ab.py --features [ROUNDS]
     python benchmarks/decode_ab.py --kv-cache [ROUNDS]
+    python benchmarks/decode_ab.py --host [REVISION] [ROUNDS]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +38,10 @@ from transformer.search.decoding import DecodingSettings, beam_search, greedy_se
 from transformer.search.ensemble import Ensemble
 
 SHAPE = {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024}
+# --host: the WMT-base depth, so many operators a step; so narrow that they cost their dispatch only
+HOST_SHAPE = {"d_model": 64, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6, "d_ff": 64}
+HOST_LENGTH = 32  # target tokens per sentence (EOS forced there, as bench_gpu.py decodes)
+HOST_BATCH = 4  # sentences a batch, 2 batches: few enough that each kernel costs about its dispatch
 
 
 def _cpu_seconds(run: Callable[[], object]) -> float:
@@ -113,8 +124,57 @@ def _kv_cache(rounds: int) -> None:
         print(f"beam {beam_size} first compiled search (compiling included): {compile_s:.1f} s wall")
 
 
+def _generate(marian: Any, batches: list[torch.Tensor], beams: int) -> Callable[[], list[torch.Tensor]]:
+    from bench_decode import marian_generate
+
+    return lambda: [marian_generate(marian, src, HOST_LENGTH, beams) for src in batches]
+
+
+def _host(revision: str | None, rounds: int) -> None:
+    from gpu_decode import decode_models, source_batches
+
+    import transformer.search.decoding as decoding
+
+    values = {"src_vocab_size": 1_000, "dropout": 0.0, "max_len": 256, **HOST_SHAPE}
+    ours, marian = decode_models(TransformerConfig(**values), torch.device("cpu"), torch.float32)
+    batches = source_batches(2, HOST_BATCH, values["src_vocab_size"])
+    steps = len(batches) * HOST_LENGTH
+    old: dict[str, Any] = {}
+    if revision is not None:
+        old = load_revision(revision)
+        old_model = old["model"].Seq2SeqTransformer(old["config"].TransformerConfig(**values)).eval()
+        old_model.load_state_dict(ours.state_dict())
+
+    def runner(model: Any, module: Any, beams: int) -> Callable[[], list[torch.Tensor]]:
+        limit = {"max_len_a": 0, "max_len_b": HOST_LENGTH}
+        if beams == 1:
+            return lambda: [module.greedy_search(model, src, **limit) for src in batches]
+        return lambda: [module.beam_search(model, src, beam_size=beams, **limit)[0] for src in batches]
+
+    for name, beams in (("greedy", 1), ("beam4", 4)):
+        run_ours = runner(ours, decoding, beams)
+        competitors = {"transformers generate": _generate(marian, batches, beams)}
+        if old:
+            run_old = runner(old_model, old["decoding"], beams)
+            if not all(torch.equal(a, b) for a, b in zip(run_ours(), run_old())):
+                raise RuntimeError(f"{name}: this checkout and {revision} decode different tokens")
+            competitors[f"ours at {revision}"] = run_old
+        for label, other in competitors.items():
+            now, then, ratios = _paired(name, run_ours, other, rounds)
+            print(
+                f"host {name:6} ours {now / steps * 1e3:.2f} ms/step, {label} {then / steps * 1e3:.2f} "
+                f"ms/step CPU; {label} / ours (> 1: ours faster): median {statistics.median(ratios):.3f}, "
+                f"rounds {[round(x, 3) for x in ratios]}"
+            )
+
+
 def main() -> None:
     torch.set_num_threads(1)
+    if sys.argv[1] == "--host":
+        rest = sys.argv[2:]
+        revision = rest.pop(0) if rest and not rest[0].isdigit() else None
+        _host(revision, int(rest[0]) if rest else 5)
+        return
     if sys.argv[1] in ("--features", "--kv-cache"):
         mode = _features if sys.argv[1] == "--features" else _kv_cache
         mode(int(sys.argv[2]) if len(sys.argv) > 2 else 5)

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["RotaryLike", "attend", "check_masks", "make_causal_mask", "merge_masks"]
+__all__ = [
+    "RotaryLike",
+    "additive_mask",
+    "attend",
+    "attention_backends",
+    "attention_dtype",
+    "check_masks",
+    "make_causal_mask",
+    "merge_masks",
+]
 
 # rotary(x: (B, H, L, Dh), offset: int) -> (B, H, L, Dh); offset = positions already in the cache.
 RotaryLike = Callable[[Tensor, int], Tensor]
@@ -110,14 +119,34 @@ def merge_masks(
         merged = ~merged  # SDPA's boolean polarity is the opposite of nn.MultiheadAttention's
         return F.pad(merged, (0, n_extra), value=True) if n_extra else merged
     # A float mask anywhere: bools become additive -inf (exactly zero weight after the softmax).
-    additive = [
-        torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(m, -math.inf)
-        if m.dtype == torch.bool
-        else m.to(dtype)
-        for m in masks
-    ]
+    additive = [additive_mask(m, dtype) if m.dtype == torch.bool else m.to(dtype) for m in masks]
     merged = additive[0] if len(additive) == 1 else additive[0] + additive[1]
     return F.pad(merged, (0, n_extra), value=0.0) if n_extra else merged
+
+
+def additive_mask(masked: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask (True = masked out) as the additive one it stands for: 0 where attended, -inf where
+    masked, in `dtype`. The form every SDPA kernel but cuDNN's computes with: torch converts a boolean
+    mask into it inside each call (a kernel per call), so a mask used by many calls, such as the source
+    padding of every decoding step, is cheaper converted once. Either form gives the same output."""
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, -math.inf)
+
+
+def attention_dtype(x: Tensor) -> torch.dtype:
+    """The dtype attention computes in for activations like `x`: autocast's on `x`'s device when it is
+    on (the projections' outputs take it), else `x`'s own."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def attention_backends(device: torch.device | str) -> AbstractContextManager[object]:
+    """The SDPA backends our attention runs with on `device`: on CUDA all but cuDNN's (see
+    `_WITHOUT_CUDNN_DEVICES`), elsewhere torch's own choice. Each attention call enters it unless it is
+    already on (a check of a flag), so a loop of many small calls, such as a search, enters it once
+    around the loop and saves the context's cost (~10-20 µs) per call."""
+    return (
+        sdpa_kernel(_WITHOUT_CUDNN) if torch.device(device).type in _WITHOUT_CUDNN_DEVICES else nullcontext()
+    )
 
 
 def attend(
@@ -167,8 +196,14 @@ def _sdpa(
     (`_ZEROING_BACKENDS`): then nothing is added. Otherwise an empty row attends to every key (finite) and
     its output is zeroed: 3 kernels for a boolean mask (4 for a float one), the last one over the output.
     """
-    # sdpa_kernel and nullcontext are both traced by torch.compile, no graph break
-    backends = sdpa_kernel(_WITHOUT_CUDNN) if q.device.type in _WITHOUT_CUDNN_DEVICES else nullcontext()
+    # sdpa_kernel and nullcontext are both traced by torch.compile, no graph break; outside a compiled
+    # graph the context is skipped when a caller (a search) already entered `attention_backends`
+    backends = (
+        sdpa_kernel(_WITHOUT_CUDNN)
+        if q.device.type in _WITHOUT_CUDNN_DEVICES
+        and (torch.compiler.is_compiling() or torch.backends.cuda.cudnn_sdp_enabled())
+        else nullcontext()
+    )
     with backends:  # the chooser below and the kernel see the same backends
         fix = (
             fix_empty_rows

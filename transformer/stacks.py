@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from transformer.config import TransformerConfig
-from transformer.kernels import RotaryLike
+from transformer.kernels import RotaryLike, attention_dtype
 from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.packing import TokenPacking
 from transformer.search.cache import DecoderCache
@@ -175,7 +175,9 @@ class Decoder(_LayerStack):
         self_maps, cross_maps = [], []
         self_mask = None
         if cache is not None:  # in the beam layout: a mask that picks each beam's keys
-            self_mask, rotary = cache.start_step(x.shape[1], self.layers[0].self_attn.num_heads, rotary)
+            dtype, heads = attention_dtype(x), self.layers[0].self_attn.num_heads
+            self_mask, rotary = cache.start_step(x.shape[1], heads, rotary, dtype)
+            memory_key_padding_mask = cache.memory_mask(memory_key_padding_mask, dtype)  # made once
         for i, layer in enumerate(self.layers):
             x, self_weights, cross_weights = self._layer_call(
                 layer,

@@ -921,6 +921,78 @@ def test_sdpa_runs_without_cudnn_on_the_listed_devices(
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_additive_mask_gives_the_same_output_as_its_boolean_form(dtype: torch.dtype) -> None:
+    """`kernels.additive_mask` is what SDPA makes of a boolean mask itself: the same bits out, for a
+    padding mask and an attention mask, in float32 and bfloat16 (the decoding caches rely on it)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 4, 8, dtype=dtype) for _ in range(3))
+    padding = torch.tensor([[False] * 4, [False, False, True, True], [False, True, True, True]])  # (B, S)
+    causal = kernels.make_causal_mask(4)  # (T, S)
+    for attn, pad in ((None, padding), (causal, None), (causal, padding)):
+        expected, _ = kernels.attend(q, k, v, attn, pad, is_causal=False, need_weights=False)
+        out, _ = kernels.attend(
+            q,
+            k,
+            v,
+            None if attn is None else kernels.additive_mask(attn, dtype),
+            None if pad is None else kernels.additive_mask(pad, dtype),
+            is_causal=False,
+            need_weights=False,
+        )
+        assert torch.equal(out, expected)
+    mask = kernels.additive_mask(padding, dtype)
+    assert mask.dtype == dtype and torch.equal(mask.isneginf(), padding) and not mask[~padding].any()
+
+
+def test_attention_dtype_follows_autocast() -> None:
+    x = torch.zeros(2, 3)
+    assert kernels.attention_dtype(x) == torch.float32
+    assert kernels.attention_dtype(x.bfloat16()) == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernels.attention_dtype(x) == torch.bfloat16
+
+
+def test_a_search_enters_the_backends_once_not_in_every_attention_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a `_WITHOUT_CUDNN_DEVICES` device (CUDA; the CPU here) a search enters `attention_backends` once
+    around its loop; its attention calls, finding cuDNN's backend already off, do not enter it again (the
+    context costs ~10-20 µs a call, more than a small kernel). A call outside a search still enters it."""
+    from tests.tiny import tiny_seq2seq, tiny_sources
+    from transformer.search.decoding import DecodingSettings, search
+
+    monkeypatch.setattr(kernels, "_WITHOUT_CUDNN_DEVICES", frozenset({"cpu"}))
+    entered: list[bool] = []
+    original = kernels.sdpa_kernel
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        entered.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "sdpa_kernel", counted)
+    cudnn_off: list[bool] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args: Any, **kwargs: Any) -> Tensor:
+        cudnn_off.append(not torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    model = tiny_seq2seq(0, vocab=24)
+    for beam_size in (1, 4):
+        entered.clear()
+        cudnn_off.clear()
+        search(model, tiny_sources(4, vocab=24), DecodingSettings(beam_size=beam_size, max_len_b=6))
+        assert entered == [True]  # once, by the search
+        assert len(cudnn_off) > 10 and all(cudnn_off)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored
+    entered.clear()
+    q = torch.randn(1, 2, 3, 4)
+    kernels.attend(q, q, q, None, torch.tensor([[False, False, True]]), is_causal=False, need_weights=False)
+    assert entered == [True]
+
+
 def test_under_autocast_the_chooser_is_not_trusted_with_other_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Autocast casts SDPA's float32 inputs but not the chooser's: the fix-up runs whatever it says."""
     monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())

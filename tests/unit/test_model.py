@@ -201,6 +201,32 @@ def test_beam_layout_cache_equals_recomputing_each_beam(positional: str, norm_fi
         model.decode(prefixes[0, :, -2:], memory[sentences], src_mask[sentences], cache)
 
 
+def test_the_cache_keeps_the_source_mask_of_its_first_call_as_an_additive_mask() -> None:
+    """Like the memory, the source padding mask is read once, kept in attention's additive form and
+    reordered with the cross-attention caches (rows that leave, the beam layout's sentences): a later
+    call's mask is not read, and the steps equal those given the right mask each time."""
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(_config()).eval()
+    src = _batch(23, [6, 2, 4], width=6)
+    memory, src_mask = model.encode(src), src.eq(PAD)
+    tokens = torch.randint(3, 19, (3, 3))
+    cache = model.new_cache()
+    model.decode(tokens[:, :1], memory, src_mask, cache)
+    assert cache.source_mask is not None and cache.source_mask.dtype == torch.float32
+    assert torch.equal(cache.source_mask.isneginf(), src_mask)
+    kept = torch.tensor([2, 0])
+    cache.reorder(kept)
+    assert torch.equal(cache.source_mask.isneginf(), src_mask[kept])
+    ignored = torch.ones_like(src_mask[kept])  # every key masked: would give other outputs if read
+    step = model.decode(tokens[kept, 1:2], memory[kept], ignored, cache)
+    full = model(src[kept], tokens[kept, :2])[:, -1:]
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model.new_cache()
+        model.decode(tokens[:, :1], memory, src_mask, cache)
+    assert cache.source_mask is not None and cache.source_mask.dtype == torch.bfloat16
+
+
 def test_embedding_tying() -> None:
     none = Seq2SeqTransformer(_config(tie_embeddings="none"))
     decoder = Seq2SeqTransformer(_config(tie_embeddings="decoder"))

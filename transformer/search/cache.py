@@ -7,10 +7,12 @@ share one cache row and a per-step mask picks each beam's own keys (`DecoderCach
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from transformer.kernels import RotaryLike
+from transformer.kernels import RotaryLike, additive_mask
 
 __all__ = ["DecoderCache", "KVCache"]
 
@@ -131,6 +133,7 @@ class DecoderCache:
         self.self_attn = [KVCache(static=False) for _ in range(n_layers)]
         self.cross_attn = [KVCache(static=True) for _ in range(n_layers)]
         self.key_paths: Tensor | None = None  # (n, g, t) long, in the beam layout; None: row = hypothesis
+        self.source_mask: Tensor | None = None  # (n, S) additive, with the cross-attention caches
 
     @property
     def beams(self) -> int:
@@ -152,7 +155,7 @@ class DecoderCache:
         if self.key_paths is not None:
             raise RuntimeError("reorder() selects hypotheses; in the beam layout use select_beams()")
         self._reorder(self.self_attn, index)
-        self._reorder(self.cross_attn, index if memory_index is None else memory_index)
+        self._reorder_memory(index if memory_index is None else memory_index)
 
     def select_beams(self, parents: Tensor, sentences: Tensor | None = None) -> None:
         """The next step's beams: for each kept sentence i (`sentences` (n',) rows of the current ones;
@@ -170,35 +173,51 @@ class DecoderCache:
         self.key_paths = paths.gather(1, parents.unsqueeze(-1).expand(-1, -1, paths.shape[-1]))  # (n', g', t)
         if sentences is not None:
             self._reorder(self.self_attn, sentences)
-            self._reorder(self.cross_attn, sentences)
+            self._reorder_memory(sentences)
 
-    def step_mask(self, heads: int) -> Tensor | None:
+    def memory_mask(self, padding_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        """The encoder-decoder attention's key mask: the source padding mask (n, S) (True = pad) of the
+        first cached call, kept as an additive mask in `dtype` (`kernels.additive_mask`) and reordered
+        with the cross-attention caches, as the memory is projected once into them; later calls' masks
+        are not read. One conversion per search instead of one in every attention call of every step."""
+        if self.source_mask is None and padding_mask is not None:
+            self.source_mask = additive_mask(padding_mask, dtype)
+        return self.source_mask
+
+    def step_mask(self, heads: int, dtype: torch.dtype = torch.float32) -> Tensor | None:
         """In the beam layout, start a step: each beam's new key goes after the cached ones, and the
-        returned (n * heads, g, S) bool mask (True = masked, nn.MultiheadAttention's polarity) lets a
-        beam's query see its prefix and its own new key only. None outside the beam layout."""
+        returned (n * heads, g, S) additive mask in `dtype` (0 = attended, -inf = masked) lets a beam's
+        query see its prefix and its own new key only. None outside the beam layout."""
         if self.key_paths is None:
             return None
         sentences, beams, _ = self.key_paths.shape
         cached = len(self.self_attn[0])
         new_keys = torch.arange(cached, cached + beams, device=self.key_paths.device)
         self.key_paths = torch.cat([self.key_paths, new_keys.expand(sentences, beams).unsqueeze(-1)], dim=-1)
-        masked = torch.ones(sentences, 1, beams, cached + beams, dtype=torch.bool, device=new_keys.device)
-        masked.scatter_(-1, self.key_paths.unsqueeze(1), False)  # (n, 1, g, S)
-        return masked.expand(-1, heads, -1, -1).reshape(sentences * heads, beams, cached + beams)
+        mask = torch.full(
+            (sentences, 1, beams, cached + beams), -math.inf, dtype=dtype, device=new_keys.device
+        ).scatter_(-1, self.key_paths.unsqueeze(1), 0.0)  # (n, 1, g, S)
+        return mask.expand(-1, heads, -1, -1).reshape(sentences * heads, beams, cached + beams)
 
     def start_step(
-        self, length: int, heads: int, rotary: RotaryLike | None
+        self, length: int, heads: int, rotary: RotaryLike | None, dtype: torch.dtype = torch.float32
     ) -> tuple[Tensor | None, RotaryLike | None]:
-        """Begin a decoder pass over `length` new positions: the self-attention mask and rotary hook the
-        layers use. Outside the beam layout: (None, rotary) (the layers' causal masks suffice); in it,
-        `step_mask` and a rotary that places all g new keys of a sentence at the same position."""
+        """Begin a decoder pass over `length` new positions: the self-attention mask (attention's compute
+        `dtype`) and rotary hook the layers use. Outside the beam layout: (None, rotary) (the layers'
+        causal masks suffice); in it, `step_mask` and a rotary that places all g new keys of a sentence at
+        the same position."""
         if self.key_paths is None:
             return None, rotary
         if length != 1:
             raise ValueError(f"a beam-layout DecoderCache takes one position per step, got {length}")
         position = self.offset
-        self_mask = self.step_mask(heads)
+        self_mask = self.step_mask(heads, dtype)
         return self_mask, None if rotary is None else _at_position(rotary, position)
+
+    def _reorder_memory(self, index: Tensor) -> None:
+        self._reorder(self.cross_attn, index)
+        if self.source_mask is not None:
+            self.source_mask = self.source_mask.index_select(0, index)
 
     @staticmethod
     def _reorder(caches: list[KVCache], index: Tensor) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer.kernels import attention_backends
 from transformer.search.beam import beam_search_loop
 from transformer.search.constraints import ConstraintState, TargetRequest
 from transformer.search.rows import argmax, row_search, samples
@@ -201,7 +202,7 @@ def search(
         _check_requests(settings, requests, src.size(0))
         constraints = ConstraintState(requests, src.device, word_continuations)
         rules = dataclasses.replace(rules, constraints=constraints)
-    with eval_mode(model):
+    with eval_mode(model), attention_backends(src.device):  # entered once, not in each attention call
         if settings.sampling:
             sampler = Sampler(settings.top_k, settings.top_p, generator)
             return samples(

@@ -228,11 +228,17 @@ class StaticDecoderCache:
         else:  # the first step's one beam becomes g
             self.visible = _zeros(self.buffers, tuple(chosen.shape), torch.bool, chosen.device).copy_(chosen)
 
+    def memory_mask(self, padding_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        """The source padding mask as given, every step (a fixed-address input of the compiled step, in
+        which the compiler fuses its conversion into the attention's)."""
+        return padding_mask
+
     def start_step(
-        self, length: int, heads: int, rotary: RotaryLike | None
+        self, length: int, heads: int, rotary: RotaryLike | None, dtype: torch.dtype = torch.float32
     ) -> tuple[Tensor | None, RotaryLike | None]:
         """Begin a decoder pass over one new position: (the (n * heads, g, C) bool self-attention mask,
-        True = masked, and the rotary at `position`); (None, rotary) at the first step."""
+        True = masked, and the rotary at `position`); (None, rotary) at the first step. The mask stays
+        boolean whatever `dtype` (built from the fixed-address `visible` inside the compiled step)."""
         if length != 1:
             raise ValueError(f"a StaticDecoderCache takes one position per step, got {length}")
         if self.self_attn[0].key is None:  # the first step: the buffers are allocated by its keys
