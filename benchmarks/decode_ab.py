@@ -9,8 +9,9 @@ default inductor backend on the CPU; compiled before the timed rounds, the compi
 
 `--host` times the host's share of eager decoding, what bounds it on a GPU: the WMT-base depth (6 + 6
 layers, 8 heads) at a width of 64 and 4 sentences a batch, where a step's arithmetic is negligible and its
-time is the Python and dispatcher work of its operators; ours against transformers `generate` (MarianMTModel of the same shape,
-each at `max_len_b` tokens, as bench_gpu.py's decoding) and, with a REVISION, against our code there too.
+time is the Python and dispatcher work of its operators; ours against transformers `generate`
+(MarianMTModel of the same shape, each at 32 tokens, as bench_gpu.py decodes) and, with a REVISION,
+against our code there too.
 
     python benchmarks/decode_ab.py REVISION [ROUNDS]
     python benchmarks/decode_ab.py --features [ROUNDS]

@@ -122,11 +122,17 @@ def time_limit(seconds: float | None) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(_DEADLINES[-1] - time.monotonic(), 1e-3))
 
 
+def _compiles(name: str) -> bool:
+    """ours:compiled, ours:compiled-layers, torch:compiled: a case that compiles (under the timeout)."""
+    return name.partition(":")[2] in ("compiled", "compiled-layers")
+
+
 def _build(name: str, config: TransformerConfig, device: torch.device, backend: str) -> Any:
-    """ours | ours:compiled | torch | torch:compiled | marian (or any of bench_train's `ours:VARIANT`), as
-    bench_train builds them, on `device`. Compiled: ours as `model.compile=true` compiles the training step
-    (forward and loss, dynamic shapes, `transformer.training.compiling`); the references with
-    `torch.compile(dynamic=True)` (bucketed batches change shape every step) on the model."""
+    """ours | ours:compiled | ours:compiled-layers | torch | torch:compiled | marian (or any of bench_train's
+    `ours:VARIANT`), as bench_train builds them, on `device`. Compiled: ours as `model.compile=true` compiles
+    the training step (forward and loss, dynamic shapes, `transformer.training.compiling`) or
+    `model.compile=layers` its encoder and decoder layers (`transformer.stacks.compile_layers`); the
+    references with `torch.compile(dynamic=True)` (bucketed batches change shape every step) on the model."""
     base, _, variant = name.partition(":")
     if variant == "compiled" and base != "ours":  # ours:compiled compiles its step as the task does
         name = base
@@ -155,7 +161,7 @@ def run_training_case(
             torch.cuda.reset_peak_memory_stats()
         runner = _build(name, config, device, args.compile_backend)
         runner.autocast = torch.bfloat16 if args.bf16 else None
-        compiled = name.endswith(":compiled")
+        compiled = _compiles(name)
         with time_limit(args.compile_timeout if compiled else None):
             warm = [runner.step(batch) for batch in batches[: args.warmup]]
         frames_warm = counters["frames"]["total"]
@@ -172,7 +178,7 @@ def run_training_case(
     finally:
         del runner
         gc.collect()
-        if name.endswith(":compiled"):
+        if _compiles(name):
             torch._dynamo.reset()
     return row
 

@@ -19,6 +19,7 @@ from transformer import losses as our_losses
 from transformer.config import TransformerConfig
 from transformer.layers import Dropout
 from transformer.model import Seq2SeqTransformer
+from transformer.stacks import compile_layers
 from transformer.training.compiling import CompiledStep, pad_length
 
 CASES = {
@@ -124,8 +125,9 @@ class Runner:
         return matmul_flops(config, batch, packed=self.packed, packed_logits=self.packed_logits)
 
 
-# ours with one lever reverted, or (compiled) forward and loss compiled as model.compile=true compiles them
-VARIANTS = ("pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled")
+# ours with one lever reverted, or (compiled) forward and loss compiled as model.compile=true compiles them,
+# or (compiled-layers) the same padded step around layers compiled as model.compile=layers compiles them
+VARIANTS = ("pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled", "compiled-layers")
 
 
 def build_runner(
@@ -137,14 +139,16 @@ def build_runner(
 ) -> Runner:
     """ours, ours:VARIANT (one optimization reverted or forced), ours@REV (an earlier revision), torch or
     marian, for training on `device` (ours packs tokens by default on the CPU only). `ours:compiled` is
-    TranslationTask's `model.compile=true`: forward and loss through one `CompiledStep`."""
+    TranslationTask's `model.compile=true`: forward and loss through one `CompiledStep`;
+    `ours:compiled-layers` its `model.compile=layers`: the same padded step around compiled layers."""
     torch.manual_seed(0)
     if name == "ours" or name.startswith("ours:"):
         variant = name.partition(":")[2]
         if variant and variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         model = Seq2SeqTransformer(config)
-        if variant in ("pack", "nopack", "compiled"):  # packing's shapes depend on the data: not compiled
+        compiled = variant in ("compiled", "compiled-layers")
+        if variant in ("pack", "nopack") or compiled:  # packing's shapes depend on the data: not compiled
             model.pack_tokens = variant == "pack"
         if variant == "torchdropout":
             for module in list(model.modules()):
@@ -155,11 +159,15 @@ def build_runner(
             autograd_token_loss if variant == "autogradloss" else our_losses.label_smoothed_cross_entropy
         )
         packs = model.packing_on(device)
-        if variant == "compiled":
+        if compiled:
+            layers = variant == "compiled-layers"
+            if layers:
+                compile_layers(model, compile_backend)
             step = CompiledStep(
                 lambda src, tgt_in, tgt_out: padded_token_loss(model, src, tgt_in, tgt_out, loss_fn),
-                "the training step",
+                "the training step's layers" if layers else "the training step",
                 backend=compile_backend,
+                whole=not layers,
             )
 
             def padded_step(b: Batch) -> Tensor:  # the task's lengths: multiples of LENGTH_MULTIPLE

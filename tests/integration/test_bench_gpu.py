@@ -58,7 +58,7 @@ def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> 
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
     assert all("skipped" in row for row in result["train"].values())
     assert set(result["decode"]) == {"batch4_beam4", "batch4_greedy", "batch8_beam4", "batch8_greedy"}
-    assert "ours             skipped: the time budget (--budget-s 0) was spent" in done.stdout
+    assert "ours                 skipped: the time budget (--budget-s 0) was spent" in done.stdout
 
 
 def test_bench_gpu_leaves_every_finished_row_when_it_is_killed(tmp_path: Path) -> None:

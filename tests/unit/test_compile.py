@@ -1,7 +1,9 @@
 """`model.compile=true` (`transformer.training.compiling`): the translation training step's forward and loss
 (dropout on, label smoothing, padded batches) compile to one graph with no graph break, bucketed batches
 of many shapes compile it at most 3 times, the compiled loss and gradients are the eager ones, and the
-log says how long compiling took. Dynamo's cheap `eager` / `aot_eager` backends keep this fast on the CPU.
+log says how long compiling took. `model.compile=layers` (`transformer.stacks.compile_layers`): one graph
+per stack, reused by its layers and by every batch shape, the same numbers. Dynamo's cheap `eager` /
+`aot_eager` backends keep this fast on the CPU.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _task(**kwargs) -> TranslationTask:
+def _task(compile: bool | str = False, **kwargs) -> TranslationTask:
     task = TranslationTask(
-        {**CONFIG, **kwargs}, optimizer=functools.partial(adamw, lr=1e-3), label_smoothing=0.1
+        {**CONFIG, **kwargs},
+        optimizer=functools.partial(adamw, lr=1e-3),
+        label_smoothing=0.1,
+        compile=compile,
     )
     return task.train()
 
@@ -151,12 +156,116 @@ def test_fit_compiles_once_logs_the_time_and_keeps_eager_evaluation(tmp_path, ca
     assert "val/bleu" in trainer.callback_metrics  # validation decoded eagerly
 
 
+# --- model.compile=layers: regional compilation -----------------------------------------------------------
+
+
+def test_compiled_layers_compile_once_per_stack_over_bucketed_batches() -> None:
+    """`compile=layers`: the encoder's layers share one graph and the decoder's another (their copies
+    reuse it), bucketed batches of many shapes add none, nothing breaks the graphs (fullgraph), and a first
+    batch whose source and target lengths are equal does not make them equal for good (the lengths are
+    marked dynamic, not duck-sized into one symbol)."""
+    torch.manual_seed(0)
+    task = _task(compile="layers")
+    task.compile_backend, task.compile_fullgraph = "eager", True
+    task._compile()
+    batches = _bucketed_batches(30)
+    first = next(b for b in batches if pad_length(b["src"], 0).shape == pad_length(b["tgt_in"], 0).shape)
+    batches = [first, *batches]
+    assert len({(tuple(b["src"].shape), tuple(b["tgt_in"].shape)) for b in batches}) >= 15
+    for batch in batches:
+        task._token_loss(batch).loss.backward()
+        task._compiled_step.finished()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # one encoder, one decoder layer
+    assert task._compiled_step.compilations == 1  # both in the first step
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "activation_checkpointing"])
+def test_compiled_layers_give_the_eager_loss_and_gradients(checkpointing: bool) -> None:
+    """Without dropout, the padded step with compiled layers (aot_eager: traced forward and backward
+    graphs) computes the eager step's loss and gradients, also inside activation checkpointing; the
+    model's decoding and evaluation passes stay eager."""
+    torch.manual_seed(0)
+    task = _task(dropout=0.0, compile="layers")
+    batch = _bucketed_batches(1)[0]
+    eager = task._token_loss(batch)
+    eager.loss.backward()
+    expected = {name: p.grad.clone() for name, p in task.named_parameters()}
+    task.zero_grad()
+    task.compile_backend = "aot_eager"
+    task._compile()
+    task.model.encoder.activation_checkpointing = task.model.decoder.activation_checkpointing = checkpointing
+    compiled = task._token_loss(batch)
+    compiled.loss.backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    torch.testing.assert_close(compiled.loss, eager.loss)
+    for name, p in task.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], atol=1e-6, rtol=1e-5, msg=name)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        task.eval()
+        task.model(batch["src"], batch["tgt_in"])
+        task.model.train()
+        task.model(batch["src"], batch["tgt_in"])  # training mode without a graph: eager too
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_fit_with_compiled_layers_logs_the_time(tmp_path, caplog) -> None:
+    torch.manual_seed(0)
+    task = _task(compile="layers")
+    task.compile_backend, task.compile_fullgraph = "eager", True
+    trainer = _trainer(tmp_path, max_steps=6, limit_val_batches=1, val_check_interval=3)
+    with caplog.at_level(logging.INFO, logger="transformer.training.compiling"):
+        trainer.fit(task, datamodule=CopyData(n_train=128, batch_size=16))
+    assert trainer.global_step == 6
+    lines = [r.getMessage() for r in caplog.records if "torch.compile" in r.getMessage()]
+    assert lines and "compiled the training step's layers in" in lines[0]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    assert "val/bleu" in trainer.callback_metrics
+
+
+def test_the_classifier_trains_with_compiled_encoder_layers(tmp_path) -> None:
+    """`model.compile=layers` on the encoder-only classifier: its encoder's layers share one graph."""
+    from transformer.training import ClassificationTask
+
+    task = ClassificationTask(
+        {**TINY, "n_decoder_layers": 0},
+        num_classes=2,
+        optimizer=functools.partial(adamw, lr=3e-3),
+        compile="layers",
+    )
+    task.compile_backend, task.compile_fullgraph = "eager", True
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1)
+    trainer.fit(task, datamodule=CopyData(classify=True))
+    assert trainer.global_step == 4 and "val/acc" in trainer.callback_metrics
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_a_task_refuses_another_compile_setting() -> None:
+    with pytest.raises(ValueError, match="compile must be true, false or 'layers', got 'fast'"):
+        _task(compile="fast")
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"compile": "maybe"}, "`model.compile` must be true or false, got 'maybe'"),
+        (
+            {"compile": "maybe"},
+            "`model.compile` must be true (the training step), layers (each encoder / decoder layer) or "
+            "false, got 'maybe'",
+        ),
+        (
+            {"compile": 1},
+            "`model.compile` must be true (the training step), layers (each encoder / decoder "
+            "layer) or false, got 1",
+        ),
         ({"activation_checkpointing": 1}, "`model.activation_checkpointing` must be true or false, got 1"),
         ({"compile": True}, "`model.compile`=true cannot work here: no compiler (set model.compile=false)"),
+        (
+            {"compile": "layers"},
+            "`model.compile`=layers cannot work here: no compiler (set model.compile=false)",
+        ),
     ],
 )
 def test_settings_that_cannot_work_stop_before_training(monkeypatch, overrides, expected) -> None:

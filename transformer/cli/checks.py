@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from transformer.checkpoint import load_checkpoint
 from transformer.cli.errors import ConfigError
 from transformer.cli.process import local_rank
-from transformer.training.compiling import compile_unavailable
+from transformer.training.compiling import compile_unavailable, is_compile_mode
 from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
 
 log = logging.getLogger("train")
@@ -48,13 +48,19 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def check_compile(cfg: DictConfig) -> None:
-    """`model.compile` and `model.activation_checkpointing` are true or false, and torch.compile can run
-    on the run's device (a supported Python; inductor's C++ compiler on the CPU, Triton on CUDA)."""
-    for key in ("model.compile", "model.activation_checkpointing"):
-        value = OmegaConf.select(cfg, key, default=None)
-        if value is not None and not isinstance(value, bool):
-            raise ConfigError(f"`{key}` must be true or false, got {value!r}")
-    if not OmegaConf.select(cfg, "model.compile", default=False):
+    """`model.compile` is true, false or layers, `model.activation_checkpointing` true or false, and
+    torch.compile can run on the run's device (a supported Python; inductor's C++ compiler on the CPU,
+    Triton on CUDA)."""
+    value = OmegaConf.select(cfg, "model.activation_checkpointing", default=None)
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"`model.activation_checkpointing` must be true or false, got {value!r}")
+    compile_mode = OmegaConf.select(cfg, "model.compile", default=None)
+    if compile_mode is not None and not is_compile_mode(compile_mode):
+        raise ConfigError(
+            f"`model.compile` must be true (the training step), layers (each encoder / decoder layer) or "
+            f"false, got {compile_mode!r}"
+        )
+    if not compile_mode:
         return
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
     if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
@@ -65,7 +71,8 @@ def check_compile(cfg: DictConfig) -> None:
         return
     reason = compile_unavailable(device)
     if reason is not None:
-        raise ConfigError(f"`model.compile`=true cannot work here: {reason} (set model.compile=false)")
+        setting = str(compile_mode).lower()
+        raise ConfigError(f"`model.compile`={setting} cannot work here: {reason} (set model.compile=false)")
 
 
 # key -> (kind, lowest allowed, lowest is allowed): the Trainer's numbers, which Lightning checks late or

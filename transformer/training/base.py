@@ -19,7 +19,7 @@ from torchmetrics import MeanMetric, Metric
 
 from transformer.checkpoint import strip_compile_prefix
 from transformer.losses import TokenLoss
-from transformer.stacks import checkpoint_layers
+from transformer.stacks import checkpoint_layers, compile_layers
 from transformer.training.compiling import CompiledStep
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,8 @@ class TaskBase(L.LightningModule):
     model: nn.Module
     best_metric: tuple[str, Literal["max", "min"]]  # the validation metric tracked as val/<name>_best
     _compiled_step: CompiledStep | None = None  # a task's compiled training step (`_compile`)
+    compile_backend = "inductor"  # torch.compile's backend for `model.compile` (tests use "eager")
+    compile_fullgraph = False  # True: a graph break is an error (the tests' setting)
 
     def __init__(
         self,
@@ -176,8 +178,12 @@ class TaskBase(L.LightningModule):
 
     def _compile(self) -> None:
         """`model.compile=true`: the model's forward through `torch.compile`, in place (`nn.Module.compile`:
-        state_dict keys keep their names). A task may compile its training step instead."""
-        self.model.compile()
+        state_dict keys keep their names); `model.compile=layers`: its encoder / decoder layers in training
+        (`compile_layers`). A task may compile its training step instead."""
+        if self.hparams.get("compile") == "layers":
+            compile_layers(self.model, self.compile_backend, self.compile_fullgraph)
+        else:
+            self.model.compile(backend=self.compile_backend, fullgraph=self.compile_fullgraph)
 
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:

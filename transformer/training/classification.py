@@ -23,6 +23,7 @@ from transformer.training.base import (
     TaskBase,
     plain,
 )
+from transformer.training.compiling import check_compile_mode
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,12 @@ class ClassificationTask(TaskBase):
         rdrop: float = 0.0,
         adversarial: float = 0.0,
         init_from: str | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         activation_checkpointing: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
+        check_compile_mode(compile)
         config = plain(config)
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")

@@ -1,4 +1,6 @@
-"""`model.compile=true`: a task's training forward and loss through `torch.compile`, as one graph.
+"""`model.compile=true`: a task's training forward and loss through `torch.compile`, as one graph;
+`model.compile=layers`: only the encoder and decoder layers, each stack's copies sharing one compiled layer
+(`transformer.stacks.compile_layers`, regional compilation), which compiles in a fraction of the time.
 
 What compiles is the padded (B, L) layout: the packed path's shapes depend on the data (`Seq2SeqTransformer`
 never packs under tracing) and the CPU dropout's 16-bit masks use an op Dynamo cannot trace
@@ -22,7 +24,18 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
-__all__ = ["LENGTH_MULTIPLE", "CompiledStep", "compile_unavailable", "pad_length"]
+__all__ = [
+    "COMPILE_MODES",
+    "LENGTH_MULTIPLE",
+    "CompiledStep",
+    "check_compile_mode",
+    "compile_unavailable",
+    "is_compile_mode",
+    "pad_length",
+]
+
+# `model.compile`: false, true (the training step as one graph) or "layers" (the layers, one graph per stack)
+COMPILE_MODES = (False, True, "layers")
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +57,17 @@ def pad_length(ids: Tensor, pad_id: int, multiple: int = LENGTH_MULTIPLE) -> Ten
     return torch.nn.functional.pad(ids, (0, extra), value=pad_id) if extra else ids
 
 
+def is_compile_mode(value: object) -> bool:
+    """Whether `value` is a `model.compile` setting (`COMPILE_MODES`; 1 and 0 are not booleans here)."""
+    return isinstance(value, bool) or value == "layers"
+
+
+def check_compile_mode(value: object) -> None:
+    """Raise ValueError unless `value` is a `model.compile` setting."""
+    if not is_compile_mode(value):
+        raise ValueError(f"compile must be true, false or 'layers', got {value!r}")
+
+
 def _graphs_compiled() -> int:
     """How many graphs Dynamo has compiled in this process (any function, any backend)."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -51,15 +75,22 @@ def _graphs_compiled() -> int:
 
 class CompiledStep:
     """`fn(*tensors)` through `torch.compile(fn, backend=..., fullgraph=...)`, each input's dimensions
-    marked dynamic. A call that compiled starts a clock that `finished()` (at the end of the training
-    step: the backward graph compiles in the backward pass) stops and logs."""
+    marked dynamic; with `whole=False`, `fn` as it is, whose layers are compiled (`compile_layers`). A call
+    that compiled a graph starts a clock that `finished()` (at the end of the training step: the backward
+    graph compiles in the backward pass) stops and logs."""
 
     def __init__(
-        self, fn: Callable[..., Any], name: str, *, backend: str = "inductor", fullgraph: bool = False
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        *,
+        backend: str = "inductor",
+        fullgraph: bool = False,
+        whole: bool = True,
     ) -> None:
         self.name = name
         self.backend = backend
-        self._compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+        self._compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph) if whole else fn
         self.compilations = 0  # calls that compiled a graph
         self.seconds = 0.0  # their wall time, forward to end of step (compiling plus one run)
         self._started: float | None = None

@@ -19,6 +19,7 @@ from transformer.training.base import (
     TaskBase,
     plain,
 )
+from transformer.training.compiling import check_compile_mode
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,12 @@ class MaskedLMTask(TaskBase):
         scheduler: SchedulerFactory | None = None,
         mask_prob: float = 0.15,
         mask_id: int = 3,
-        compile: bool = False,
+        compile: bool | str = False,
         activation_checkpointing: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
+        check_compile_mode(compile)
         config = plain(config)
         if not 0.0 < mask_prob < 1.0:
             raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob!r}")

@@ -15,6 +15,7 @@ from transformer.evaluation.scoring import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
 from transformer.search.decoding import DecodingSettings, decode
+from transformer.stacks import compile_layers
 from transformer.training.base import (
     OptimizerFactory,
     SchedulerFactory,
@@ -22,7 +23,7 @@ from transformer.training.base import (
     TokenMeans,
     plain,
 )
-from transformer.training.compiling import CompiledStep, pad_length
+from transformer.training.compiling import CompiledStep, check_compile_mode, pad_length
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,12 @@ class TranslationTask(TaskBase):
     """Sequence-to-sequence training (section 5) with validation BLEU from greedy or beam search.
 
     With `compile=True` the training forward and loss run as one `torch.compile`d graph over the padded
-    batch (`_padded_token_loss`, `transformer.training.compiling`); validation and test stay eager.
+    batch (`_padded_token_loss`, `transformer.training.compiling`); with `compile="layers"` the same padded
+    step runs eagerly around compiled encoder and decoder layers (`compile_layers`). Validation and test
+    stay eager.
     """
 
     best_metric = ("bleu", "max")
-    compile_backend = "inductor"  # torch.compile's backend for the training step (tests use "eager")
-    compile_fullgraph = False  # True: a graph break is an error (the tests' setting)
 
     def __init__(
         self,
@@ -47,11 +48,12 @@ class TranslationTask(TaskBase):
         decoding: Mapping[str, Any] | None = None,
         test_decoding: Mapping[str, Any] | None = None,
         val_bleu_every_n_epochs: int = 1,
-        compile: bool = False,
+        compile: bool | str = False,
         activation_checkpointing: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
+        check_compile_mode(compile)
         config = plain(config)
         # plain dicts in the hyperparameters (checkpoints hold plain data); test defaults to validation's
         decoding = dict(DecodingSettings.from_values(plain(decoding), prefix="decoding."))
@@ -77,11 +79,16 @@ class TranslationTask(TaskBase):
         return self.model(src, tgt_in)
 
     def _compile(self) -> None:
+        layers = self.hparams.compile == "layers"
+        if layers:  # on padded batches, as the whole step: the packed path's shapes depend on the data
+            compile_layers(self.model, self.compile_backend, self.compile_fullgraph)
+            self.model.pack_tokens = False
         self._compiled_step = CompiledStep(
             self._padded_token_loss,
-            "the training step (forward and label-smoothed loss)",
+            "the training step's layers" if layers else "the training step (forward and label-smoothed loss)",
             backend=self.compile_backend,
             fullgraph=self.compile_fullgraph,
+            whole=not layers,
         )
 
     def _padded_token_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> TokenLoss:
