@@ -228,8 +228,8 @@ class CompiledLayerCall:
     """`layer(*args, **kwargs)` for the layers of one stack through one `torch.compile`d function, their
     class's `forward` (regional compilation). The layers are copies of one class, so it is traced and
     compiled once and every copy reuses the code, its weights being the graph's inputs: compiling takes
-    about the time of one layer per stack instead of the whole model's (2.7x less on the CPU for the
-    WMT-base training step, benchmarks/README.md). Every dimension of a tensor argument is marked dynamic
+    about the time of one layer per stack instead of the whole model's (2.4x less on the CPU for the
+    WMT-base training step, docs/gpu.md). Every dimension of a tensor argument is marked dynamic
     but a floating tensor's last (d_model), so bucketed batches share the graph and two lengths that happen
     to be equal in the first batch are not assumed equal ever after (a recompilation when they differ)."""
 
