@@ -11,12 +11,13 @@ default inductor backend on the CPU; compiled before the timed rounds, the compi
 layers, 8 heads) at a width of 64 and 4 sentences a batch, where a step's arithmetic is negligible and its
 time is the Python and dispatcher work of its operators; ours against transformers `generate`
 (MarianMTModel of the same shape, each at 32 tokens, as bench_gpu.py decodes) and, with a REVISION,
-against our code there too.
+against our code there too. `--cuda-path` runs our attention's CUDA code on the CPU (the SDPA backends
+without cuDNN's, `kernels._WITHOUT_CUDNN_DEVICES`, in both checkouts): the host work a GPU's step pays.
 
     python benchmarks/decode_ab.py REVISION [ROUNDS]
     python benchmarks/decode_ab.py --features [ROUNDS]
     python benchmarks/decode_ab.py --kv-cache [ROUNDS]
-    python benchmarks/decode_ab.py --host [REVISION] [ROUNDS]
+    python benchmarks/decode_ab.py --host [REVISION] [ROUNDS] [--cuda-path]
 """
 
 from __future__ import annotations
@@ -131,10 +132,11 @@ def _generate(marian: Any, batches: list[torch.Tensor], beams: int) -> Callable[
     return lambda: [marian_generate(marian, src, HOST_LENGTH, beams) for src in batches]
 
 
-def _host(revision: str | None, rounds: int) -> None:
+def _host(revision: str | None, rounds: int, cuda_path: bool) -> None:
     from gpu_decode import decode_models, source_batches
 
     import transformer.search.decoding as decoding
+    from transformer import kernels
 
     values = {"src_vocab_size": 1_000, "dropout": 0.0, "max_len": 256, **HOST_SHAPE}
     ours, marian = decode_models(TransformerConfig(**values), torch.device("cpu"), torch.float32)
@@ -145,6 +147,10 @@ def _host(revision: str | None, rounds: int) -> None:
         old = load_revision(revision)
         old_model = old["model"].Seq2SeqTransformer(old["config"].TransformerConfig(**values)).eval()
         old_model.load_state_dict(ours.state_dict())
+    if cuda_path:
+        for module in (kernels, old.get("kernels")):
+            if module is not None:
+                module._WITHOUT_CUDNN_DEVICES = frozenset({"cpu"})
 
     def runner(model: Any, module: Any, beams: int) -> Callable[[], list[torch.Tensor]]:
         limit = {"max_len_a": 0, "max_len_b": HOST_LENGTH}
@@ -172,9 +178,9 @@ def _host(revision: str | None, rounds: int) -> None:
 def main() -> None:
     torch.set_num_threads(1)
     if sys.argv[1] == "--host":
-        rest = sys.argv[2:]
+        rest = [arg for arg in sys.argv[2:] if arg != "--cuda-path"]
         revision = rest.pop(0) if rest and not rest[0].isdigit() else None
-        _host(revision, int(rest[0]) if rest else 5)
+        _host(revision, int(rest[0]) if rest else 5, "--cuda-path" in sys.argv)
         return
     if sys.argv[1] in ("--features", "--kv-cache"):
         mode = _features if sys.argv[1] == "--features" else _kv_cache
