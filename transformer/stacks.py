@@ -1,7 +1,8 @@
 """The encoder and decoder stacks (Vaswani et al., 2017, Section 3.1): N layers each, plus a final
 LayerNorm when pre-LN. Each stack runs padded batches, packed tokens (`forward_packed`) and, for the
 decoder, incremental decoding over a `DecoderCache`. With activation checkpointing on, training
-passes keep only each layer's input and recompute the layer in the backward pass.
+passes keep only each layer's input and recompute the layer in the backward pass; with `compile_layers`,
+training passes over padded batches run each stack's layers through one compiled `forward`.
 """
 
 from __future__ import annotations

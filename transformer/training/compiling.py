@@ -25,7 +25,6 @@ import torch._dynamo
 from torch import Tensor
 
 __all__ = [
-    "COMPILE_MODES",
     "LENGTH_MULTIPLE",
     "CompiledStep",
     "check_compile_mode",
@@ -33,9 +32,6 @@ __all__ = [
     "is_compile_mode",
     "pad_length",
 ]
-
-# `model.compile`: false, true (the training step as one graph) or "layers" (the layers, one graph per stack)
-COMPILE_MODES = (False, True, "layers")
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +54,8 @@ def pad_length(ids: Tensor, pad_id: int, multiple: int = LENGTH_MULTIPLE) -> Ten
 
 
 def is_compile_mode(value: object) -> bool:
-    """Whether `value` is a `model.compile` setting (`COMPILE_MODES`; 1 and 0 are not booleans here)."""
+    """Whether `value` is a `model.compile` setting: false, true (the training step as one graph) or
+    "layers" (the layers, one graph per stack); 1 and 0 are not booleans here."""
     return isinstance(value, bool) or value == "layers"
 
 
