@@ -57,15 +57,18 @@ from transformer.config import TransformerConfig
 
 WMT_BASE = {"d_model": 512, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6, "d_ff": 2048}
 SMOKE = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64}
-TRAINING = ("ours", "ours:compiled", "ours:compiled-layers", "torch", "torch:compiled", "marian")
+TRAINING = (
+    "ours", "ours:compiled", "ours:compiled-layers", "torch", "torch:no-cudnn", "torch:compiled", "marian",
+)  # fmt: skip
 RESULTS = Path(__file__).resolve().parent / "results"
 # issue 29's targets on one H100
 TARGETS = {"mfu_pct": 25.0, "train_vs_torch_eager": 1.5, "compile_s": 90.0, "beam4": 1.5, "greedy": 2.0}
 # What each case is worth, most first: our step and the reference its target is set against, decoding at
 # the first batch size, then the compiled step and layers (compile time is a target), then the rest.
 VALUE_ORDER = (
-    "train ours", "train torch", "decode 0 beam4", "decode 0 greedy", "train ours:compiled",
-    "train ours:compiled-layers", "decode 1 beam4", "decode 1 greedy", "train torch:compiled", "train marian",
+    "train ours", "train torch", "train torch:no-cudnn", "decode 0 beam4", "decode 0 greedy",
+    "train ours:compiled", "train ours:compiled-layers", "decode 1 beam4", "decode 1 greedy",
+    "train torch:compiled", "train marian",
 )  # fmt: skip
 
 
@@ -193,13 +196,14 @@ def decoding_rows(case: str, methods: dict[str, Any]) -> None:
 def ratios(result: dict[str, Any]) -> dict[str, float]:
     """The figures issue 29 sets targets for, where measured."""
     train, out = result.get("train", {}), {}
-    torch_eager = train.get("torch", {}).get("tok_s")
-    for name in ("ours", "ours:compiled", "ours:compiled-layers"):
-        row = train.get(name, {})
-        if "tok_s" in row and torch_eager:
-            out[f"train_{name.replace(':', '_').replace('-', '_')}_vs_torch_eager"] = (
-                row["tok_s"] / torch_eager
-            )
+    for reference, label in (("torch", "torch_eager"), ("torch:no-cudnn", "torch_eager_no_cudnn")):
+        reference_tok_s = train.get(reference, {}).get("tok_s")
+        for name in ("ours", "ours:compiled", "ours:compiled-layers"):
+            row = train.get(name, {})
+            if "tok_s" in row and reference_tok_s:
+                out[f"train_{name.replace(':', '_').replace('-', '_')}_vs_{label}"] = (
+                    row["tok_s"] / reference_tok_s
+                )
     for case, methods in result.get("decode", {}).items():
         if isinstance(methods, dict):
             for name, row in methods.items():

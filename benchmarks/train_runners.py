@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from transformer import losses as our_losses
 from transformer.config import TransformerConfig
+from transformer.kernels import attention_backends
 from transformer.layers import Dropout
 from transformer.model import Seq2SeqTransformer
 from transformer.stacks import compile_layers
@@ -137,8 +138,9 @@ def build_runner(
     device: torch.device = torch.device("cpu"),  # noqa: B008
     compile_backend: str = "inductor",
 ) -> Runner:
-    """ours, ours:VARIANT (one optimization reverted or forced), ours@REV (an earlier revision), torch or
-    marian, for training on `device` (ours packs tokens by default on the CPU only). `ours:compiled` is
+    """ours, ours:VARIANT (one optimization reverted or forced), ours@REV (an earlier revision), torch,
+    torch:no-cudnn (its SDPA with the backends ours uses: no cuDNN on CUDA) or marian, for training on
+    `device` (ours packs tokens by default on the CPU only). `ours:compiled` is
     TranslationTask's `model.compile=true`: forward and loss through one `CompiledStep`;
     `ours:compiled-layers` its `model.compile=layers`: the same padded step around compiled layers."""
     torch.manual_seed(0)
@@ -190,10 +192,19 @@ def build_runner(
         packs = on(device) if on is not None else bool(getattr(model, "pack_tokens", False))
         loss_fn = modules["losses"].label_smoothed_cross_entropy
         return Runner(name, model, lambda b: ours_token_loss(model, b, loss_fn, packs), packs, True)
-    if name == "torch":
+    if name in ("torch", "torch:no-cudnn"):
         model = TorchReference(config)
-        return Runner(name, model, lambda b: reference_loss(model, b), False, False)
+        if name == "torch":  # torch's own choice of SDPA kernels (cuDNN's first on Hopper, torch 2.11)
+            return Runner(name, model, lambda b: reference_loss(model, b), False, False)
+
+        def no_cudnn_loss(b: Batch) -> Tensor:  # the backends ours runs with (kernels.attention_backends)
+            with attention_backends(device):
+                return reference_loss(model, b)
+
+        return Runner(name, model, no_cudnn_loss, False, False)
     if name == "marian":
         model = MarianReference(config)
         return Runner(name, model, lambda b: reference_loss(model, b), False, False)
-    raise ValueError(f"unknown model {name!r}; expected ours, ours:VARIANT, ours@REV, torch or marian")
+    raise ValueError(
+        f"unknown model {name!r}; expected ours, ours:VARIANT, ours@REV, torch, torch:no-cudnn or marian"
+    )

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from transformer.config import TransformerConfig
-from transformer.kernels import RotaryLike, attention_dtype
+from transformer.kernels import RotaryLike, attention_dtype, compile_options
 from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.packing import TokenPacking
 from transformer.search.cache import DecoderCache
@@ -238,7 +238,8 @@ class CompiledLayerCall:
         self, layer_type: type[nn.Module], backend: str = "inductor", fullgraph: bool = False
     ) -> None:
         # the class's own code object: Dynamo counts the encoder's and the decoder's graphs apart
-        self._compiled = torch.compile(layer_type.forward, backend=backend, fullgraph=fullgraph)
+        options = compile_options(backend)
+        self._compiled = torch.compile(layer_type.forward, backend=backend, fullgraph=fullgraph, **options)
 
     def __call__(self, layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
         for value in (*args, *kwargs.values()):

@@ -24,6 +24,8 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
+from transformer.kernels import compile_options
+
 __all__ = [
     "LENGTH_MULTIPLE",
     "CompiledStep",
@@ -87,7 +89,8 @@ class CompiledStep:
     ) -> None:
         self.name = name
         self.backend = backend
-        self._compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph) if whole else fn
+        options = compile_options(backend)
+        self._compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph, **options) if whole else fn
         self.compilations = 0  # calls that compiled a graph
         self.seconds = 0.0  # their wall time, forward to end of step (compiling plus one run)
         self._started: float | None = None
