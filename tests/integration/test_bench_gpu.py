@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) -> None:
-    models = "ours,ours:compiled,torch,torch:compiled,marian,nosuch"  # nosuch: a case that fails
+    models = (
+        "ours,ours:compiled,torch,torch:no-cudnn,torch:compiled,marian,nosuch"  # nosuch: a case that fails
+    )
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--models", models,
          "--results-dir", str(tmp_path)],
@@ -44,7 +46,9 @@ def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) ->
             for name in ("ours", "transformers generate", *(["ctranslate2"] * ("ctranslate2" in rows))):
                 # the same fixed work for every decoder: 5 tokens per sentence
                 assert rows[name]["sent_s"] > 0 and rows[name]["mean_length"] == 5.0, (size, mode, name)
+    assert "tok_s" in train["torch:no-cudnn"]  # torch with the SDPA backends ours uses
     assert result["ratios"]["train_ours_vs_torch_eager"] > 0
+    assert result["ratios"]["train_ours_vs_torch_eager_no_cudnn"] > 0
 
 
 def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> None:

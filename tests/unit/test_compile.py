@@ -288,3 +288,35 @@ def test_compile_is_available_on_this_machine() -> None:
     from transformer.training.compiling import compile_unavailable
 
     assert compile_unavailable("cpu") is None
+
+
+def test_inductor_compiles_without_size_guards_from_mix_order_fusion(monkeypatch) -> None:
+    """The compiled step and layers ask Inductor for the mix-order reduction's non-strict mode, whose size
+    check guarded the step on an H200 (a recompilation when a batch crossed 5 * 2**20 elements); the
+    installed torch knows the option; another backend is given no options (it takes none)."""
+    from torch._inductor import config
+
+    from transformer import stacks
+    from transformer.kernels import compile_options
+    from transformer.training import compiling
+
+    assert hasattr(config.triton, "mix_order_reduction_non_strict_mode")
+    assert compile_options("inductor") == {"options": {"triton.mix_order_reduction_non_strict_mode": True}}
+    assert compile_options("eager") == compile_options("aot_eager") == {}
+
+    calls = []
+
+    def fake_compile(fn, **kwargs):
+        calls.append(kwargs)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    for backend in ("inductor", "eager"):
+        compiling.CompiledStep(lambda x: x, "step", backend=backend)
+        stacks.CompiledLayerCall(torch.nn.Linear, backend)
+    assert [call.get("options") for call in calls] == [
+        {"triton.mix_order_reduction_non_strict_mode": True},
+        {"triton.mix_order_reduction_non_strict_mode": True},
+        None,
+        None,
+    ]
