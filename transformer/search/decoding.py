@@ -51,11 +51,12 @@ class DecodingSettings(Mapping[str, Any]):
     drops finished rows from the batch; "static" preallocates it at the search's maximum length and
     keeps every row (finished ones masked), so every step after the first has the same shapes;
     "compiled" is "static" with the step through `torch.compile` (a CUDA graph on CUDA:
-    `transformer.search.static_cache.compile_step`). "auto" is "dynamic" on every device for now: on the CPU
+    `transformer.search.static_cache.compile_step`). "auto" is "dynamic" on every device: on the CPU
     "static" and "compiled" measured slower (benchmarks/decode_ab.py --kv-cache); on an H200 "compiled"
-    decoded 2.6-3.9x as fast as "dynamic" once compiled (bench_gpu.py, benchmarks/README.md), but its
-    one-off cost (compiling, a CUDA graph per bucket) is not measured yet, and small test sets decode in
-    seconds eagerly: use "compiled" for large jobs on a GPU.
+    decoded 1.9-3.4x as fast as "dynamic" once compiled, but its first batches cost 14-27 s more
+    (compiling, recording CUDA graphs), which it pays back only after ~13,000-68,000 sentences
+    (bench_gpu.py, benchmarks/README.md): a test set decodes faster eagerly. Use "compiled" for
+    corpus-sized jobs on a GPU.
     """
 
     search: str = "auto"  # auto | greedy | beam | sample (auto: greedy for beam_size 1, else beam)
