@@ -13,7 +13,9 @@ longer than --compile-timeout) is reported in the table, and the others still ru
 
 Decoding (gpu_decode.py): beam 4 and greedy, batches of 64 and 256 sentences, bf16: ours vs transformers
 `generate` (and CTranslate2 when a CUDA build of it is importable), sentences/s and tokens/s; on CUDA also
-"ours compiled step" (`decode.kv_cache=compiled`: static KV cache, the decoder step as a CUDA graph).
+"ours compiled step" (`decode.kv_cache=compiled`: static KV cache, the decoder step as a CUDA graph) and
+"ours cudagraphs step" (the same with torch.compile's "cudagraphs" backend: the eager step's kernels
+recorded, no Inductor code generation; is its first call much cheaper, and how much speed does it keep?).
 
     python benchmarks/bench_gpu.py                  # on one GPU, at most --budget-s (480) seconds
     python benchmarks/bench_gpu.py --smoke          # the same code on the CPU in seconds (tiny, fp32)

@@ -209,3 +209,21 @@ def test_cuda_graph_steps_over_buckets_compile_twice() -> None:
                 torch.testing.assert_close(got[1], dynamic[1], rtol=1e-5, atol=1e-4)
     assert counters["stats"]["unique_graphs"] <= 2
     assert compile_step(torch.device("cuda")).failure is None
+
+
+def test_which_compiled_steps_record_cuda_graphs(monkeypatch) -> None:
+    """Inductor in mode "reduce-overhead" and the "cudagraphs" backend record CUDA graphs on CUDA (each
+    step then marks its start, so the last step's outputs may be reused), nothing else does; compiling
+    is lazy, so this needs no GPU. One step per device kind and backend."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    compiled._compile_step.cache_clear()
+    try:
+        cuda, cpu = torch.device("cuda"), torch.device("cpu")
+        assert compile_step(cuda).cuda_graphs and calls[-1]["mode"] == "reduce-overhead"
+        assert compile_step(cuda, "cudagraphs").cuda_graphs and calls[-1]["mode"] is None
+        assert not compile_step(cpu).cuda_graphs and calls[-1]["mode"] is None
+        assert not compile_step(cuda, "aot_eager").cuda_graphs
+        assert compile_step(cuda, "cudagraphs") is compile_step(cuda, "cudagraphs") and len(calls) == 4
+    finally:
+        compiled._compile_step.cache_clear()

@@ -274,3 +274,19 @@ def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(beam_size: int) 
         compiled = _decode(model, src, "compiled", beam_size=beam_size)
         assert torch.equal(compiled[0], dynamic[0])
         torch.testing.assert_close(compiled[1], dynamic[1], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_cuda_graphs_of_the_eager_step_decode_what_the_growing_cache_decodes(monkeypatch, beam_size) -> None:
+    """torch.compile's "cudagraphs" backend (the eager kernels recorded as CUDA graphs, no code generation;
+    bench_gpu.py's `ours cudagraphs step`): the same tokens and scores, three searches."""
+    monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, "cudagraphs"))
+    assert compile_step(torch.device("cuda"), "cudagraphs").cuda_graphs
+    model, src = _model(0).cuda(), _sources(16).cuda()
+    dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
+    for _ in range(3):
+        graphs = _decode(model, src, "compiled", beam_size=beam_size)
+        assert torch.equal(graphs[0], dynamic[0])
+        torch.testing.assert_close(graphs[1], dynamic[1], rtol=1e-5, atol=1e-4)

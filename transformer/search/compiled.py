@@ -68,9 +68,11 @@ class CompiledStep:
 def compile_step(device: torch.device, backend: str | Callable[..., object] = "inductor") -> CompiledStep:
     """The process's compiled step for `device`: on CUDA in mode "reduce-overhead" (a CUDA graph per
     bucket, replayed over the bucket's fixed-address `StaticBuffers`), elsewhere inductor's default
-    code generation; `backend` "aot_eager" or "eager" for cheap tests. One per process and kind of
-    device, so that Dynamo's cache (and the warning) is the process's."""
-    return _compile_step(device.type == "cuda" and backend == "inductor", backend)
+    code generation; `backend` "aot_eager" or "eager" for cheap tests; "cudagraphs" on CUDA: the step's
+    eager kernels recorded as CUDA graphs, with no code generation (bench_gpu.py measures it as `ours
+    cudagraphs step`: less to compile, no fusion). One per process, kind of device and backend, so that
+    Dynamo's cache (and the warning) is the process's."""
+    return _compile_step(device.type == "cuda" and backend in ("inductor", "cudagraphs"), backend)
 
 
 @functools.cache
@@ -78,6 +80,6 @@ def _compile_step(cuda_graphs: bool, backend: str | Callable[..., object]) -> Co
     # a limit of this function's own where torch.compile takes one (older: Dynamo's default, also 8)
     limit = {"recompile_limit": RECOMPILE_LIMIT}
     options = limit if "recompile_limit" in inspect.signature(torch.compile).parameters else {}
-    mode = "reduce-overhead" if cuda_graphs else None
+    mode = "reduce-overhead" if cuda_graphs and backend == "inductor" else None  # cudagraphs: graphs itself
     compiled = torch.compile(next_log_probs, backend=backend, mode=mode, fullgraph=True, **options)
     return CompiledStep(compiled, cuda_graphs)
