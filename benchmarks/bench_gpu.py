@@ -214,6 +214,59 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def target_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of TARGETS against the best figure measured for it: MFU and training speed by the
+    fastest of ours (against torch as shipped and without cuDNN's attention), compile seconds by each
+    compiled variant, decoding by each of ours' methods at its worst batch size (eager: the paired ratio
+    of the table; compiled steps: the ratio of medians)."""
+    train, decode = result.get("train", {}), result.get("decode", {})
+    ours = {name: row for name, row in train.items() if name.startswith("ours") and "tok_s" in row}
+    checks: list[dict[str, Any]] = []
+
+    def check(what: str, value: float, target: float, by: str, at_most: bool = False) -> None:
+        met = value <= target if at_most else value >= target
+        checks.append(
+            {"target": what, "value": value, "goal": target, "at_most": at_most, "by": by, "met": met}
+        )
+
+    if ours:
+        fastest, row = max(ours.items(), key=lambda item: item[1]["tok_s"])
+        if row.get("mfu_pct") is not None:
+            check("MFU %", row["mfu_pct"], TARGETS["mfu_pct"], fastest)
+        for reference in ("torch", "torch:no-cudnn"):
+            if "tok_s" in train.get(reference, {}):
+                ratio = row["tok_s"] / train[reference]["tok_s"]
+                check(f"training x {reference}", ratio, TARGETS["train_vs_torch_eager"], fastest)
+    for name, row in ours.items():
+        if "compile_s" in row:
+            check("compile s", row["compile_s"], TARGETS["compile_s"], name, at_most=True)
+    for mode in ("beam4", "greedy"):
+        for method in ("ours", "ours compiled step", "ours cudagraphs step"):
+            speedups = []
+            for case, rows in decode.items():
+                generate = rows.get("transformers generate", {}) if isinstance(rows, dict) else {}
+                if (
+                    not case.endswith(mode)
+                    or "sent_s" not in generate
+                    or "sent_s" not in rows.get(method, {})
+                ):
+                    continue
+                paired = method == "ours" and "ours_speedup" in generate
+                speedups.append(
+                    generate["ours_speedup"] if paired else rows[method]["sent_s"] / generate["sent_s"]
+                )
+            if speedups:
+                check(f"{mode} x generate", min(speedups), TARGETS[mode], method)
+    return checks
+
+
+def print_targets(checks: list[dict[str, Any]]) -> None:
+    print("\nTargets (the best measured for each; decoding at its worst batch size)")
+    for c in checks:
+        goal = f"{'<=' if c['at_most'] else '>='} {c['goal']:g}"
+        print(f"{c['target']:26} {c['value']:9.2f} {goal:>8}  {'met' if c['met'] else 'not met':8} {c['by']}")
+
+
 def _rounded(value: Any) -> Any:
     if isinstance(value, float):
         return round(value, 3)
@@ -313,6 +366,8 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     summary(args, cases)
     result["ratios"] = ratios(result)
     result["targets"] = TARGETS
+    result["target_checks"] = target_checks(result)
+    print_targets(result["target_checks"])
     print("\n" + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items()))
     print(json.dumps(_rounded(result)))
     return result

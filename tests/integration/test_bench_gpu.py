@@ -49,6 +49,10 @@ def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) ->
     assert "tok_s" in train["torch:no-cudnn"]  # torch with the SDPA backends ours uses
     assert result["ratios"]["train_ours_vs_torch_eager"] > 0
     assert result["ratios"]["train_ours_vs_torch_eager_no_cudnn"] > 0
+    checks = {(c["target"], c["by"]): c["met"] for c in result["target_checks"]}  # each target, met or not
+    assert {"training x torch", "training x torch:no-cudnn"} <= {target for target, _ in checks}
+    assert ("beam4 x generate", "ours") in checks and ("greedy x generate", "ours") in checks
+    assert "Targets (the best measured for each" in done.stdout
 
 
 def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> None:
