@@ -264,26 +264,16 @@ def test_kv_cache_setting() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["inductor", "cudagraphs"])
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(beam_size: int) -> None:
-    """The real thing (inductor, mode "reduce-overhead": the step recorded and replayed as a CUDA graph),
-    three searches: warm-up, recording, replays."""
-    model, src = _model(0).cuda(), _sources(16).cuda()
-    dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
-    for _ in range(3):
-        compiled = _decode(model, src, "compiled", beam_size=beam_size)
-        assert torch.equal(compiled[0], dynamic[0])
-        torch.testing.assert_close(compiled[1], dynamic[1], rtol=1e-5, atol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("beam_size", [1, 4])
-def test_cuda_graphs_of_the_eager_step_decode_what_the_growing_cache_decodes(monkeypatch, beam_size) -> None:
-    """torch.compile's "cudagraphs" backend (the eager kernels recorded as CUDA graphs, no code generation;
-    bench_gpu.py's `ours cudagraphs step`): the same tokens and scores, three searches."""
-    monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, "cudagraphs"))
-    assert compile_step(torch.device("cuda"), "cudagraphs").cuda_graphs
+def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(
+    monkeypatch, backend: str, beam_size: int
+) -> None:
+    """The real thing, three searches (warm-up, recording, replays): inductor in mode "reduce-overhead"
+    (the step recorded and replayed as a CUDA graph), and torch.compile's "cudagraphs" backend (the eager
+    kernels recorded, no code generation; bench_gpu.py's `ours cudagraphs step`)."""
+    monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, backend))
+    assert compile_step(torch.device("cuda"), backend).cuda_graphs
     model, src = _model(0).cuda(), _sources(16).cuda()
     dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
     for _ in range(3):
