@@ -131,9 +131,9 @@ def _build(name: str, config: TransformerConfig, device: torch.device, backend: 
     """ours | ours:compiled | ours:compiled-layers | torch | torch:no-cudnn | torch:compiled | marian (or any
     of bench_train's `ours:VARIANT`), as bench_train builds them, on `device`. Compiled: ours as
     `model.compile=true` compiles the training step (forward and loss, dynamic shapes,
-    `transformer.training.compiling`) or
-    `model.compile=layers` its encoder and decoder layers (`transformer.stacks.compile_layers`); the
-    references with `torch.compile(dynamic=True)` (bucketed batches change shape every step) on the model."""
+    `transformer.training.compiling`) or `model.compile=layers` its encoder and decoder layers
+    (`transformer.stacks.compile_layers`); the references with `torch.compile(dynamic=True)` (bucketed
+    batches change shape every step) on the model."""
     base, _, variant = name.partition(":")
     if variant == "compiled" and base != "ours":  # ours:compiled compiles its step as the task does
         name = base

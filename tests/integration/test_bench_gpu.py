@@ -17,9 +17,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) -> None:
-    models = (
-        "ours,ours:compiled,torch,torch:no-cudnn,torch:compiled,marian,nosuch"  # nosuch: a case that fails
-    )
+    # nosuch: a case that fails
+    models = "ours,ours:compiled,torch,torch:no-cudnn,torch:compiled,marian,nosuch"
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--models", models,
          "--results-dir", str(tmp_path)],
