@@ -15,7 +15,9 @@ Decoding (gpu_decode.py): beam 4 and greedy, batches of 64 and 256 sentences, bf
 `generate` (and CTranslate2 when a CUDA build of it is importable), sentences/s and tokens/s; on CUDA also
 "ours compiled step" (`decode.kv_cache=compiled`: static KV cache, the decoder step as a CUDA graph) and
 "ours cudagraphs step" (the same with torch.compile's "cudagraphs" backend: the eager step's kernels
-recorded, no Inductor code generation; is its first call much cheaper, and how much speed does it keep?).
+recorded, no Inductor code generation) and "ours graphed step" (the eager step recorded with
+torch.cuda.CUDAGraph, no compiler: `transformer.search.graphed`). Is a first call much cheaper, and how
+much speed does each keep?
 
     python benchmarks/bench_gpu.py                  # on one GPU, at most --budget-s (480) seconds
     python benchmarks/bench_gpu.py --smoke          # the same code on the CPU in seconds (tiny, fp32)
@@ -248,7 +250,7 @@ def target_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
             and isinstance(rows, dict)
             and "sent_s" in rows.get("transformers generate", {})
         ]
-        for method in ("ours", "ours compiled step", "ours cudagraphs step"):
+        for method in ("ours", "ours compiled step", "ours cudagraphs step", "ours graphed step"):
             speedups = [_speedup(rows, method) for rows in cases if "sent_s" in rows.get(method, {})]
             if speedups:
                 check(f"{mode} x generate", min(speedups), TARGETS[mode], method)

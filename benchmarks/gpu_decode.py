@@ -32,6 +32,7 @@ from transformer.model import Seq2SeqTransformer
 from transformer.search import static_cache
 from transformer.search.compiled import compile_step
 from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, search
+from transformer.search.graphed import GraphedStep
 
 MODES = {"beam4": 4, "greedy": 1}
 
@@ -88,14 +89,21 @@ def ctranslate2_available(device: torch.device) -> str | None:
 
 @contextmanager
 def step_backend(backend: str) -> Iterator[None]:
-    """`decode.kv_cache=compiled` with its step compiled by `backend` instead of Inductor (a measurement,
-    not a setting: `static_cache.compile_step` is the one place that picks the backend)."""
+    """`decode.kv_cache=compiled` with its step compiled by `backend` instead of Inductor, or ("graphed")
+    recorded as CUDA graphs with no compiler, `GraphedStep` (measurements, not settings:
+    `static_cache.compile_step` is the one place that picks the step)."""
     default = static_cache.compile_step
-    static_cache.compile_step = functools.partial(compile_step, backend=backend)
+    if backend == "graphed":
+        static_cache.compile_step = lambda device: _GRAPHED
+    else:
+        static_cache.compile_step = functools.partial(compile_step, backend=backend)
     try:
         yield
     finally:
         static_cache.compile_step = default
+
+
+_GRAPHED = GraphedStep()  # one per process, as the compiled step: its graphs are kept from case to case
 
 
 def _methods(
@@ -131,8 +139,14 @@ def _methods(
             with step_backend("cudagraphs"):
                 return run_compiled()
 
+        def run_graphed() -> list[Tensor]:
+            # the same, its eager step recorded as CUDA graphs without a compiler
+            with step_backend("graphed"):
+                return run_compiled()
+
         methods["ours compiled step"] = run_compiled
         methods["ours cudagraphs step"] = run_cudagraphs
+        methods["ours graphed step"] = run_graphed
     if ct2 is not None:
         strings = [[[f"t{i}" for i in row if i > 3] for row in src.tolist()] for src in batches]
 

@@ -20,6 +20,7 @@ from transformer.model import Seq2SeqTransformer
 from transformer.search.compiled import compile_step
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble
+from transformer.search.graphed import GraphedStep
 from transformer.search.static_cache import (
     StaticBuffers,
     StaticDecoderCache,
@@ -264,19 +265,26 @@ def test_kv_cache_setting() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend", ["inductor", "cudagraphs"])
+@pytest.mark.parametrize("backend", ["inductor", "cudagraphs", "graphed"])
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(
     monkeypatch, backend: str, beam_size: int
 ) -> None:
     """The real thing, three searches (warm-up, recording, replays): inductor in mode "reduce-overhead"
-    (the step recorded and replayed as a CUDA graph), and torch.compile's "cudagraphs" backend (the eager
-    kernels recorded, no code generation; bench_gpu.py's `ours cudagraphs step`)."""
-    monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, backend))
-    assert compile_step(torch.device("cuda"), backend).cuda_graphs
+    (the step recorded and replayed as a CUDA graph), torch.compile's "cudagraphs" backend (the eager
+    kernels recorded, no code generation; bench_gpu.py's `ours cudagraphs step`), and `GraphedStep` (the
+    eager step recorded with torch.cuda.CUDAGraph, no compiler; `ours graphed step`)."""
+    if backend == "graphed":
+        step = GraphedStep()
+        monkeypatch.setattr(static_cache, "compile_step", lambda device: step)
+    else:
+        monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, backend))
+        assert compile_step(torch.device("cuda"), backend).cuda_graphs
     model, src = _model(0).cuda(), _sources(16).cuda()
     dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
     for _ in range(3):
         graphs = _decode(model, src, "compiled", beam_size=beam_size)
         assert torch.equal(graphs[0], dynamic[0])
         torch.testing.assert_close(graphs[1], dynamic[1], rtol=1e-5, atol=1e-4)
+    if backend == "graphed":
+        assert step.recorded == 1

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -58,12 +59,14 @@ class StaticBuffers:
     search before (the order is fixed: layers, then ensemble members), reallocated (at least doubled)
     only when too small: a search of the same shapes replays the graph recorded by an earlier one.
     The storage of the largest search stays allocated between searches; one search at a time.
-    `None` instead of a `StaticBuffers` allocates afresh (eager static searches).
+    `None` instead of a `StaticBuffers` allocates afresh (eager static searches). `graphs`: the CUDA
+    graphs recorded over these buffers (`transformer.search.graphed`), which live and die with them.
     """
 
     def __init__(self) -> None:
         self._storage: list[Tensor] = []
         self._taken = 0
+        self.graphs: dict[Hashable, Any] = {}
 
     def start(self) -> None:
         """A new search: hand out the storage from the first one again."""
