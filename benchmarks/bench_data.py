@@ -209,7 +209,8 @@ def bench_tokenize(multi30k: Path, corpus: Path, pairs: int, rounds: int = 2) ->
     return {"pairs": pairs, "pairs_per_s": results}
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
+    """This machine's CPU model (lscpu) and core count."""
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
             if line.startswith("Model name:"):
@@ -335,7 +336,7 @@ def main() -> None:
             if args.baseline:
                 subprocess.run(["git", "worktree", "remove", "--force", str(work / "baseline")], cwd=REPO)
     print_table(rows, ddp, tokenize)
-    summary = {"bench": "data", "cpu": _cpu(), "baseline": args.baseline, "rows": rows, "ddp": ddp}
+    summary = {"bench": "data", "cpu": cpu_name(), "baseline": args.baseline, "rows": rows, "ddp": ddp}
     print(json.dumps({**summary, "tokenize": tokenize}))
 
 

@@ -21,9 +21,7 @@ import argparse
 import contextlib
 import datetime
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,12 +33,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import LENGTH_PENALTY, marian_generate
+from bench_data import cpu_name
+from bench_gpu import WMT_BASE
 from decode_timing import interleaved, paired_ratio
-from gpu_decode import decode_models, source_batches, step_backend
+from gpu_decode import MODES, decode_methods, decode_models, source_batches, step_backend
 
 from transformer.config import TransformerConfig
-from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, search
+from transformer.search.decoding import DecodingSettings, search
 
 
 def host_per_step(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -50,21 +49,18 @@ def host_per_step(args: argparse.Namespace) -> list[dict[str, Any]]:
         n_encoder_layers=6, n_decoder_layers=6, max_len=256, tie_embeddings="all",
     )  # fmt: skip
     ours, marian = decode_models(config, torch.device("cpu"), torch.float32)
-    src = source_batches(1, args.batch, config.src_vocab_size)[0]
-    length, rows = args.length, []
-    for beams in (1, 4):
-        if beams == 1:
-            methods = {"ours": lambda: greedy_search(ours, src, max_len_a=0, max_len_b=length)}
-        else:
-            beam = {"beam_size": 4, "length_penalty": LENGTH_PENALTY, "max_len_a": 0, "max_len_b": length}
-            methods = {"ours": lambda beam=beam: beam_search(ours, src, **beam)}
-        methods["transformers generate"] = lambda beams=beams: marian_generate(marian, src, length, beams)
+    batches = source_batches(1, args.batch, config.src_vocab_size)
+    rows = []
+    for mode in ("greedy", "beam4"):
+        methods = decode_methods(
+            ours, marian, None, batches, MODES[mode], args.length
+        )  # bench_gpu's, on the CPU
         for method in methods.values():
             method()  # warm-up
         times, _ = interleaved(methods, args.repeats)
-        row = {"search": "greedy" if beams == 1 else "beam4"}
+        row: dict[str, Any] = {"search": mode}
         for name, seconds in times.items():
-            row[f"{name} ms/step"] = 1e3 * statistics.median(seconds) / length
+            row[f"{name} ms/step"] = 1e3 * statistics.median(seconds) / args.length
         row["ours x generate"] = paired_ratio(times, "ours", "transformers generate")
         rows.append(row)
     return rows
@@ -74,9 +70,8 @@ def first_calls(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Seconds of a search's first and second call: eager static cache, then the compiled step with each
     cheap backend (each in a fresh Dynamo state)."""
     config = TransformerConfig(
-        src_vocab_size=1000, tgt_vocab_size=1000, d_model=512, n_heads=8, d_ff=2048,
-        n_encoder_layers=6, n_decoder_layers=6, max_len=256, tie_embeddings="all",
-    )  # fmt: skip
+        src_vocab_size=1000, tgt_vocab_size=1000, max_len=256, tie_embeddings="all", **WMT_BASE
+    )
     ours, _ = decode_models(config, torch.device("cpu"), torch.float32)
     src = source_batches(1, 8, config.src_vocab_size)[0]
     rows = []
@@ -111,14 +106,7 @@ def main() -> None:
     parser.add_argument("--results-dir", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = (
-        subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        if platform.system() == "Linux"
-        else ""
-    )
-    model_name = next(
-        (line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?"
-    )
+    model_name = cpu_name()
     lines = [
         f"# benchmarks/decode_host.py on {model_name}, {args.threads} thread(s), torch {torch.__version__}"
     ]

@@ -106,7 +106,7 @@ def step_backend(backend: str) -> Iterator[None]:
 _GRAPHED = GraphedStep()  # one per process, as the compiled step: its graphs are kept from case to case
 
 
-def _methods(
+def decode_methods(
     ours: Seq2SeqTransformer,
     marian: MarianReference,
     ct2: Any,
@@ -203,7 +203,7 @@ class DecodingBench:
 def _time_case(
     ours: Any, marian: Any, ct2: Any, batches: list[Tensor], beams: int, args: Any, device: torch.device
 ) -> dict[str, Any]:
-    methods = _methods(ours, marian, ct2, batches, beams, args.decode_length)
+    methods = decode_methods(ours, marian, ct2, batches, beams, args.decode_length)
     sentences = sum(b.size(0) for b in batches)
     rows: dict[str, Any] = {}
     working, first = {}, {}

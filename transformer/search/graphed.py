@@ -63,22 +63,23 @@ class _Recorded:
     addresses: tuple[int, ...]  # of the tensors read from outside, when recorded
     graph: Graph
     output: Tensor  # (rows * g, V), rewritten by each replay
+    cache: weakref.ref  # the search (its cache) last found at these addresses: no need to look again
 
 
 class GraphedStep:
     """`next_log_probs` over a `BucketedCache`'s static cache, as a recorded graph (see the module).
 
     A graph key's first call runs eagerly (the warm-up: kernel choices, workspaces, lazily built
-    tables), its second records; later calls replay while the addresses hold. The graphs live on the
-    bucket's `StaticBuffers` (`graphs`), whose addresses they replay, and are dropped with them.
-    A step that reads a growing history (n-gram blocking) has no fixed shape and runs eagerly.
+    tables), its second records; later calls replay while the addresses hold (looked at once per
+    search). The graphs live on the bucket's `StaticBuffers` (`graphs`), whose addresses they replay,
+    and are dropped with them. A step that reads a growing history (n-gram blocking) has no fixed
+    shape and runs eagerly.
     """
 
     def __init__(self, graph: Callable[[], Graph] = CudaGraph) -> None:
         self.graph = graph
         self.recorded = 0  # graphs recorded in all
         self._warmed: set[Hashable] = set()
-        self._last: tuple[weakref.ref, Hashable] | None = None  # the cache and key whose addresses held
 
     def __call__(
         self,
@@ -100,22 +101,19 @@ class GraphedStep:
         graphs: dict[Hashable, _Recorded] = _buffers(cache).graphs
         key = _key(model, cache, rules, tokens.device, flags is None)
         held = graphs.get(key)
-        if held is not None and self._last is not None and self._last == (weakref.ref(cache), key):
-            held.graph.replay(step)  # the same search as the last call: nothing moved
-            return held.output
-        addresses = _addresses(model, cache, tokens, mask, flags)
-        if held is not None and held.addresses == addresses:
-            self._last = (weakref.ref(cache), key)
-            held.graph.replay(step)
-            return held.output
-        if key not in self._warmed:
-            self._warmed.add(key)
-            return step()
-        graph = self.graph()
-        graphs[key] = _Recorded(addresses, graph, graph.record(step))
-        self.recorded += 1
-        self._last = (weakref.ref(cache), key)
-        return graphs[key].output
+        if held is None or held.cache() is not cache:  # a new search: has anything it reads moved?
+            addresses = _addresses(model, cache, tokens, mask, flags)
+            if held is None or held.addresses != addresses:
+                if key not in self._warmed:
+                    self._warmed.add(key)
+                    return step()
+                graph = self.graph()
+                graphs[key] = _Recorded(addresses, graph, graph.record(step), weakref.ref(cache))
+                self.recorded += 1
+                return graphs[key].output
+            held.cache = weakref.ref(cache)
+        held.graph.replay(step)
+        return held.output
 
 
 def _buffers(cache: object) -> object:
