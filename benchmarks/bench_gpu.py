@@ -54,7 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import GPU_BF16_PEAK_TFLOPS
-from gpu_decode import MODES, DecodingBench
+from gpu_decode import METHOD_KEYS, MODES, DecodingBench
 from gpu_train import FLOPS_FORMULA, run_training_case, time_limit, wmt_batches
 
 from transformer.config import TransformerConfig
@@ -91,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-batches", type=int, default=2, help="batches per decoding run")
     parser.add_argument("--decode-length", type=int, default=32, help="target tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3)
+    parser.add_argument(
+        "--decode-methods", default=",".join(METHOD_KEYS), help="decoders to run (ours: the paired reference)"
+    )
     parser.add_argument("--skip", default="", help="train and/or decode")
     parser.add_argument(
         "--budget-s", type=float, default=480, help="seconds for all cases; the rest are reported as skipped"
@@ -107,6 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.decode_repeats, args.compile_backend = 1, "eager"
     args.device = args.device or "cuda"
     args.decode_batch_sizes = [int(size) for size in args.decode_batch_sizes.split(",")]
+    args.decode_methods = args.decode_methods.split(",")
+    unknown = sorted(set(args.decode_methods) - set(METHOD_KEYS))
+    if unknown:
+        expected = ", ".join(METHOD_KEYS)
+        parser.error(f"--decode-methods: unknown {', '.join(unknown)}; expected some of {expected}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (torch.cuda.is_available() is False here); --smoke runs on the CPU")
     args.bf16 = args.device == "cuda"
@@ -179,8 +187,9 @@ def decoding_header(args: argparse.Namespace, ctranslate2: str) -> None:
         f"tokens, median of {args.decode_repeats} interleaved rounds; CTranslate2: {ctranslate2}"
     )
     print("(first s: the untimed warm-up round over the same batches: compiling and CUDA graphs included)")
+    print("(same: the share of sentences whose tokens equal ours eager's, for ours' other steps)")
     head = f"{'case':14} {'method':22} {'sent/s':>9} {'tok/s':>10} {'mean len':>8} {'ours x':>7}"
-    print(f"{head} {'first s':>7}")
+    print(f"{head} {'first s':>7} {'same':>5}")
 
 
 def decoding_rows(case: str, methods: dict[str, Any]) -> None:
@@ -194,7 +203,8 @@ def decoding_rows(case: str, methods: dict[str, Any]) -> None:
         speedup = f"{row['ours_speedup']:7.2f}" if "ours_speedup" in row else f"{'':>7}"
         cells = f"{row['sent_s']:9.1f} {row['tok_s']:10.0f} {row['mean_length']:8.1f}"
         first = f"{row['first_s']:7.2f}" if "first_s" in row else f"{'':>7}"
-        print(f"{case:14} {name:22} {cells} {speedup} {first}")
+        same = f"{row['same_as_ours']:5.2f}" if row.get("same_as_ours") is not None else f"{'':>5}"
+        print(f"{case:14} {name:22} {cells} {speedup} {first} {same}")
 
 
 def ratios(result: dict[str, Any]) -> dict[str, float]:

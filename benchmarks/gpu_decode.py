@@ -35,6 +35,11 @@ from transformer.search.decoding import DecodingSettings, beam_search, greedy_se
 from transformer.search.graphed import GraphedStep
 
 MODES = {"beam4": 4, "greedy": 1}
+# --decode-methods' names for decode_methods' keys
+METHOD_KEYS = {
+    "ours": "ours", "generate": "transformers generate", "compiled": "ours compiled step",
+    "cudagraphs": "ours cudagraphs step", "graphed": "ours graphed step", "ctranslate2": "ctranslate2",
+}  # fmt: skip
 
 
 def source_batches(n_batches: int, batch_size: int, vocab: int, seed: int = 1) -> list[Tensor]:
@@ -204,6 +209,8 @@ def _time_case(
     ours: Any, marian: Any, ct2: Any, batches: list[Tensor], beams: int, args: Any, device: torch.device
 ) -> dict[str, Any]:
     methods = decode_methods(ours, marian, ct2, batches, beams, args.decode_length)
+    wanted = {METHOD_KEYS[key] for key in args.decode_methods}
+    methods = {name: method for name, method in methods.items() if name in wanted}
     sentences = sum(b.size(0) for b in batches)
     rows: dict[str, Any] = {}
     working, first = {}, {}
@@ -227,4 +234,14 @@ def _time_case(
         rows[name]["first_s"] = first[name]  # the warm-up round: what a one-off job pays on top
         if name != "ours" and "ours" in times:
             rows[name]["ours_speedup"] = paired_ratio(times, "ours", name)
+            if name.startswith("ours "):  # the same weights (generate's model has its own)
+                rows[name]["same_as_ours"] = same_sentences(outputs["ours"], outputs[name])
     return rows
+
+
+def same_sentences(reference: list[Tensor], outputs: list[Tensor]) -> float | None:
+    """The fraction of sentences whose tokens equal the reference's (None: other shapes)."""
+    if [r.shape for r in reference] != [o.shape for o in outputs]:
+        return None
+    same = sum(int((r.cpu() == o.cpu()).all(dim=1).sum()) for r, o in zip(reference, outputs))
+    return same / sum(r.size(0) for r in reference)
