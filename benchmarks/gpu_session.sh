@@ -9,7 +9,7 @@
 #            importable), batches of 64 and 256, beam 4 and greedy, first-call cost and same-token share
 #   recipe   `python train.py experiment=multi30k_de_en trainer=gpu` end to end, timed from start to last
 #            line, with Lightning's simple profiler (where the time went) and the run's metrics
-#   tests    pytest -m gpu
+#   tests    pytest -m gpu (PYTEST_K: only the tests pytest's -k selects)
 #   profile  gpu_profile.py, our eager training step at the WMT-base shape (kernels, top operators)
 # Files in $OUT (at most 8 come back from a lent machine): stages.txt (one line a stage: exit status,
 # seconds, box), then one <stage>.txt each, recipe_profile.txt and recipe_metrics.csv.
@@ -63,7 +63,7 @@ for name in "${stages[@]}"; do
             --budget-s 150 --results-dir /tmp
         ;;
     recipe) stage recipe 360 bash -c "$(declare -f recipe); OUT=$OUT MULTI30K_DIR=$MULTI30K_DIR recipe" ;;
-    tests) stage tests 150 python -m pytest -m gpu -q -p no:cacheprovider -rA ;;
+    tests) stage tests 150 python -m pytest -m gpu -q -p no:cacheprovider -rA ${PYTEST_K:+-k "$PYTEST_K"} ;;
     profile) stage profile 90 python benchmarks/gpu_profile.py --models ours ;;
     esac
 done

@@ -18,6 +18,7 @@ from tests.tiny import tiny_seq2seq, tiny_sources
 from tests.unit.test_decoding_syncs import _count
 from transformer.model import Seq2SeqTransformer
 from transformer.search.compiled import compile_step
+from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble
 from transformer.search.graphed import GraphedStep
@@ -253,14 +254,38 @@ def test_static_buffers_keep_their_addresses_from_search_to_search() -> None:
 
 
 def test_kv_cache_setting() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device object: no GPU needed to choose
     assert DecodingSettings().kv_cache == "auto"
-    for value in ("auto", "dynamic"):  # auto: the growing cache on every device until a GPU says otherwise
-        assert not DecodingSettings(kv_cache=value).stepping(torch.device("cpu")).static
-    assert DecodingSettings(kv_cache="static").stepping(torch.device("cpu")).static
+    for value in ("auto", "dynamic"):  # the growing cache on the CPU
+        assert not DecodingSettings(kv_cache=value).stepping(cpu).static
+    assert DecodingSettings(kv_cache="static").stepping(cpu).static
+    assert not DecodingSettings(kv_cache="dynamic").stepping(cuda).static
     with pytest.raises(ValueError, match=r"decode\.kv_cache must be one of"):
         DecodingSettings.from_values({"kv_cache": "cuda_graph"}, prefix="decode.")
-    with pytest.raises(ValueError, match="kv_cache=compiled cannot block repeated n-grams"):
-        DecodingSettings(kv_cache="compiled", no_repeat_ngram_size=3)
+    for value in ("graphed", "compiled"):
+        with pytest.raises(ValueError, match=f"kv_cache={value} cannot block repeated n-grams"):
+            DecodingSettings(kv_cache=value, no_repeat_ngram_size=3)
+
+
+def test_auto_is_the_graphed_step_on_cuda_where_the_search_allows() -> None:
+    cuda = torch.device("cuda")
+    for value in ("auto", "graphed"):
+        stepping = DecodingSettings(kv_cache=value).stepping(cuda)
+        assert stepping.static and stepping.buckets is not None
+        assert stepping.step is static_cache.graphed_step()  # one per process: its graphs serve every search
+    # the growing cache where a search needs it: prefixes and constraints, n-gram blocking's history
+    assert not DecodingSettings().stepping(cuda, requests=True).static
+    assert not DecodingSettings(no_repeat_ngram_size=2).stepping(cuda).static
+    with pytest.raises(ValueError, match=r"kv_cache=graphed records CUDA graphs and needs a CUDA device"):
+        DecodingSettings(kv_cache="graphed").stepping(torch.device("cpu"))
+
+
+def test_graphed_and_static_caches_refuse_prefixes_and_constraints() -> None:
+    model, src = _model(0), _sources(2)
+    requests = [TargetRequest(prefix=(5,)), TargetRequest()]
+    for value in ("static", "graphed", "compiled"):  # checked before the device is (graphed: CUDA only)
+        with pytest.raises(ValueError, match=f"decode.kv_cache={value} cannot decode with prefixes"):
+            search(model, src, DecodingSettings(kv_cache=value), requests=requests)
 
 
 @pytest.mark.gpu
@@ -288,3 +313,20 @@ def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(
         torch.testing.assert_close(graphs[1], dynamic[1], rtol=1e-5, atol=1e-4)
     if backend == "graphed":
         assert step.recorded == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_cuda_default_decoding_is_the_graphed_step(beam_size: int) -> None:
+    """decode.kv_cache=auto on CUDA: the process's graphed step, one recording for three searches, the
+    growing cache's tokens (fp32)."""
+    model, src = _model(0).cuda(), _sources(16).cuda()
+    dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
+    step = static_cache.graphed_step()
+    before = step.recorded
+    for _ in range(3):
+        auto = _decode(model, src, "auto", beam_size=beam_size)
+        assert torch.equal(auto[0], dynamic[0])
+        torch.testing.assert_close(auto[1], dynamic[1], rtol=1e-5, atol=1e-4)
+    assert step.recorded == before + 1

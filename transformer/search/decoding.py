@@ -35,7 +35,7 @@ __all__ = ["DecodingSettings", "beam_search", "decode", "greedy_search", "sample
 # auto: greedy search for beam_size 1, beam search otherwise; sample: sampling (beam_size unused)
 SEARCHES = ("auto", "greedy", "beam", "sample")
 # the decoder's self-attention KV cache and how the step runs over it (`DecodingSettings.kv_cache`)
-KV_CACHES = ("auto", "dynamic", "static", "compiled")
+KV_CACHES = ("auto", "dynamic", "static", "graphed", "compiled")
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,16 +47,18 @@ class DecodingSettings(Mapping[str, Any]):
     Defaults: greedy search (beam 1), GNMT length penalty alpha 0.6, at most 1.2 * source length + 10
     tokens, one hypothesis per sentence, no sampling cut-offs, no length or n-gram constraints.
 
-    `kv_cache` changes how fast, never what is decoded: "dynamic" grows the cache as decoding goes and
-    drops finished rows from the batch; "static" preallocates it at the search's maximum length and
-    keeps every row (finished ones masked), so every step after the first has the same shapes;
-    "compiled" is "static" with the step through `torch.compile` (a CUDA graph on CUDA:
-    `transformer.search.static_cache.compile_step`). "auto" is "dynamic" on every device: on the CPU
-    "static" and "compiled" measured slower (benchmarks/decode_ab.py --kv-cache); on an H200 "compiled"
-    decoded 1.9-3.4x as fast as "dynamic" once compiled, but its first batches cost 14-27 s more
-    (compiling, recording CUDA graphs), which it pays back only after ~13,000-68,000 sentences
-    (bench_gpu.py, benchmarks/README.md): a test set decodes faster eagerly. Use "compiled" for
-    corpus-sized jobs on a GPU.
+    `kv_cache` changes how fast, never what is decoded (in bf16, up to rounding: the padded shapes of
+    the static cache run other kernels): "dynamic" grows the cache as decoding goes and drops finished
+    rows from the batch; "static" preallocates it at the search's maximum length and keeps every row
+    (finished ones masked), so every step after the first has the same shapes; "graphed" (CUDA only) is
+    "static" with each step a replayed CUDA graph, recorded from the eager step without a compiler
+    (`transformer.search.graphed`); "compiled" is "static" with the step through `torch.compile` (a
+    CUDA graph on CUDA: `transformer.search.static_cache.compile_step`). "auto" is "graphed" on CUDA and
+    "dynamic" elsewhere, and "dynamic" wherever a search needs the growing cache (prefixes and
+    constraints, n-gram blocking). On an H200, "graphed" decoded 3.6-5.1x as fast as `generate` at its
+    first call (0.1-0.2 s to record its graphs); "compiled" as fast (3.1-4.5x), but after 14-27 s of
+    compiling; on the CPU "static" and "compiled" measured slower than "dynamic"
+    (benchmarks/README.md). Use "compiled" for corpus-sized jobs only where it measures faster.
     """
 
     search: str = "auto"  # auto | greedy | beam | sample (auto: greedy for beam_size 1, else beam)
@@ -70,7 +72,7 @@ class DecodingSettings(Mapping[str, Any]):
     temperature: float = 1.0  # the logits are divided by it before the softmax
     min_len: int = 0  # EOS is banned before this many tokens (fairseq's --min-len)
     no_repeat_ngram_size: int = 0  # no n-gram of this size occurs twice in a hypothesis (0 = off)
-    kv_cache: str = "auto"  # auto | dynamic | static | compiled (auto: dynamic; see above)
+    kv_cache: str = "auto"  # auto | dynamic | static | graphed | compiled (auto: graphed on CUDA; above)
     alignments: bool = False  # word alignments of the outputs, from cross-attention (search.alignments)
     alignment_layer: int = -2  # the decoder layer they come from (negative: from the top; Garg et al.)
 
@@ -100,9 +102,10 @@ class DecodingSettings(Mapping[str, Any]):
     def sampling(self) -> bool:
         return self.search == "sample"
 
-    def stepping(self, device: torch.device) -> Stepping:
-        """How the searches run their steps on `device`, as `kv_cache` says."""
-        return Stepping.of(self.kv_cache, device)
+    def stepping(self, device: torch.device, requests: bool = False) -> Stepping:
+        """How the searches run their steps on `device`, as `kv_cache` says; `requests`: the search has
+        prefixes or constraints (with n-gram blocking, "auto" keeps the growing cache for them)."""
+        return Stepping.of(self.kv_cache, device, growing=requests or self.no_repeat_ngram_size > 0)
 
     def rules(self, model: Searchable) -> StepRules:
         """The step rules these settings give `model`'s special tokens."""
@@ -159,11 +162,11 @@ def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
     kv_cache = settings.get("kv_cache", "auto")
     if kv_cache not in KV_CACHES:
         raise ValueError(f"{prefix}kv_cache must be one of {list(KV_CACHES)}, got {kv_cache!r}")
-    if kv_cache == "compiled" and settings.get("no_repeat_ngram_size", 0):
+    if kv_cache in ("graphed", "compiled") and settings.get("no_repeat_ngram_size", 0):
         raise ValueError(
-            f"{prefix}kv_cache=compiled cannot block repeated n-grams ({prefix}no_repeat_ngram_size="
+            f"{prefix}kv_cache={kv_cache} cannot block repeated n-grams ({prefix}no_repeat_ngram_size="
             f"{settings['no_repeat_ngram_size']}): the history it reads grows every step, which would "
-            "compile the step again each time; use kv_cache=static or dynamic"
+            "record or compile the step again each time; use kv_cache=auto, static or dynamic"
         )
     if search == "greedy" and beam_size != 1:
         raise ValueError(f"{prefix}search=greedy keeps one hypothesis, but {prefix}beam_size={beam_size}")
@@ -198,11 +201,13 @@ def search(
     sampling takes prefixes and avoided phrases only. `word_continuations` (the target tokenizer's
     pieces that continue a word) make every required phrase end at a word end."""
     lengths = {"max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b}
-    rules, stepping = settings.rules(model), settings.stepping(src.device)
-    if requests is not None and any(requests):
+    has_requests = requests is not None and any(requests)
+    rules = settings.rules(model)
+    if has_requests:
         _check_requests(settings, requests, src.size(0))
         constraints = ConstraintState(requests, src.device, word_continuations)
         rules = dataclasses.replace(rules, constraints=constraints)
+    stepping = settings.stepping(src.device, has_requests)
     with eval_mode(model), attention_backends(src.device):  # entered once, not in each attention call
         if settings.sampling:
             sampler = Sampler(settings.top_k, settings.top_p, generator)
@@ -230,7 +235,7 @@ def _check_requests(settings: DecodingSettings, requests: Sequence[TargetRequest
     """ValueError for requests the settings cannot serve."""
     if len(requests) != batch:
         raise ValueError(f"{len(requests)} constraint requests for a batch of {batch} sentences")
-    if settings.kv_cache in ("static", "compiled"):
+    if settings.kv_cache in ("static", "graphed", "compiled"):
         raise ValueError(
             f"decode.kv_cache={settings.kv_cache} cannot decode with prefixes or constraints (their "
             "bookkeeping follows the rows of the growing cache); use decode.kv_cache=dynamic"

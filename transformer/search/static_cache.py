@@ -2,8 +2,9 @@
 maximum length, so that every decoding step after the first has the same tensor shapes whatever the
 step number (the condition for one compiled graph, or one CUDA graph, serving every step); and
 `Stepping`, how a search runs its steps: over the growing cache, the static one, or the static one
-with the step compiled (`DecodingSettings.kv_cache`; `transformer.search.compiled`), over caches padded
-to shape buckets (`transformer.search.buckets`: two compilations, one CUDA graph per bucket).
+with the step recorded as CUDA graphs (`transformer.search.graphed`) or compiled
+(`transformer.search.compiled`), over caches padded to shape buckets (`transformer.search.buckets`: one
+CUDA graph per bucket and kind of step; two compilations); `DecodingSettings.kv_cache` chooses.
 
 `StaticDecoderCache` has the interface of `DecoderCache` (the decoder and the searches use either),
 with three differences: rows never leave (finished ones are masked by the search instead), the
@@ -29,6 +30,7 @@ from transformer.search.buckets import BucketCache, BucketedCache
 from transformer.search.cache import KVCache, _at_position
 from transformer.search.compiled import compile_step
 from transformer.search.ensemble import Ensemble, EnsembleCache
+from transformer.search.graphed import GraphedStep
 from transformer.search.step import Searchable, StepRules, next_log_probs
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "StaticKVCache",
     "Stepping",
     "compile_step",
+    "graphed_step",
     "new_static_cache",
     "static_capacity",
 ]
@@ -289,13 +292,24 @@ class Stepping:
     buckets: BucketCache[StaticBuffers] | None = None
 
     @classmethod
-    def of(cls, kv_cache: str, device: torch.device) -> Stepping:
-        """`DecodingSettings.kv_cache` on `device`; "auto" is "dynamic" on every device (why: see
-        `DecodingSettings`)."""
-        if kv_cache in ("auto", "dynamic"):
+    def of(cls, kv_cache: str, device: torch.device, growing: bool = False) -> Stepping:
+        """`DecodingSettings.kv_cache` on `device`. "auto" is "graphed" on CUDA and "dynamic" elsewhere,
+        or wherever the search needs the growing cache (`growing`: prefixes and constraints, whose
+        bookkeeping follows its rows, and n-gram blocking, whose history has no fixed shape); why: see
+        `DecodingSettings`."""
+        if kv_cache == "auto":
+            kv_cache = "graphed" if device.type == "cuda" and not growing else "dynamic"
+        if kv_cache == "dynamic":
             return cls()
         if kv_cache == "static":
             return cls(static=True)
+        if kv_cache == "graphed":
+            if device.type != "cuda":
+                raise ValueError(
+                    f"decode.kv_cache=graphed records CUDA graphs and needs a CUDA device, not "
+                    f"{device.type}; use decode.kv_cache=auto (dynamic there)"
+                )
+            return cls(static=True, step=graphed_step(), buckets=_bucket_buffers())
         return cls(static=True, step=compile_step(device), buckets=_bucket_buffers())
 
     def new_cache(
@@ -343,7 +357,14 @@ class Stepping:
 
 
 @functools.cache
+def graphed_step() -> GraphedStep:
+    """The process's graphed step (`decode.kv_cache=graphed`): one, so that its warm-ups and graphs
+    serve every search of the process."""
+    return GraphedStep()
+
+
+@functools.cache
 def _bucket_buffers() -> BucketCache[StaticBuffers]:
-    """The compiled step's cache storage, one `StaticBuffers` per bucket, process-wide like the compiled
-    step itself."""
+    """The graphed and compiled steps' cache storage, one `StaticBuffers` per bucket, process-wide like
+    the steps themselves (a graph replays its bucket's addresses)."""
     return BucketCache(StaticBuffers)
