@@ -18,6 +18,7 @@ from transformer.model import Seq2SeqTransformer
 from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble
+from transformer.search.static_cache import Stepping
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -170,20 +171,26 @@ def test_the_counter_sees_the_reads_it_must_see() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kv_cache", ["dynamic", "auto"])  # auto: the graphed step on CUDA
 @pytest.mark.parametrize("name", list(SEARCHES))
-def test_cuda_decoding_syncs_at_most_once_per_step(name: str) -> None:
-    """On a GPU, torch's own sync detector: at most 1 synchronizing call per decoder step + a constant."""
+def test_cuda_decoding_syncs_at_most_once_per_step(
+    monkeypatch: pytest.MonkeyPatch, name: str, kv_cache: str
+) -> None:
+    """On a GPU, torch's own sync detector: at most 1 synchronizing call per decoder step + a constant,
+    in a search after a first one (which records the graphed step's CUDA graphs: recording synchronizes).
+    Steps are counted by the search loop (`Stepping.advance`): a replayed graph calls no model code."""
     model = _model(0).cuda()
     src = _sources(64).cuda()
-    settings = DecodingSettings(max_len_b=20, **SEARCHES[name])
+    settings = DecodingSettings(max_len_b=20, kv_cache=kv_cache, **SEARCHES[name])
+    search(model, src, settings)
     steps = []
-    decode_step = model.decode
+    advance = Stepping.advance
 
-    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def counted(self: Stepping, cache: object) -> None:
         steps.append(1)
-        return decode_step(*args, **kwargs)
+        advance(self, cache)
 
-    model.decode = counted
+    monkeypatch.setattr(Stepping, "advance", counted)
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -191,6 +198,6 @@ def test_cuda_decoding_syncs_at_most_once_per_step(name: str) -> None:
             search(model, src, settings)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-        del model.decode
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(steps) >= 7, "the search should run several steps"
     assert len(syncs) <= len(steps) + 3, f"{len(syncs)} syncs in {len(steps)} steps"
