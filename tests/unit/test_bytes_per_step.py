@@ -1,0 +1,82 @@
+"""benchmarks/bytes_per_step.py: the bytes each aten operation is charged (hand-counted cases), CUDA
+autocast's float32 policy on the CPU while counting (and only then), and a whole step at toy sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bps() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bytes_per_step", ROOT / "benchmarks" / "bytes_per_step.py")
+    module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+def _counted(bps: ModuleType, fn) -> tuple[dict, dict, dict]:
+    counter = bps.ByteCounter()
+    with counter:
+        fn()
+    return dict(counter.read), dict(counter.written), dict(counter.launches)
+
+
+def test_operations_are_charged_their_tensors(bps: ModuleType) -> None:
+    a, b = torch.randn(2, 3), torch.randn(3, 4)  # 24 and 48 bytes; a @ b: 32
+    assert _counted(bps, lambda: a @ b)[:2] == ({"matmul": 24 + 48}, {"matmul": 32})
+    x, y = torch.randn(5), torch.randn(5)
+    assert _counted(bps, lambda: x.add_(y))[:2] == ({"residual+dropout": 40}, {"residual+dropout": 20})
+    out = torch.empty(2, 3)  # out=: written, not read
+    assert _counted(bps, lambda: torch.softmax(a, -1, out=out))[:2] == ({"other": 24}, {"other": 24})
+    h = torch.randn(4, dtype=torch.float64)
+    assert _counted(bps, lambda: h.to(torch.bfloat16))[:2] == ({"casts/copies": 32}, {"casts/copies": 8})
+    # views and allocations move nothing
+    assert _counted(bps, lambda: (a.t(), a.view(3, 2), torch.empty(100), a[0])) == ({}, {}, {})
+
+
+def test_a_foreach_operation_writes_every_member(bps: ModuleType) -> None:
+    params, grads = [torch.randn(3), torch.randn(7)], [torch.randn(3), torch.randn(7)]
+    read, written, launches = _counted(bps, lambda: torch._foreach_add_(params, grads))
+    assert read == {"residual+dropout": 80} and written == {"residual+dropout": 40}
+    assert launches == {"residual+dropout": 1}
+
+
+def test_the_region_overrides_the_name(bps: ModuleType) -> None:
+    a = torch.randn(2, 3)
+    counter = bps.ByteCounter()
+    with counter, counter.inside("loss"):
+        F.log_softmax(a, -1)
+    assert dict(counter.read) == {"loss": 24} and counter.region is None
+
+
+def test_cuda_autocast_policy_only_while_counting(bps: ModuleType) -> None:
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    with bps.cuda_autocast_policy(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.layer_norm(x, (8,)).dtype == torch.float32  # CUDA autocast: LayerNorm in float32
+        assert torch.softmax(x, -1).dtype == torch.float32
+        assert F.linear(x.float(), x.float()).dtype == torch.bfloat16  # matmuls still in bf16
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the CPU's own policy again
+        assert F.layer_norm(x, (8,)).dtype == torch.bfloat16
+
+
+def test_a_toy_step(bps: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    result = bps.main(["--smoke"])
+    by = result["by_category_gb"]
+    assert sum(by.values()) == pytest.approx(result["total_gb"])
+    for category in ("matmul", "attention", "loss", "norm", "optimizer", "casts/copies"):
+        assert by[category] > 0, category
+    assert result["tokens"] > result["non_pad_tokens"] > 0
+    assert '"benchmark": "bytes_per_step"' in capsys.readouterr().out
