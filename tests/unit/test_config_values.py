@@ -179,3 +179,16 @@ def test_every_test_a_harmless_reason_names_exists() -> None:
 
 def _all_tests() -> str:
     return "\n".join(path.read_text() for path in (REPO_ROOT / "tests").rglob("test_*.py"))
+
+
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda"], ids=["accelerator_gpu", "accelerator_cuda"])
+def test_a_gpu_trainer_without_a_gpu_is_refused_before_any_work(
+    monkeypatch: pytest.MonkeyPatch, accelerator: str
+) -> None:
+    cfg = compose_train_cfg(["trainer=gpu", f"trainer.accelerator={accelerator}"])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(checks, "_mps_available", lambda: False)
+    with pytest.raises(ConfigError, match=rf"trainer.accelerator={accelerator} needs a GPU.*trainer=default"):
+        checks.check_config(cfg)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    checks.check_config(cfg)  # with a GPU: fine

@@ -106,7 +106,8 @@ def check_numbers(cfg: DictConfig) -> None:
 
 def check_trainer_choices(cfg: DictConfig) -> None:
     """`trainer.devices`, `trainer.plugins` and the DDP backend, which Lightning refuses without naming
-    the key (the GPU device parser: "invalid literal for int()") or only once the processes start."""
+    the key (the GPU device parser: "invalid literal for int()") or only once the processes start, and a
+    GPU trainer where there is no GPU (Lightning says so only after the data is prepared)."""
     devices = OmegaConf.select(cfg, "trainer.devices", default=None)
     ok_int = isinstance(devices, int) and not isinstance(devices, bool) and (devices >= 1 or devices == -1)
     ok_str = isinstance(devices, str) and (
@@ -123,12 +124,23 @@ def check_trainer_choices(cfg: DictConfig) -> None:
         raise ConfigError(
             f"`trainer.plugins` must be a list of plugin configs (_target_: ...), got {plugins!r}"
         )
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
+    if accelerator in ("gpu", "cuda") and not (torch.cuda.is_available() or _mps_available()):
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} needs a GPU, and torch {torch.__version__} sees none here "
+            "(torch.cuda.is_available() is False): train on the CPU with trainer=default"
+        )
     backend = OmegaConf.select(cfg, "trainer.strategy.process_group_backend", default=None)
     names = [part.split(":")[-1] for part in str(backend).split(",")]
     if backend is not None and not all(name in ("gloo", "nccl", "mpi", "ucc", "xccl") for name in names):
         raise ConfigError(
             f"`trainer.strategy.process_group_backend` must be gloo, nccl, mpi, ucc or xccl, got {backend!r}"
         )
+
+
+def _mps_available() -> bool:
+    """Apple's GPU, which Lightning's accelerator=gpu also takes."""
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
 def continue_earlier_run(cfg: DictConfig) -> None:
