@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -154,7 +155,10 @@ def test_a_hostile_value_is_refused_naming_its_key_or_is_harmless(
             if f"model.config.{name}" != key:
                 cfg.model.config[name] = size
     try:
-        with _pretend_cuda(2) if set(base) & set(CUDA_TRAINERS) else contextlib.nullcontext():
+        with (
+            _pretend_cuda(2) if set(base) & set(CUDA_TRAINERS) else contextlib.nullcontext(),
+            mock.patch.object(checks, "_gpu_available", lambda: True),  # experiments that pick a GPU trainer
+        ):
             _build(cfg, key.split(".", 1)[0])
     except ConfigError as err:
         assert key.rsplit(".", 1)[-1] in str(err), f"{override}: the message does not name the key: {err}"
@@ -186,9 +190,8 @@ def test_a_gpu_trainer_without_a_gpu_is_refused_before_any_work(
     monkeypatch: pytest.MonkeyPatch, accelerator: str
 ) -> None:
     cfg = compose_train_cfg(["trainer=gpu", f"trainer.accelerator={accelerator}"])
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    monkeypatch.setattr(checks, "_mps_available", lambda: False)
+    monkeypatch.setattr(checks, "_gpu_available", lambda: False)
     with pytest.raises(ConfigError, match=rf"trainer.accelerator={accelerator} needs a GPU.*trainer=default"):
         checks.check_config(cfg)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(checks, "_gpu_available", lambda: True)
     checks.check_config(cfg)  # with a GPU: fine

@@ -125,7 +125,7 @@ def check_trainer_choices(cfg: DictConfig) -> None:
             f"`trainer.plugins` must be a list of plugin configs (_target_: ...), got {plugins!r}"
         )
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
-    if accelerator in ("gpu", "cuda") and not (torch.cuda.is_available() or _mps_available()):
+    if accelerator in ("gpu", "cuda") and not _gpu_available():
         raise ConfigError(
             f"trainer.accelerator={accelerator} needs a GPU, and torch {torch.__version__} sees none here "
             "(torch.cuda.is_available() is False): train on the CPU with trainer=default"
@@ -138,9 +138,10 @@ def check_trainer_choices(cfg: DictConfig) -> None:
         )
 
 
-def _mps_available() -> bool:
-    """Apple's GPU, which Lightning's accelerator=gpu also takes."""
-    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+def _gpu_available() -> bool:
+    """A CUDA GPU, or Apple's, which Lightning's accelerator=gpu also takes."""
+    mps = getattr(torch.backends, "mps", None)
+    return torch.cuda.is_available() or bool(mps and mps.is_available())
 
 
 def continue_earlier_run(cfg: DictConfig) -> None:
