@@ -44,9 +44,10 @@ from bench_gpu import SMOKE, WMT_BASE
 from gpu_train import wmt_batches
 from train_runners import LABEL_SMOOTHING, PAD
 
-from transformer import kernels, losses
+from transformer import dropout, kernels, losses
 from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer
+from transformer.norm import residual_in_autocast_dtype
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CATEGORIES = (
@@ -58,7 +59,16 @@ _BY_NAME = {
     "attention": ("scaled_dot_product", "_efficient_attention", "_flash_attention", "_cudnn_attention"),
     "casts/copies": ("_to_copy", "copy_", "clone", "cat", "stack"),
     "norm": ("native_layer_norm", "layer_norm", "native_layer_norm_backward"),
-    "residual+dropout": ("add", "native_dropout", "bernoulli", "mul", "div", "masked_fill", "where"),
+    "residual+dropout": (
+        "add",
+        "native_dropout",
+        "native_dropout_backward",
+        "bernoulli",
+        "mul",
+        "div",
+        "masked_fill",
+        "where",
+    ),
     "activation": ("relu", "gelu", "silu", "threshold_backward", "gelu_backward", "silu_backward"),
     "embedding": ("embedding", "index_select", "embedding_dense_backward"),
 }
@@ -169,10 +179,22 @@ def _in_float32(op: Any) -> Any:
     return kernel
 
 
+class _CudaDropout:
+    """`torch.nn.functional` as transformer/dropout.py sees it on CUDA: `dropout` is one `native_dropout`
+    kernel (the input read, the output and a boolean mask written; its backward reads the mask), where
+    the CPU's `F.dropout` draws, scales and multiplies in three."""
+
+    @staticmethod
+    def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+        return torch.native_dropout(x, p, training)[0]
+
+
 @contextlib.contextmanager
 def cuda_code_path() -> Iterator[None]:
-    """The CUDA branches of kernels.py and losses.py, taken on the CPU."""
+    """The CUDA branches of kernels.py, losses.py and dropout.py, taken on the CPU."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(dropout, "_OWN_MASK_DEVICES", frozenset()))
+        stack.enter_context(mock.patch.object(dropout, "F", _CudaDropout))
         stack.enter_context(mock.patch.object(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset({"cpu"})))
         stack.enter_context(mock.patch.object(kernels, "_WITHOUT_CUDNN_DEVICES", frozenset({"cpu"})))
         chunk = losses._CHUNK_ELEMENTS_BY_DEVICE["cuda"]
@@ -181,7 +203,9 @@ def cuda_code_path() -> Iterator[None]:
         yield
 
 
-def count_step(config: TransformerConfig, batch: Any, bf16: bool = True) -> ByteCounter:
+def count_step(
+    config: TransformerConfig, batch: Any, bf16: bool = True, low_precision_residual: bool = False
+) -> ByteCounter:
     """The second training step of `config` on `batch` (bench_gpu's eager `ours`; the first makes the
     optimizer's state), counted on fake tensors."""
     counter = ByteCounter()
@@ -189,6 +213,7 @@ def count_step(config: TransformerConfig, batch: Any, bf16: bool = True) -> Byte
         torch.manual_seed(0)
         model = Seq2SeqTransformer(config).train()
         model.pack_tokens = False  # padded batches, as on a GPU
+        residual_in_autocast_dtype(model, low_precision_residual)  # model.low_precision_residual
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
         src, tgt_in, tgt_out = (fake.from_tensor(t) for t in (batch.src, batch.tgt_in, batch.tgt_out))
         forward, backward = losses._LabelSmoothedNLL.forward, losses._LabelSmoothedNLL.backward
@@ -255,6 +280,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-tokens", type=int, default=25_000, help="non-pad tokens per side")
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--fp32", action="store_true", help="no autocast (the CPU's default)")
+    parser.add_argument(
+        "--low-precision-residual", action="store_true", help="model.low_precision_residual=true"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, in seconds")
     parser.add_argument("--results-dir", default=None, help="also write DIR/<date>_bytes_per_step.txt")
     args = parser.parse_args(argv)
@@ -264,22 +292,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = TransformerConfig(src_vocab_size=args.vocab, max_len=256, **shape)
     batches = wmt_batches(8, args.batch_tokens, args.vocab)
     batch = sorted(batches, key=lambda b: b.src.numel() + b.tgt_in.numel())[len(batches) // 2]  # the median
-    counter = count_step(config, batch, bf16=not args.fp32)
+    counter = count_step(config, batch, not args.fp32, args.low_precision_residual)
     text, figures = table(counter, batch)
     padding = 1 - figures["non_pad_tokens"] / figures["tokens"]
     head = (
         f"bytes_per_step: one training step (forward, loss, backward, fused AdamW), CUDA code path, "
-        f"{'fp32' if args.fp32 else 'bf16 autocast (CUDA policy)'}; d_model {config.d_model}, "
+        f"{'fp32' if args.fp32 else 'bf16 autocast (CUDA policy)'}"
+        f"{', model.low_precision_residual' if args.low_precision_residual else ''}; "
+        f"d_model {config.d_model}, "
         f"{config.n_encoder_layers}+{config.n_decoder_layers} layers, vocab {args.vocab}; batch "
         f"{tuple(batch.src.shape)} src + {tuple(batch.tgt_in.shape)} tgt = {figures['tokens']} tokens, "
         f"{100 * padding:.1f}% padding; torch {torch.__version__}"
     )
-    result = {"benchmark": "bytes_per_step", **figures, "bf16": not args.fp32, "smoke": args.smoke}
+    result = {
+        "benchmark": "bytes_per_step",
+        **figures,
+        "bf16": not args.fp32,
+        "low_precision_residual": args.low_precision_residual,
+        "smoke": args.smoke,
+    }
     output = f"{head}\n\n{text}\n\n{json.dumps(result)}"
     print(output)
     if args.results_dir:
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-        path = Path(args.results_dir) / f"{date}_bytes_per_step.txt"
+        suffix = "_low_precision_residual" if args.low_precision_residual else ""
+        path = Path(args.results_dir) / f"{date}_bytes_per_step{suffix}.txt"
         path.write_text(output + "\n")
         print(f"written to {path}")
     return result

@@ -33,6 +33,11 @@ def _dropout_mask(x: Tensor, p: float) -> Tensor:
     return fields.sub_(threshold - 1).mul_(scale).clamp_(0.0, scale).view(x.shape)
 
 
+# Devices where float32 dropout draws its own mask (`_dropout_mask`); elsewhere torch's dropout runs (one
+# fused kernel on CUDA: `native_dropout`, which writes a boolean mask).
+_OWN_MASK_DEVICES = frozenset({"cpu"})
+
+
 class _DropoutAdd(torch.autograd.Function):
     """dropout(x) [+ residual] with a fresh `_dropout_mask`, applied in one pass; backward: grad * mask."""
 
@@ -76,7 +81,7 @@ class Dropout(nn.Module):
             return x if residual is None else residual + x
         if (
             torch.compiler.is_compiling()
-            or x.device.type != "cpu"
+            or x.device.type not in _OWN_MASK_DEVICES
             or x.dtype != torch.float32
             or self.p == 1.0
         ):

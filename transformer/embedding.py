@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from transformer.config import TransformerConfig
 from transformer.dropout import Dropout
+from transformer.norm import autocast_dtype
 from transformer.packing import TokenPacking
 from transformer.positional import RotaryEmbedding, build_absolute_positional
 
@@ -17,7 +18,11 @@ __all__ = ["Embedder", "build_positional", "build_rotary", "init_weights"]
 
 
 class Embedder(nn.Module):
-    """Token embedding * sqrt(D) (Section 3.4), plus absolute positions (Section 3.5), then dropout."""
+    """Token embedding * sqrt(D) (Section 3.4), plus absolute positions (Section 3.5), then dropout; with
+    `in_autocast_dtype` set, under autocast, cast to the autocast dtype before the dropout (the residual
+    stream in low precision: `transformer.norm`)."""
+
+    in_autocast_dtype: bool = False
 
     def __init__(self, embedding: nn.Embedding, positional: nn.Module | None, dropout: float) -> None:
         super().__init__()
@@ -35,13 +40,17 @@ class Embedder(nn.Module):
             x = self.embedding(tokens) * self.scale  # (B, T, D)
             if self.positional is not None:
                 x = self.positional(x, offset)
-            return self.dropout(x)
+            return self.dropout(self._stream_dtype(x))
         x = self.embedding(packing.pack(tokens)) * self.scale  # (N, D)
         if self.positional is not None:
             # the encodings of positions offset .. offset+T-1 (the module adds them to zeros), then per token
             table = self.positional(x.new_zeros(1, packing.length, x.size(-1)), offset)[0]  # (T, D)
             x = x + table.index_select(0, packing.positions)  # (N, D)
-        return self.dropout(x)
+        return self.dropout(self._stream_dtype(x))
+
+    def _stream_dtype(self, x: Tensor) -> Tensor:
+        dtype = autocast_dtype(x) if self.in_autocast_dtype else None
+        return x if dtype is None else x.to(dtype)
 
 
 def build_positional(config: TransformerConfig) -> nn.Module | None:

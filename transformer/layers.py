@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from transformer.attention import KVCache, MultiHeadAttention, RotaryLike, TokenPacking
 from transformer.attention_paths import decoder_path, encoder_path
 from transformer.dropout import Dropout
+from transformer.norm import LayerNorm
 
 __all__ = ["DecoderLayer", "Dropout", "EncoderLayer", "FeedForward"]
 
@@ -64,7 +65,7 @@ class _SublayerConnections(nn.Module):
     dropout: Dropout
     feed_forward: FeedForward
 
-    def _sublayer(self, norm: nn.LayerNorm, x: Tensor, sublayer: Sublayer) -> tuple[Tensor, Tensor | None]:
+    def _sublayer(self, norm: LayerNorm, x: Tensor, sublayer: Sublayer) -> tuple[Tensor, Tensor | None]:
         """Post-LN (the paper): norm(x + dropout(sublayer(x))); pre-LN: x + dropout(sublayer(norm(x))).
         Returns the new x and the sub-layer's attention weights (or None)."""
         out, weights = sublayer(norm(x) if self.norm_first else x)
@@ -92,8 +93,8 @@ class EncoderLayer(_SublayerConnections):
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
+        self.norm1 = LayerNorm(d_model)
+        self.norm2 = LayerNorm(d_model)
         self.dropout = Dropout(dropout)  # on each sub-layer's output, before the residual add
 
     def forward(
@@ -136,9 +137,9 @@ class DecoderLayer(_SublayerConnections):
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.norm3 = nn.LayerNorm(d_model)
+        self.norm1 = LayerNorm(d_model)
+        self.norm2 = LayerNorm(d_model)
+        self.norm3 = LayerNorm(d_model)
         self.dropout = Dropout(dropout)
 
     def forward(

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from transformer.config import TransformerConfig
 from transformer.kernels import RotaryLike, attention_dtype, compile_options
 from transformer.layers import DecoderLayer, EncoderLayer
+from transformer.norm import LayerNorm
 from transformer.packing import TokenPacking
 from transformer.search.cache import DecoderCache
 
@@ -55,7 +56,7 @@ class _LayerStack(nn.Module):
             for _ in range(n_layers)
         )
         # pre-LN leaves the residual stream un-normalized; post-LN layers already end with a norm
-        self.norm = nn.LayerNorm(d_model) if norm_first else None
+        self.norm = LayerNorm(d_model) if norm_first else None
 
     # recompute each layer in the backward pass instead of keeping its activations (training only)
     activation_checkpointing: bool = False

@@ -19,6 +19,7 @@ from torchmetrics import MeanMetric, Metric
 
 from transformer.checkpoint import strip_compile_prefix
 from transformer.losses import TokenLoss
+from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import checkpoint_layers, compile_layers
 from transformer.training.compiling import CompiledStep
 
@@ -166,12 +167,17 @@ class TaskBase(L.LightningModule):
 
     def configure_model(self) -> None:
         """Activation checkpointing (`model.activation_checkpointing`: each encoder / decoder layer
-        recomputed in the backward pass), then `torch.compile` (`_compile`)."""
+        recomputed in the backward pass), the residual stream in the autocast dtype
+        (`model.low_precision_residual`, `transformer.norm`), then `torch.compile` (`_compile`)."""
         if self.hparams.get("activation_checkpointing") and not checkpoint_layers(self.model):
             raise ValueError(
                 "model.activation_checkpointing=true, but the model has no encoder or decoder layer to "
                 "recompute"
             )
+        low_precision = self.hparams.get("low_precision_residual", False)
+        if not isinstance(low_precision, bool):
+            raise ValueError(f"model.low_precision_residual must be true or false, got {low_precision!r}")
+        residual_in_autocast_dtype(self.model, low_precision)
         if self.hparams.get("compile") and not getattr(self, "_compiled", False):
             self._compile()
             self._compiled = True
