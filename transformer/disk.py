@@ -18,11 +18,14 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
-__all__ = ["CAUSES", "disk_full_line", "human_size", "room_for", "tensor_bytes", "write_text", "writing"]
+__all__ = [
+    "CAUSES", "disk_full_line", "human_size", "room_for", "tensor_bytes", "write_text", "writing",
+    "writing_aside",
+]  # fmt: skip
 
 # the errors a user fixes by freeing space (or pointing the output elsewhere), in the words they read
 CAUSES = {
@@ -77,6 +80,23 @@ def write_text(path: str | Path, text: str, what: str) -> Path:
             Path(tmp).unlink(missing_ok=True)
             raise
     return path
+
+
+@contextlib.contextmanager
+def writing_aside(path: str | Path, what: str) -> Iterator[TextIO]:
+    """A text handle for a file written as it goes (a stream of translations): the lines go to a temporary
+    file beside `path`, renamed over it when the block ends. An exception or a Ctrl-C escaping the block
+    leaves `path` as it was (an earlier file whole, or nothing) and no temporary file."""
+    path = Path(path)
+    with writing(path, what):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                yield handle
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def disk_full_line(err: BaseException, where: str | Path | None = None, then: str = "") -> str | None:

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from transformer.cli.errors import ConfigError
 from transformer.cli.translate_input import FORMATS, Entry, EntryParser, text_lines
 from transformer.cli.word_alignments import Aligner, piece_function
+from transformer.disk import writing_aside
 from transformer.evaluation.n_best import n_best_lines
 from transformer.evaluation.scoring import n_best_texts
 from transformer.search.constraints import TargetRequest, unsatisfiable
@@ -68,6 +69,9 @@ def translate_stream(
         raise ConfigError(f"translate.input={source} is not a file (use - for stdin)")
     if decoding.alignments and alignments is None:
         raise ConfigError("decode.alignments=true with translate.input needs translate.alignments=FILE")
+    for key, path in (("translate.output", target), ("translate.alignments", alignments)):
+        if path not in (None, "-"):
+            _check_output(key, Path(str(path)))
     name = "stdin" if source == "-" else source
     interactive = source == "-" and sys.stdin.isatty()
     if interactive:
@@ -88,11 +92,10 @@ def translate_stream(
             binary = None if interactive else getattr(sys.stdin, "buffer", None)
             reader = sys.stdin if binary is None else text_lines(binary, name)
 
-        def open_output(path: object) -> TextIO:
-            return stack.enter_context(open(str(path), "w", encoding="utf-8"))
-
-        writer = sys.stdout if target in (None, "-") else open_output(target)
-        side = open_output(alignments) if alignments is not None else None
+        # written aside and renamed at the end: a bad input line stops the run with the earlier files whole
+        to_stdout = target in (None, "-")
+        writer = sys.stdout if to_stdout else stack.enter_context(writing_aside(target, "translations"))
+        side = None if alignments is None else stack.enter_context(writing_aside(alignments, "alignments"))
         stream_lines(
             reader,
             writer,
@@ -103,6 +106,14 @@ def translate_stream(
             blank=form == "jsonl" or decoding.n_best == 1,
             side=side,
         )
+
+
+def _check_output(key: str, path: Path) -> None:
+    """ConfigError unless `path` can be written as a file: an existing folder, not a directory itself."""
+    if path.is_dir():
+        raise ConfigError(f"{key}={path} is a directory (give the path of a file to write)")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{key}={path}: the folder {path.parent} does not exist (create it first)")
 
 
 def _translator(
