@@ -68,6 +68,11 @@ BAD_LINES = {
     "constraint not a string": ('{"src": "a", "avoid": [1]}', "avoid[0] must be a string"),
     "unknown characters": ('{"src": "a", "constraints": ["Auto✈"]}', "cannot encode"),
     "prefix not a string": ('{"src": "a", "prefix": ["a"]}', "prefix must be a string"),
+    "avoided and required": (
+        '{"src": "a", "constraints": ["fünf Autos"], "avoid": ["Hunde", "fünf"]}',
+        "avoid[1] 'fünf' occurs in constraints[0]",
+    ),
+    "avoided in the prefix": ('{"src": "a", "prefix": "fünf Autos", "avoid": ["Autos"]}', "occurs in prefix"),
 }
 
 
@@ -78,6 +83,12 @@ def test_each_bad_form_names_the_file_and_line(tokenizer: object, case: str) -> 
         _parser(tokenizer)(7, line)
     message = str(raised.value)
     assert message.startswith("in.jsonl line 7: ") and expected in message and "\n" not in message
+
+
+def test_avoided_phrases_apart_from_the_wanted_ones_are_fine(tokenizer: object) -> None:
+    line = '{"src": "a", "prefix": "fünf", "constraints": ["Autos"], "avoid": ["Hunde"]}'
+    entry = _parser(tokenizer)(1, line)
+    assert entry.request.avoid and entry.request.include and entry.request.prefix
 
 
 def test_a_line_that_is_not_utf8_names_the_file_and_line() -> None:

@@ -84,7 +84,8 @@ def test_a_bad_line_leaves_the_earlier_files_whole(tmp_path: Path, translated: l
 def test_an_output_that_cannot_be_a_file_is_refused_first(
     tmp_path: Path, translated: list[int], key: str
 ) -> None:
-    with pytest.raises(ConfigError, match=rf"translate\.{key}=.*out\.txt: the folder .*missing does not exist"):
+    missing = rf"translate\.{key}=.*out\.txt: the folder .*missing does not exist"
+    with pytest.raises(ConfigError, match=missing):
         _translate(tmp_path, "abc\n", **{key: str(tmp_path / "missing" / "out.txt")})
     with pytest.raises(ConfigError, match=rf"translate\.{key}=.* is a directory"):
         _translate(tmp_path, "abc\n", **{key: str(tmp_path)})

@@ -74,6 +74,7 @@ class EntryParser:
             include=self._phrases(where, "constraints", item.get("constraints", [])),
             avoid=self._phrases(where, "avoid", item.get("avoid", [])),
         )
+        _check_no_conflict(where, request, item)
         return Entry(number, " ".join(src.split()), request)
 
     def _phrases(self, where: str, key: str, value: Any) -> tuple[tuple[int, ...], ...]:
@@ -98,6 +99,25 @@ class EntryParser:
                 "<unk>, which no output contains)"
             )
         return tuple(ids)
+
+
+def _check_no_conflict(where: str, request: TargetRequest, item: dict[str, Any]) -> None:
+    """ConfigError for an avoided phrase that the prefix or a required phrase contains: no output could
+    both hold it and avoid it (the search would have to break one promise silently)."""
+    wanted = [("prefix", request.prefix)] if request.prefix else []
+    wanted += [(f"constraints[{j}]", phrase) for j, phrase in enumerate(request.include)]
+    for i, avoided in enumerate(request.avoid):
+        for key, tokens in wanted:
+            if _contains(tokens, avoided):
+                raise ConfigError(
+                    f"{where}: avoid[{i}] {item['avoid'][i]!r} occurs in {key}: no translation can contain "
+                    "and avoid it; drop one of the two"
+                )
+
+
+def _contains(tokens: tuple[int, ...], phrase: tuple[int, ...]) -> bool:
+    n = len(phrase)
+    return any(tokens[k : k + n] == phrase for k in range(len(tokens) - n + 1))
 
 
 _EXPECTED = (
