@@ -42,8 +42,29 @@ class Plan:
 
 
 def wanted(cfg: DictConfig) -> bool:
-    """Whether this run trains on synthetic pairs (teachers given, or a reverse model)."""
-    return bool(_teachers(cfg)) or OmegaConf.select(cfg, "backtranslate.model", default=None) is not None
+    """Whether this run trains on synthetic pairs (teachers given, or a reverse model). Without teachers,
+    a distillation setting that only makes sense with them is refused (ConfigError)."""
+    if _teachers(cfg):
+        return True
+    _check_teacherless(cfg)
+    return OmegaConf.select(cfg, "backtranslate.model", default=None) is not None
+
+
+def _check_teacherless(cfg: DictConfig) -> None:
+    """No teachers: the distillation recipes (`distill.required`), `distill.mix=both` and
+    `distill.ensemble_weights` would train a plain model silently."""
+    need = "give the teachers: 'distill.teachers=[a.ckpt,b.ckpt]'"
+    if OmegaConf.select(cfg, "distill.required", default=False):
+        raise ConfigError(
+            f"this experiment distils (distill.required=true), but distill.teachers is empty: {need}"
+        )
+    mix = OmegaConf.select(cfg, "distill.mix", default="distilled")
+    if mix != "distilled":
+        raise ConfigError(
+            f"distill.mix={mix} mixes in the teachers' translations, but there are none: {need}"
+        )
+    if OmegaConf.select(cfg, "distill.ensemble_weights", default=None) is not None:
+        raise ConfigError(f"distill.ensemble_weights weighs teachers, but distill.teachers is empty: {need}")
 
 
 def add_synthetic_pairs(cfg: DictConfig, plan: Plan, trainer: Any | None = None) -> None:
