@@ -32,6 +32,7 @@ import sys
 import tempfile
 import venv
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "aiayn"
@@ -90,8 +91,16 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one `error:` line too (BundleError), with the usage on the same line."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = " ".join(self.format_usage().split())
+        raise BundleError(f"{message} ({usage})")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="offline_bundle.sh", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="offline_bundle.sh", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, help="the bundle's folder (must not exist, or be empty)")
     running = f"{sys.version_info[0]}.{sys.version_info[1]}"
     parser.add_argument("--python-version", default=running, help=f"the target's X.Y (default {running})")
@@ -247,8 +256,8 @@ def copy_repository(out: Path) -> int:
 
 def build(args: argparse.Namespace, work: Path, out: Path) -> list[Path]:
     """The wheels of every requirement the target lacks, in out/wheels (see the top)."""
+    have = read_have(args.have)  # a missing freeze file is the first thing to report
     check_pip()
-    have = read_have(args.have)
     reqs = requirements(args.extras)
     python = stand_in(work / "env", have)
     wheels = out / "wheels"
