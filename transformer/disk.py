@@ -68,30 +68,22 @@ def writing(path: str | Path, what: str) -> Iterator[Path]:
 def write_text(path: str | Path, text: str, what: str) -> Path:
     """Write `text` to `path` through a temporary file beside it, renamed over it when complete: a full
     disk leaves the earlier file whole (and no temporary file)."""
-    path = Path(path)
-    with writing(path, what):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-                handle.write(text)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; these are ordinary files
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return path
+    with writing_aside(path, what, newline="") as handle:
+        handle.write(text)
+    return Path(path)
 
 
 @contextlib.contextmanager
-def writing_aside(path: str | Path, what: str) -> Iterator[TextIO]:
-    """A text handle for a file written as it goes (a stream of translations): the lines go to a temporary
-    file beside `path`, renamed over it when the block ends. An exception or a Ctrl-C escaping the block
-    leaves `path` as it was (an earlier file whole, or nothing) and no temporary file."""
+def writing_aside(path: str | Path, what: str, newline: str | None = None) -> Iterator[TextIO]:
+    """A text handle for a file written as it goes (a stream of translations; `write_text` in one piece):
+    the text goes to a temporary file beside `path`, renamed over it when the block ends. An exception or
+    a Ctrl-C escaping the block leaves `path` as it was (an earlier file whole, or nothing) and no
+    temporary file. `newline` as `open`'s."""
     path = Path(path)
     with writing(path, what):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            with os.fdopen(fd, "w", encoding="utf-8", newline=newline) as handle:
                 yield handle
             os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, path)
