@@ -31,8 +31,7 @@ from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer
 from transformer.search import static_cache
 from transformer.search.compiled import compile_step
-from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, search
-from transformer.search.graphed import GraphedStep
+from transformer.search.decoding import DecodingSettings, search
 
 MODES = {"beam4": 4, "greedy": 1}
 # --decode-methods' names for decode_methods' keys
@@ -94,21 +93,14 @@ def ctranslate2_available(device: torch.device) -> str | None:
 
 @contextmanager
 def step_backend(backend: str) -> Iterator[None]:
-    """`decode.kv_cache=compiled` with its step compiled by `backend` instead of Inductor, or ("graphed")
-    recorded as CUDA graphs with no compiler, `GraphedStep` (measurements, not settings:
-    `static_cache.compile_step` is the one place that picks the step)."""
+    """`decode.kv_cache=compiled` with its step compiled by `backend` instead of Inductor (measurements, not
+    settings: `static_cache.compile_step` is the one place that picks the compiled step)."""
     default = static_cache.compile_step
-    if backend == "graphed":
-        static_cache.compile_step = lambda device: _GRAPHED
-    else:
-        static_cache.compile_step = functools.partial(compile_step, backend=backend)
+    static_cache.compile_step = functools.partial(compile_step, backend=backend)
     try:
         yield
     finally:
         static_cache.compile_step = default
-
-
-_GRAPHED = GraphedStep()  # one per process, as the compiled step: its graphs are kept from case to case
 
 
 def decode_methods(
@@ -121,33 +113,34 @@ def decode_methods(
 ) -> dict[str, Callable[[], list[Tensor]]]:
     """Each decoder over every batch -> its (B, L) outputs (without BOS)."""
 
-    def run_ours() -> list[Tensor]:
-        if beams == 1:
-            return [greedy_search(ours, src, max_len_a=0, max_len_b=length) for src in batches]
-        beam = {"beam_size": beams, "length_penalty": LENGTH_PENALTY, "max_len_a": 0, "max_len_b": length}
-        return [beam_search(ours, src, **beam)[0][:, 0] for src in batches]
+    def settings(kv_cache: str) -> DecodingSettings:
+        return DecodingSettings(
+            beam_size=beams, length_penalty=LENGTH_PENALTY, max_len_a=0, max_len_b=length, kv_cache=kv_cache
+        )
+
+    def run(kv_cache: str) -> list[Tensor]:
+        chosen = settings(kv_cache)
+        return [search(ours, src, chosen)[0][:, 0] for src in batches]
+
+    def run_ours() -> list[Tensor]:  # eager: the growing cache, whatever `auto` means on the device
+        return run("dynamic")
 
     methods = {
         "ours": run_ours,
         "transformers generate": lambda: [marian_generate(marian, src, length, beams) for src in batches],
     }
-    if batches and batches[0].is_cuda:  # decode.kv_cache=compiled: static cache, the step as a CUDA graph
-        compiled = DecodingSettings(
-            beam_size=beams, length_penalty=LENGTH_PENALTY, max_len_a=0, max_len_b=length, kv_cache="compiled"
-        )
+    if batches and batches[0].is_cuda:  # the static cache, its step replayed as CUDA graphs
 
-        def run_compiled() -> list[Tensor]:
-            return [search(ours, src, compiled)[0][:, 0] for src in batches]
+        def run_compiled() -> list[Tensor]:  # decode.kv_cache=compiled
+            return run("compiled")
 
         def run_cudagraphs() -> list[Tensor]:
             # the same, its step recorded without Inductor's code generation
             with step_backend("cudagraphs"):
                 return run_compiled()
 
-        def run_graphed() -> list[Tensor]:
-            # the same, its eager step recorded as CUDA graphs without a compiler
-            with step_backend("graphed"):
-                return run_compiled()
+        def run_graphed() -> list[Tensor]:  # decode.kv_cache=graphed (auto on CUDA): no compiler
+            return run("graphed")
 
         methods["ours compiled step"] = run_compiled
         methods["ours cudagraphs step"] = run_cudagraphs
