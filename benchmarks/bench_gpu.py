@@ -157,7 +157,7 @@ def training_header(args: argparse.Namespace, batches: list[Any]) -> None:
     )
     print(f"MFU FLOPs: {FLOPS_FORMULA}")
     print("(frames: what Dynamo compiled, 1 = one graph; every graph break and recompilation adds one)")
-    print(f"{'model':20} {'tok/s':>10} {'MFU %':>6} {'TFLOP/s':>8} {'step s':>7} {'peak GB':>8} ", end="")
+    print(f"{'model':26} {'tok/s':>10} {'MFU %':>6} {'TFLOP/s':>8} {'step s':>7} {'peak GB':>8} ", end="")
     print(f"{'compile s':>9} {'frames':>6}")
 
 
@@ -171,14 +171,14 @@ def _not_run(row: dict[str, Any]) -> str | None:
 
 def training_row(name: str, row: dict[str, Any]) -> None:
     if _not_run(row):
-        print(f"{name:20} {_not_run(row)}")
+        print(f"{name:26} {_not_run(row)}")
         return
     mfu = f"{row['mfu_pct']:6.1f}" if row.get("mfu_pct") is not None else f"{'-':>6}"
     mem = f"{row['peak_mem_gb']:8.1f}" if "peak_mem_gb" in row else f"{'-':>8}"
     comp = (
         f"{row['compile_s']:9.1f} {row['frames_compiled']:6d}" if "compile_s" in row else f"{'-':>9} {'-':>6}"
     )
-    print(f"{name:20} {row['tok_s']:10.0f} {mfu} {row['tflops']:8.2f} {row['step_s']:7.3f} {mem} {comp}")
+    print(f"{name:26} {row['tok_s']:10.0f} {mfu} {row['tflops']:8.2f} {row['step_s']:7.3f} {mem} {comp}")
 
 
 def decoding_header(args: argparse.Namespace, ctranslate2: str) -> None:

@@ -20,6 +20,7 @@ from transformer.config import TransformerConfig
 from transformer.kernels import attention_backends
 from transformer.layers import Dropout
 from transformer.model import Seq2SeqTransformer
+from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import compile_layers
 from transformer.training.compiling import CompiledStep, pad_length
 
@@ -128,7 +129,10 @@ class Runner:
 
 # ours with one lever reverted, or (compiled) forward and loss compiled as model.compile=true compiles them,
 # or (compiled-layers) the same padded step around layers compiled as model.compile=layers compiles them
-VARIANTS = ("pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled", "compiled-layers")
+VARIANTS = (
+    "pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled", "compiled-layers",
+    "lowprecisionresidual",
+)  # fmt: skip
 
 
 def build_runner(
@@ -149,6 +153,8 @@ def build_runner(
         if variant and variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         model = Seq2SeqTransformer(config)
+        if variant == "lowprecisionresidual":  # model.low_precision_residual=true (a switch, not a default)
+            residual_in_autocast_dtype(model)
         compiled = variant in ("compiled", "compiled-layers")
         if variant in ("pack", "nopack") or compiled:  # packing's shapes depend on the data: not compiled
             model.pack_tokens = variant == "pack"
