@@ -261,6 +261,10 @@ def test_a_task_refuses_another_compile_setting() -> None:
             "layer) or false, got 1",
         ),
         ({"activation_checkpointing": 1}, "`model.activation_checkpointing` must be true or false, got 1"),
+        (
+            {"low_precision_residual": "yes"},
+            "`model.low_precision_residual` must be true, false or auto, got 'yes'",
+        ),
         ({"compile": True}, "`model.compile`=true cannot work here: no compiler (set model.compile=false)"),
         (
             {"compile": "layers"},

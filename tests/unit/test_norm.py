@@ -145,5 +145,23 @@ def test_the_task_switches_its_model(pack: bool | None) -> None:
         dtypes[switched] = seen
         assert torch.isfinite(loss)
     assert dtypes == {False: {torch.float32}, True: {BF16}}
-    with pytest.raises(ValueError, match=r"model\.low_precision_residual must be true or false"):
+    with pytest.raises(ValueError, match=r"model\.low_precision_residual must be true, false or auto"):
         TranslationTask(config, low_precision_residual="yes").configure_model()
+
+
+@pytest.mark.parametrize(("device", "switched"), [("cpu", False), ("cuda", True)])
+def test_auto_switches_the_residual_stream_on_a_gpu_only(device: str, switched: bool) -> None:
+    """`model.low_precision_residual=auto` (the default) follows the trainer's device, read before the model
+    moves there (Lightning calls configure_model on the CPU-built module)."""
+    from types import SimpleNamespace
+
+    from transformer.training.translation import TranslationTask
+
+    config = {"src_vocab_size": 24, "d_model": 32, "n_heads": 4, "n_encoder_layers": 1, "n_decoder_layers": 1,
+              "d_ff": 64, "max_len": 64}  # fmt: skip
+    task = TranslationTask(config)
+    assert task.hparams.low_precision_residual == "auto"
+    task._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+    task.configure_model()
+    norms = [module for module in task.model.modules() if isinstance(module, LayerNorm)]
+    assert norms and all(norm.in_autocast_dtype is switched for norm in norms)

@@ -142,7 +142,7 @@ def test_hparams_are_plain_data() -> None:
     }
     assert task.hparams.config == TINY and task.hparams.label_smoothing == 0.2
     assert task.hparams.activation_checkpointing is False  # a plain bool, off by default
-    assert task.hparams.low_precision_residual is False
+    assert task.hparams.low_precision_residual == "auto"  # on when training on a GPU
     assert task.hparams.decoding["beam_size"] == 1
     assert task.hparams.test_decoding == task.hparams.decoding  # defaults to the validation settings
     beam = _translation(test_decoding={"beam_size": 4})

@@ -48,14 +48,16 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def check_compile(cfg: DictConfig) -> None:
-    """`model.compile` is true, false or layers, `model.activation_checkpointing` and
-    `model.low_precision_residual` true or false, and
+    """`model.compile` is true, false or layers, `model.activation_checkpointing` true or false,
+    `model.low_precision_residual` true, false or auto, and
     torch.compile can run on the run's device (a supported Python; inductor's C++ compiler on the CPU,
     Triton on CUDA)."""
-    for key in ("model.activation_checkpointing", "model.low_precision_residual"):
-        value = OmegaConf.select(cfg, key, default=None)
-        if value is not None and not isinstance(value, bool):
-            raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    value = OmegaConf.select(cfg, "model.activation_checkpointing", default=None)
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"`model.activation_checkpointing` must be true or false, got {value!r}")
+    value = OmegaConf.select(cfg, "model.low_precision_residual", default=None)
+    if value is not None and not (isinstance(value, bool) or value == "auto"):
+        raise ConfigError(f"`model.low_precision_residual` must be true, false or auto, got {value!r}")
     compile_mode = OmegaConf.select(cfg, "model.compile", default=None)
     if compile_mode is not None and not is_compile_mode(compile_mode):
         raise ConfigError(

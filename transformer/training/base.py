@@ -174,9 +174,15 @@ class TaskBase(L.LightningModule):
                 "model.activation_checkpointing=true, but the model has no encoder or decoder layer to "
                 "recompute"
             )
-        low_precision = self.hparams.get("low_precision_residual", False)
-        if not isinstance(low_precision, bool):
-            raise ValueError(f"model.low_precision_residual must be true or false, got {low_precision!r}")
+        low_precision = self.hparams.get("low_precision_residual", "auto")
+        if not (isinstance(low_precision, bool) or low_precision == "auto"):
+            raise ValueError(
+                f"model.low_precision_residual must be true, false or auto, got {low_precision!r}"
+            )
+        if low_precision == "auto":  # on where a GPU A/B measured it (docs/gpu.md), off on the CPU
+            trainer = getattr(self, "_trainer", None)
+            device = trainer.strategy.root_device if trainer is not None else self.device
+            low_precision = device.type == "cuda"
         residual_in_autocast_dtype(self.model, low_precision)
         if self.hparams.get("compile") and not getattr(self, "_compiled", False):
             self._compile()

@@ -47,7 +47,7 @@ class ClassificationTask(TaskBase):
         init_from: str | None = None,
         compile: bool | str = False,
         activation_checkpointing: bool = False,
-        low_precision_residual: bool = False,
+        low_precision_residual: bool | str = "auto",
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)

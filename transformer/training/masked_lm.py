@@ -45,7 +45,7 @@ class MaskedLMTask(TaskBase):
         mask_id: int = 3,
         compile: bool | str = False,
         activation_checkpointing: bool = False,
-        low_precision_residual: bool = False,
+        low_precision_residual: bool | str = "auto",
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)

@@ -50,7 +50,7 @@ class TranslationTask(TaskBase):
         val_bleu_every_n_epochs: int = 1,
         compile: bool | str = False,
         activation_checkpointing: bool = False,
-        low_precision_residual: bool = False,
+        low_precision_residual: bool | str = "auto",
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
