@@ -32,3 +32,25 @@ def test_plain_runs_and_distillation_with_teachers_are_not_refused() -> None:
     assert synthetic.wanted(compose_train_cfg(["experiment=multi30k_de_en"])) is False
     with_teachers = ["experiment=multi30k_de_en_distill", "distill.teachers=[a.ckpt]", "distill.mix=both"]
     assert synthetic.wanted(compose_train_cfg(with_teachers)) is True
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["distill.teachers=['']"], "distill.teachers[0] is an empty path"),
+        (["distill.teachers=[a.ckpt,' ']"], "distill.teachers[1] is an empty path"),
+        (["distill.teachers=''"], "distill.teachers is an empty path"),
+    ],
+)
+def test_an_empty_teacher_path_is_refused_as_such(overrides: list[str], key: str) -> None:
+    """Not "checkpoint . is a directory": `Path('')` is the current directory."""
+    with pytest.raises(ConfigError, match=r"give the path of a \.ckpt file") as raised:
+        synthetic.wanted(compose_train_cfg(overrides))
+    assert str(raised.value).startswith(key) and "\n" not in str(raised.value)
+
+
+def test_an_empty_reverse_model_path_is_refused_as_such() -> None:
+    cfg = compose_train_cfg(["backtranslate.model=''", "backtranslate.monolingual=mono.txt"])
+    assert synthetic.wanted(cfg) is True
+    with pytest.raises(ConfigError, match=r"^backtranslate.model is an empty path"):
+        synthetic.make_plan(cfg)

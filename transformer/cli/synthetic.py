@@ -83,6 +83,8 @@ def make_plan(cfg: DictConfig) -> Plan:
     teachers, reverse = _teachers(cfg), OmegaConf.select(cfg, "backtranslate.model", default=None)
     if teachers and reverse is not None:
         raise ConfigError("distill.teachers and backtranslate.model: use one of them in a run")
+    if not teachers:
+        _check_path("backtranslate.model", str(reverse))
     name = "distill" if teachers else "backtranslate"
     options = OmegaConf.to_container(cfg[name], resolve=True)
     assert isinstance(options, dict)
@@ -112,11 +114,18 @@ def _teachers(cfg: DictConfig) -> list[str]:
     value = OmegaConf.select(cfg, "distill.teachers", default=None)
     if value is None:
         return []
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, ListConfig):
+    if not isinstance(value, (str, ListConfig)):
         raise ConfigError(f"distill.teachers must be a list of checkpoints '[a.ckpt,b.ckpt]', got {value!r}")
-    return [str(path) for path in value]
+    paths = [value] if isinstance(value, str) else [str(path) for path in value]
+    for index, path in enumerate(paths):
+        _check_path("distill.teachers" if isinstance(value, str) else f"distill.teachers[{index}]", path)
+    return paths
+
+
+def _check_path(key: str, path: str) -> None:
+    """An empty checkpoint path (`distill.teachers=['']`) would be read as the current directory."""
+    if not path.strip():
+        raise ConfigError(f"{key} is an empty path: give the path of a .ckpt file")
 
 
 def _check_options(name: str, options: Mapping[str, Any]) -> None:
