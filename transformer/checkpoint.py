@@ -27,7 +27,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Load a checkpoint dict with `weights_only=True`, turning every failure into one clear line."""
     path = Path(path)
     if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        what = f"is a directory, not a file: {files_in_hint(path)}" if path.is_dir() else "does not exist"
         raise CheckpointError(f"checkpoint {path} {what}")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
@@ -46,6 +46,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"checkpoint {path} is not a training checkpoint (no 'state_dict' entry)")
     return checkpoint
+
+
+def files_in_hint(directory: Path) -> str:
+    """What to give instead of `directory` where a checkpoint file is wanted: its `last.ckpt` (or its
+    `checkpoints/last.ckpt`, for a run directory), else the checkpoints it holds."""
+    for folder in (directory, directory / "checkpoints"):
+        if (folder / "last.ckpt").is_file():
+            return f"give a .ckpt file, e.g. {folder / 'last.ckpt'}"
+        found = sorted(p.name for p in folder.glob("*.ckpt") if p.is_file()) if folder.is_dir() else []
+        if found:
+            shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            return f"give one of the .ckpt files in {folder}: {shown}"
+    return f"give a .ckpt file (there is none in {directory}, nor in a checkpoints/ folder under it)"
 
 
 def strip_compile_prefix(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:

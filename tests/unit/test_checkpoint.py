@@ -7,9 +7,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tests.conftest import MaliciousPickle
-from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, strip_compile_prefix
+from tests.unit.test_configs import compose_train_cfg
+from transformer.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    files_in_hint,
+    load_checkpoint,
+    strip_compile_prefix,
+)
+from transformer.cli import checks
+from transformer.cli.errors import ConfigError
+from transformer.cli.evaluate_setup import load_checkpoints
 
 
 def _save(path: Path, scale: float = 1.0) -> Path:
@@ -56,6 +67,48 @@ def test_bad_paths(tmp_path: Path, kind: str) -> None:
         torch.save({"weights": torch.ones(1)}, path)
     with pytest.raises(CheckpointError, match=str(path)):
         load_checkpoint(path)
+
+
+LOADERS = {  # each refuses a directory given as the checkpoint: (error, call)
+    "load_checkpoint": (CheckpointError, load_checkpoint),
+    "evaluate.py": (
+        ConfigError,
+        lambda path: load_checkpoints(OmegaConf.create({"average_last": None}), path),
+    ),
+    "train.py": (ConfigError, lambda path: checks.check_config(compose_train_cfg([f"ckpt_path={path}"]))),
+}
+
+
+def test_the_hint_for_a_directory_names_its_checkpoint_files(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    folder = run / "checkpoints"
+    folder.mkdir(parents=True)
+    assert (
+        files_in_hint(run)
+        == f"give a .ckpt file (there is none in {run}, nor in a checkpoints/ folder under it)"
+    )
+    _save(folder / "epoch=3-step=40.ckpt")
+    assert files_in_hint(run) == f"give one of the .ckpt files in {folder}: epoch=3-step=40.ckpt"
+    _save(folder / "last.ckpt")
+    assert files_in_hint(run) == files_in_hint(folder) == f"give a .ckpt file, e.g. {folder / 'last.ckpt'}"
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+@pytest.mark.parametrize("given", ["run", "run/checkpoints"])
+def test_a_directory_given_as_the_checkpoint_names_the_file_meant(
+    tmp_path: Path, given: str, loader: str
+) -> None:
+    """A run directory or its checkpoints/ folder: the message names the file in it (issue 51: it was
+    `.../checkpoints/checkpoints/last.ckpt` for the folder)."""
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    _save(folder / "last.ckpt")
+    error, call = LOADERS[loader]
+    with pytest.raises(error, match="is a directory") as raised:
+        call(tmp_path / given)
+    message = str(raised.value)
+    assert str(folder / "last.ckpt") in message and "checkpoints/checkpoints" not in message
+    assert "\n" not in message
 
 
 def test_average_of_copies_is_identity(tmp_path: Path) -> None:

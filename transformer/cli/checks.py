@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer.checkpoint import load_checkpoint
+from transformer.checkpoint import files_in_hint, load_checkpoint
 from transformer.cli.errors import ConfigError
 from transformer.cli.process import local_rank
 from transformer.training.compiling import compile_unavailable, is_compile_mode
@@ -31,6 +31,10 @@ def check_config(cfg: DictConfig) -> None:
         if not isinstance(cfg.get(key), bool):
             raise ConfigError(f"`{key}` must be true or false, got {cfg.get(key)!r}")
     if cfg.get("ckpt_path") is not None and not Path(cfg.ckpt_path).is_file():
+        if Path(cfg.ckpt_path).is_dir():
+            raise ConfigError(
+                f"ckpt_path={cfg.ckpt_path} is a directory: {files_in_hint(Path(cfg.ckpt_path))}"
+            )
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} is not a file (give the path of a .ckpt to resume from)"
         )

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from data.datamodules import ClassificationDataModule, TranslationDataModule
-from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
+from transformer.checkpoint import CheckpointError, average_checkpoints, files_in_hint, load_checkpoint
 from transformer.cli.arguments import ArgumentError, check_arguments
 from transformer.cli.errors import ConfigError
 from transformer.evaluation.reports import ReportOptions
@@ -87,7 +87,7 @@ def load_checkpoints(cfg: DictConfig, path: Path) -> tuple[dict[str, Any], list[
     if n is None:
         if path.is_dir():
             raise ConfigError(
-                f"ckpt_path={path} is a directory: give a .ckpt file (e.g. {path}/checkpoints/last.ckpt), "
+                f"ckpt_path={path} is a directory: {files_in_hint(path)}, "
                 "or add average_last=N to average its last N checkpoints"
             )
         return load_checkpoint(path), [path]
