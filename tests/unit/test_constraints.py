@@ -226,3 +226,111 @@ def test_unsupported_combinations_are_refused() -> None:
         search(model, src, DecodingSettings(kv_cache="static"), requests=requests)
     with pytest.raises(ValueError, match=r"decode\.search=sample"):
         search(model, src, DecodingSettings(search="sample"), requests=requests)
+
+
+# --- avoided phrases: only the last token, only after the rest -------------------------------------------
+
+
+def _banned(state: ConstraintState, histories: list[list[int]]) -> list[set[int]]:
+    """The tokens `restrict` bans in each row (rows follow `state.sentence`), BOS = 1 before `histories`."""
+    history = torch.tensor([[1, *h] for h in histories])  # (N, 1 + t), all of one length
+    log_probs = torch.zeros(len(histories), VOCAB)
+    state.restrict(log_probs, history.shape[1] - 1, history, eos_id=2)
+    return [set(torch.isinf(row).nonzero().flatten().tolist()) for row in log_probs]
+
+
+def test_an_avoided_phrase_bans_only_its_last_token_right_after_the_rest() -> None:
+    """Phrases of 1, 2 and 3 tokens in one request (and a second sentence with its own): a one-token
+    phrase is always banned; a longer one bans its last token only where the row's last tokens are the
+    rest of it, and never bans its earlier tokens."""
+    requests = [
+        TargetRequest(avoid=((5,), (6, 7), (8, 9, 10))),
+        TargetRequest(avoid=((9, 10),)),
+    ]
+
+    def rows_of(sentences: list[int]) -> ConstraintState:  # a state whose rows follow `sentences`
+        state = ConstraintState(requests, torch.device("cpu"))
+        state.select(torch.tensor(sentences))
+        return state
+
+    histories = {  # history (after BOS) -> what sentence 0 / sentence 1 ban next
+        (4, 4): ({5}, set()),
+        (4, 6): ({5, 7}, set()),
+        (6, 7): ({5}, set()),  # the phrase was produced already (by another rule's failure): nothing new
+        (8, 9): ({5, 10}, {10}),  # sentence 1's phrase ends with the same two tokens
+        (4, 9): ({5}, {10}),  # 9 without 8: only sentence 1's two-token phrase applies
+        (4, 8): ({5}, set()),  # the start of the three-token phrase bans neither 9 nor 8
+        (9, 8): ({5}, set()),
+        (7, 6): ({5, 7}, set()),
+    }
+    for sentence in (0, 1):
+        got = _banned(rows_of([sentence] * len(histories)), [list(h) for h in histories])
+        assert got == [expected[sentence] for expected in histories.values()], sentence
+    both = rows_of([0, 1, 0, 1])  # rows of both sentences in one batch
+    assert _banned(both, [[8, 9], [8, 9], [4, 6], [4, 6]]) == [{5, 10}, {10}, {5, 7}, set()]
+    assert _banned(both, [[], [], [], []]) == [{5}, set(), {5}, set()]  # BOS alone: no context matches
+    assert _banned(both, [[6], [9], [8], [8]]) == [{5, 7}, {10}, {5}, set()]  # shorter than the contexts
+
+
+def _other(*tokens: int) -> int:
+    """The first ordinary token (4 ..) that is none of `tokens`."""
+    return next(t for t in range(4, VOCAB) if t not in tokens)
+
+
+def _free_phrases(h: list[int]) -> tuple[tuple[int, ...], ...] | None:
+    """Avoided phrases of 1, 2 and 3 tokens that hypothesis `h` never contains, but whose earlier tokens
+    it produces (so banning those would change it) and whose last tokens it produces after other tokens
+    (so banning them out of context would change it); None when `h` is too short for that."""
+    if len(h) < 5:
+        return None
+    phrases = [
+        (h[0], h[1], _other(h[2])),  # its first two tokens start the output
+        (h[2], _other(h[3])),
+        (_other(h[1]), h[2], h[3]),  # its last two tokens are produced, after another one
+        (_other(h[3]), h[4]),  # its last token is produced, after another one
+    ]
+    unused = [t for t in range(4, VOCAB) if t not in h]
+    phrases += [(unused[0],)] if unused else []
+    return None if any(_contains(h, p) for p in phrases) else tuple(phrases)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"beam_size": 1}, {"search": "sample", "n_best": 3, "top_k": 5}],
+    ids=["greedy", "sample"],
+)
+def test_avoiding_phrases_an_output_lacks_leaves_it_unchanged(settings: dict) -> None:
+    """Greedy search and sampling (the same draws) choose among the tokens left: where an output holds
+    none of the avoided phrases (but their first tokens, and their last ones after other tokens), adding
+    them changes no token and no score."""
+    model, src = _model(), tiny_sources(BATCH, vocab=VOCAB)
+    decoding = DecodingSettings(max_len_b=20, **settings)
+    plain = search(model, src, decoding, torch.Generator().manual_seed(5))
+    requests = [_free_phrases(_tokens(plain[0][b, 0])) for b in range(BATCH)]
+    assert sum(r is not None for r in requests) >= BATCH // 2  # enough outputs long enough to test
+    requests = [TargetRequest(avoid=r) if r is not None else TargetRequest() for r in requests]
+    for b, request in enumerate(requests):  # every sample of the sentence must lack them
+        for k in range(1, plain[0].shape[1]):
+            if any(_contains(_tokens(plain[0][b, k]), p) for p in request.avoid):
+                requests[b] = TargetRequest()
+    avoided = search(model, src, decoding, torch.Generator().manual_seed(5), requests)
+    assert torch.equal(plain[0], avoided[0]) and torch.equal(plain[1], avoided[1])
+
+
+def test_a_limit_that_the_request_fills_exactly_is_satisfiable() -> None:
+    """prefix (1) + phrases (3) + EOS = 5 tokens: a limit of 5 is satisfiable and the search fills it
+    with every phrase; a limit of 4 (one token less) is not."""
+    model, src = _model(eos_boost=9.0), tiny_sources(4, vocab=VOCAB)
+    requests = [TargetRequest(prefix=(7,), include=((5, 6), (8,)))] * 4
+    assert requests[0].needed == 5
+    for limit, flagged in ((5, []), (4, [0, 1, 2, 3]), (6, [])):
+        limits = LengthLimits.of(model.config, src, 0.0, limit).per_sentence.tolist()
+        assert limits == [limit] * 4 and unsatisfiable(requests, limits) == flagged, limit
+    for beam in (1, 4):
+        tokens = search(
+            model, src, DecodingSettings(beam_size=beam, max_len_a=0.0, max_len_b=5), None, requests
+        )
+        for row in tokens[0][:, 0]:
+            hypothesis = _tokens(row)
+            assert len(hypothesis) == 4 and hypothesis[0] == 7, hypothesis  # the limit, EOS included
+            assert _contains(hypothesis, (5, 6)) and 8 in hypothesis, hypothesis
