@@ -1,10 +1,12 @@
 """`translate.output` and `translate.alignments` (evaluate.py's translate mode): written aside and renamed
 at the end, so a bad input line stops the run with the earlier files whole; a folder that does not exist
 or a directory given as the file is refused before anything runs (one line naming the key). The decoding
-itself is stubbed: these are the file rules of `transformer.cli.text_io.translate_stream`."""
+itself is stubbed: these are the file rules of `transformer.cli.text_io.translate_stream`. Also: the
+warning for a request that cannot fit names the limit that binds."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +18,8 @@ from transformer import disk
 from transformer.cli import text_io
 from transformer.cli.errors import ConfigError
 from transformer.cli.text_io import Translation, translate_stream
+from transformer.cli.translate_input import Entry
+from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings
 
 
@@ -99,3 +103,28 @@ def test_writing_aside_keeps_the_earlier_file_on_ctrl_c(tmp_path: Path) -> None:
         handle.write("half")
         raise KeyboardInterrupt
     assert target.read_text() == "earlier\n" and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("model_max_len", "binds"),
+    [
+        (64, "decode.max_len_a * source length + decode.max_len_b = 1.2 * source length + 10 caps it"),
+        (8, "the model's max_len of 8 positions caps it"),
+    ],
+    ids=["decode_limit", "model_max_len"],
+)
+def test_the_unsatisfiable_warning_names_the_limit_that_binds(
+    caplog: pytest.LogCaptureFixture, model_max_len: int, binds: str
+) -> None:
+    """A 5-token source allows 1.2 * 5 + 10 = 16 tokens unless the model's positions cap it lower: only
+    then is raising decode.max_len_* no help (issue 51: it was always the advice)."""
+    config = SimpleNamespace(pad_id=0, max_len=model_max_len)
+    src = torch.tensor([[5, 6, 7, 8, 9]])  # (B, S)
+    entries = [Entry(3, "a b c d e", TargetRequest(prefix=tuple(range(10, 30))))]  # 21 tokens with EOS
+    with caplog.at_level(logging.WARNING):
+        assert text_io._unsatisfiable(config, src, DecodingSettings(), entries, "in.jsonl") == {0}
+    (message,) = [record.getMessage() for record in caplog.records]
+    assert (
+        message.startswith("in.jsonl line 3: the prefix and constraints need 21 tokens") and binds in message
+    )
+    assert ("raise decode.max_len_b" in message) == (model_max_len == 64)

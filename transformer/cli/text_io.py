@@ -171,13 +171,27 @@ def _unsatisfiable(
     for row in flagged:
         log.warning(
             "%s line %d: the prefix and constraints need %d tokens with EOS, but the length limit is %d: "
-            "the output misses some (decode.max_len_a / max_len_b raise the limit)",
+            "the output misses some (%s)",
             name,
             entries[row].line,
             requests[row].needed,
             limits[row],
+            _binding_limit(limits[row], config.max_len, decoding),
         )
     return set(flagged)
+
+
+def _binding_limit(limit: int, model_max_len: int, decoding: DecodingSettings) -> str:
+    """Which limit caps a sentence, and what raises it: the model's positions cannot be raised."""
+    if limit >= model_max_len:  # `LengthLimits` clamps a * src_len + b to the model's max_len
+        return (
+            f"the model's max_len of {model_max_len} positions caps it, whatever decode.max_len_a / "
+            "max_len_b say: shorten the prefix or the required phrases"
+        )
+    return (
+        f"decode.max_len_a * source length + decode.max_len_b = {decoding.max_len_a:g} * source length + "
+        f"{decoding.max_len_b:g} caps it: raise decode.max_len_b (the model's max_len is {model_max_len})"
+    )
 
 
 def _output_format(form: str, n_best: int) -> Callable[[int, Translation], tuple[list[str], list[str]]]:
