@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 
 from tests.tiny import tiny_seq2seq, tiny_sources
 from transformer.search.constraints import ConstraintState, TargetRequest, unsatisfiable
@@ -334,3 +335,50 @@ def test_a_limit_that_the_request_fills_exactly_is_satisfiable() -> None:
             hypothesis = _tokens(row)
             assert len(hypothesis) == 4 and hypothesis[0] == 7, hypothesis  # the limit, EOS included
             assert _contains(hypothesis, (5, 6)) and 8 in hypothesis, hypothesis
+
+
+@pytest.mark.parametrize("eos_boost", [0.0, 9.0])
+def test_dynamic_beam_allocation_proposes_and_keeps_each_extension_once(
+    monkeypatch: pytest.MonkeyPatch, eos_boost: float
+) -> None:
+    """Under required phrases no step proposes a (parent beam, token) pair twice (a phrase's next token
+    among the parent's top tokens, or two phrases wanting the same token), no step keeps one twice, and
+    the n-best entries of a sentence are pairwise distinct."""
+    proposed: list[Tensor] = []
+
+    def candidates(state: ConstraintState, log_probs: Tensor, scores: Tensor, per_beam: int):
+        cand_scores, tokens, parents = original(state, log_probs, scores, per_beam)  # each (n, M)
+        proposed.append(torch.stack([cand_scores, tokens.float(), parents.float()], dim=-1))
+        return cand_scores, tokens, parents
+
+    kept: list[tuple[Tensor, Tensor]] = []
+
+    def survivors(state: ConstraintState, cand_scores: Tensor, cand_tokens: Tensor, *args: object):
+        pick, new_tokens, new_scores = original_survivors(state, cand_scores, cand_tokens, *args)
+        parents = proposed[-1][..., 2].gather(1, pick)  # (n, K)
+        kept.append((torch.stack([parents, new_tokens.float()], dim=-1), torch.isfinite(new_scores)))
+        return pick, new_tokens, new_scores
+
+    original, original_survivors = ConstraintState.candidates, ConstraintState.survivors
+    monkeypatch.setattr(ConstraintState, "candidates", candidates)
+    monkeypatch.setattr(ConstraintState, "survivors", survivors)
+    model, src = _model(eos_boost=eos_boost), tiny_sources(BATCH, vocab=VOCAB)
+    generator = torch.Generator().manual_seed(11)
+    requests = []
+    for _ in range(BATCH):  # phrases sharing tokens, so two phrases often want the same next token
+        start = int(torch.randint(4, 8, (1,), generator=generator))
+        requests.append(TargetRequest(include=((start, start + 1), (start,), (start + 1, start + 2, start))))
+    tokens, scores = search(model, src, DecodingSettings(beam_size=6, n_best=6, max_len_b=16), None, requests)
+    assert len(proposed) > 5
+    for step in proposed:
+        for sentence in step:  # (M, 3): score, token, parent
+            live = sentence[torch.isfinite(sentence[:, 0])]
+            pairs = [(int(p), int(t)) for _, t, p in live.tolist()]
+            assert len(pairs) == len(set(pairs)), pairs
+    for step, alive in kept:
+        for sentence, finite in zip(step, alive):  # (K, 2): parent, token; (K,)
+            pairs = [tuple(pair) for pair in sentence[finite].tolist()]
+            assert len(pairs) == len(set(pairs)), pairs
+    for b in range(BATCH):
+        ended = [tuple(_tokens(tokens[b, k])) for k in range(tokens.shape[1]) if torch.isfinite(scores[b, k])]
+        assert len(ended) == len(set(ended)) and len(ended) > 1, ended
