@@ -311,3 +311,27 @@ def test_either_output_alone_carries_the_gradient(chunking: str, which: str) -> 
     loss, nll = _reference(theirs, target, 0.1)
     (loss if which == "loss" else nll).backward()
     torch.testing.assert_close(ours.grad, theirs.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_one_addcmul_gradient_write_matches_torch(
+    chunking: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA branch of the gradient write (one addcmul that scales, shifts and casts each chunk), run on
+    the CPU: loss and gradient equal `F.cross_entropy(label_smoothing=, ignore_index=)`'s, within float32
+    rounding; bf16 logits get the float32 gradient rounded once (bf16 has an 8-bit mantissa: 2 ** -8 ~ 4e-3
+    relative), pad rows exactly zero."""
+    monkeypatch.setattr(losses, "_ONE_KERNEL_GRAD_WRITE", frozenset({"cpu", "cuda"}))
+    torch.manual_seed(1)
+    logits, target = _batch(B=4, T=9, V=13)
+    logits = (3 * logits).to(dtype)
+    ours, theirs = logits.clone().requires_grad_(), logits.clone().float().requires_grad_()
+    out = label_smoothed_cross_entropy(ours, target, label_smoothing=0.1)
+    expected = F.cross_entropy(theirs.view(-1, 13), target.view(-1), ignore_index=PAD, label_smoothing=0.1)
+    torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=1e-6)
+    out.loss.backward()
+    expected.backward()
+    assert ours.grad.dtype == dtype
+    tolerance = {"rtol": 1e-6, "atol": 1e-8} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 1e-6}
+    torch.testing.assert_close(ours.grad.float(), theirs.grad.to(dtype).float(), **tolerance)
+    assert torch.all(ours.grad[target == PAD] == 0)
