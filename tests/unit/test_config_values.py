@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import REPO_ROOT
 from tests.unit.test_configs import _fake_data_fields, _pretend_cuda, compose_train_cfg
-from transformer.cli import build, checks
+from transformer.cli import build, checks, errors
 from transformer.cli.errors import ConfigError
 
 CONFIGS = REPO_ROOT / "configs"
@@ -195,3 +195,60 @@ def test_a_gpu_trainer_without_a_gpu_is_refused_before_any_work(
         checks.check_config(cfg)
     monkeypatch.setattr(checks, "_gpu_available", lambda: True)
     checks.check_config(cfg)  # with a GPU: fine
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "+trainer.max_epoch=1",
+            r"^trainer.max_epoch is not an argument of Trainer \(did you mean trainer.max_epochs\?\)$",
+        ),
+        ("+trainer.limit_val_batchs=2", r"did you mean trainer.limit_val_batches\?"),
+        (
+            "+trainer.zzz=1",
+            r"^trainer.zzz is not an argument of Trainer \(see configs/trainer/default.yaml\)$",
+        ),
+    ],
+)
+def test_a_misspelled_trainer_key_is_refused_before_any_work(override: str, message: str) -> None:
+    """Hydra's own hint for `trainer.max_epoch=1` is `+trainer.max_epoch=1`; the Trainer would refuse it
+    only after the data is prepared (issue 51: a TypeError traceback)."""
+    with pytest.raises(ConfigError, match=message):
+        checks.check_config(compose_train_cfg([override]))
+
+
+def test_every_trainer_key_of_the_configs_is_a_trainer_argument() -> None:
+    for name, base in FILES.items():
+        if name[0] == "trainer":
+            checks.check_trainer_keys(_composed(tuple(base)))
+    for preset in sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml")):
+        checks.check_trainer_keys(compose_train_cfg([f"debug={preset}"]))
+    for experiment in sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml")):
+        checks.check_trainer_keys(compose_train_cfg([f"experiment={experiment}"]))
+
+
+@pytest.mark.parametrize(
+    ("key", "printed"),
+    [
+        (
+            "trainer.max_epoch",
+            "trainer.max_epoch is not an argument of Trainer (did you mean trainer.max_epochs?)",
+        ),
+        ("trainer.fast_dev_run", "Could not override 'trainer.fast_dev_run'. To append to your config use +"),
+        ("trainer.zzz", "Could not override 'trainer.zzz'. To append to your config use +"),
+    ],
+)
+def test_hydras_plus_hint_for_a_misspelled_trainer_key_becomes_the_key_meant(
+    monkeypatch: pytest.MonkeyPatch, key: str, printed: str
+) -> None:
+    """`+` is Hydra's advice for any key the config lacks: right for a Trainer argument the config does
+    not set, wrong for a misspelled one."""
+
+    def hydra_main() -> None:
+        compose_train_cfg([f"{key}=1"])
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # errors.run sets it: undone after the test
+    with pytest.raises(SystemExit) as raised:
+        errors.run(hydra_main, CONFIGS, lambda err: None)
+    assert str(raised.value).startswith(f"error: {printed}") and "\n" not in str(raised.value)

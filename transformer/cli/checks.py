@@ -4,6 +4,8 @@ resume from (readable, the same task and network shape)."""
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import math
 import tempfile
@@ -11,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -47,8 +50,29 @@ def check_config(cfg: DictConfig) -> None:
             f"data.max_len ({data_max_len}) exceeds model.config.max_len ({model_max_len}): "
             "the model would get sequences longer than its positions"
         )
+    check_trainer_keys(cfg)
     check_numbers(cfg)
     check_compile(cfg)
+
+
+def check_trainer_keys(cfg: DictConfig) -> None:
+    """Every `trainer.*` key is an argument of the Trainer class (a misspelled one, added with `+` as
+    Hydra suggests, would otherwise fail only once the data is prepared), with a "did you mean"."""
+    trainer = cfg.get("trainer")
+    try:
+        target = hydra.utils.get_class(str(trainer.get("_target_")))
+        parameters = inspect.signature(target.__init__).parameters
+    except Exception:  # no or another `_target_`: building it reports that
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    known = [name for name in parameters if name != "self"]
+    for name in trainer:
+        if str(name).startswith("_") or name in known:
+            continue
+        close = difflib.get_close_matches(str(name), known, n=1)
+        hint = f"did you mean trainer.{close[0]}?" if close else "see configs/trainer/default.yaml"
+        raise ConfigError(f"trainer.{name} is not an argument of {target.__name__} ({hint})")
 
 
 def check_compile(cfg: DictConfig) -> None:

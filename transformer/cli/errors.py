@@ -9,8 +9,11 @@ read-only filesystem) under any write: checkpoints, the data cache, logs, output
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -113,7 +116,7 @@ def run(hydra_main: Callable[[], object], configs: Path, on_error: Callable[[Exc
     try:
         hydra_main()
     except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
-        raise SystemExit(f"error: {one_line(str(err))}") from None
+        raise SystemExit(f"error: {misspelled_trainer_key(one_line(str(err)))}") from None
     except Exception as err:  # raised outside a job (a sweeper's storage), or a job that is not ours
         message = on_error(err)  # a sweep's summary names its failed jobs' lines (a full disk's included)
         if message is None:
@@ -139,6 +142,19 @@ def _raised_by_hydra(err: BaseException) -> bool:
     in_hydra = any(f.filename.startswith(hydra_dir) for f in frames)
     in_job = any(f.name == "_hydra_main" for f in frames)
     return in_hydra and not in_job and isinstance(err, (ValueError, OSError))
+
+
+def misspelled_trainer_key(message: str) -> str:
+    """Hydra's "Could not override 'trainer.max_epoch' ... use +trainer.max_epoch=1" for a key the Trainer
+    does not have but nearly has: the key meant instead of the `+`, which only moves the error later."""
+    found = re.match(r"Could not override 'trainer\.(\w+)'", message)
+    if found is None:
+        return message
+    arguments = [name for name in inspect.signature(L.Trainer.__init__).parameters if name != "self"]
+    close = difflib.get_close_matches(found[1], arguments, n=1)
+    if found[1] in arguments or not close:
+        return message
+    return f"trainer.{found[1]} is not an argument of Trainer (did you mean trainer.{close[0]}?)"
 
 
 def one_line(message: str) -> str:
