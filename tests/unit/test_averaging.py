@@ -93,3 +93,46 @@ def test_a_resumed_run_continues_the_saved_average(tmp_path) -> None:
     for name, value in task.named_parameters():  # the average, copied into the task at the end
         torch.testing.assert_close(value, 0.8 * saved[name] + 0.2 * raw[name], rtol=1e-5, atol=1e-6)
         assert not torch.allclose(saved[name], raw[name]) or name.endswith("bias")
+
+
+class TorchsAveragePerStep(L.Callback):
+    """torch's `AveragedModel` with `get_ema_avg_fn`, updated by a post-step hook on the optimizer itself:
+    once per optimizer step whatever Lightning does between steps (the reference under accumulation)."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.average: AveragedModel | None = None
+        self.steps = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.average = AveragedModel(pl_module, avg_fn=get_ema_avg_fn(self.decay), use_buffers=False)
+
+        def update(*_: object) -> None:
+            self.average.update_parameters(pl_module)
+            self.steps += 1
+
+        trainer.optimizers[0].register_step_post_hook(update)
+
+
+def test_gradient_accumulation_averages_once_per_optimizer_step(tmp_path) -> None:
+    """Three micro-batches a step (8 batches an epoch: the third step of each is 2 micro-batches), 5 steps:
+    `n_averaged` is 5 (one per step, not one per micro-batch), and the average is torch's EMA updated after
+    each optimizer step."""
+    torch.manual_seed(0)
+    task = _translation()
+    ema, reference = EMAWeightAveraging(decay=0.8), TorchsAveragePerStep(0.8)
+    trainer = _trainer(
+        tmp_path,
+        max_steps=5,
+        max_epochs=2,
+        accumulate_grad_batches=3,
+        limit_val_batches=0,
+        callbacks=[ema, reference],
+    )
+    trainer.fit(task, datamodule=CopyData())
+    assert trainer.global_step == reference.steps == 5
+    assert int(ema._average_model.n_averaged) == int(reference.average.n_averaged) == 5
+    for mine, torchs in zip(
+        ema._average_model.module.parameters(), reference.average.module.parameters(), strict=True
+    ):
+        torch.testing.assert_close(mine, torchs, rtol=1e-5, atol=1e-6)
