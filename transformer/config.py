@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Activation = Literal["relu", "gelu", "swiglu"]
+Activation = Literal["relu", "gelu", "silu", "swiglu"]
 Positional = Literal["sinusoidal", "learned", "rope"]
 TieEmbeddings = Literal["none", "decoder", "all"]
 EmbeddingInit = Literal["xavier", "normal"]
 
-ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "swiglu")
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu", "swiglu")
 POSITIONALS: tuple[str, ...] = ("sinusoidal", "learned", "rope")
 TIE_EMBEDDINGS: tuple[str, ...] = ("none", "decoder", "all")
 EMBEDDING_INITS: tuple[str, ...] = ("xavier", "normal")
@@ -29,6 +29,10 @@ class TransformerConfig:
     `tie_embeddings`: "none"; "decoder" = the decoder's input embedding is the output projection
     (Press & Wolf, 2017); "all" = the encoder's embedding is that same matrix too (the paper's
     Section 3.4, which needs one shared vocabulary).
+    `activation`: the feed-forward's nonlinearity; "silu" (swish) is OPUS-MT's (Marian), "swiglu" a gated
+    feed-forward (Shazeer, 2020). `output_bias`: a bias on the output projection (Marian's
+    `final_logits_bias`). `bos_id` is the token the decoder starts from; it may be the pad token, as in
+    Marian's models, which have no BOS (the decoder never masks its own inputs, only the source's pads).
     """
 
     src_vocab_size: int
@@ -45,6 +49,7 @@ class TransformerConfig:
     positional: Positional = "sinusoidal"
     max_len: int = 512  # longest sequence (source, or target including BOS) the model accepts
     tie_embeddings: TieEmbeddings = "all"
+    output_bias: bool = False
     # "xavier": like every other matrix; "normal": N(0, d_model^-0.5), so that the sqrt(d_model) scaling gives
     # the token embeddings unit variance, on a par with the positional encodings (tensor2tensor, fairseq)
     embedding_init: EmbeddingInit = "xavier"
@@ -90,10 +95,12 @@ class TransformerConfig:
             smallest_vocab = min(self.src_vocab_size, self.tgt_vocab_size)
             if value >= smallest_vocab:
                 raise ValueError(f"{name} ({value}) must be below the vocabulary size ({smallest_vocab})")
-        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
+        if self.eos_id in (self.pad_id, self.bos_id):
             raise ValueError(
-                f"pad_id ({self.pad_id}), bos_id ({self.bos_id}) and eos_id ({self.eos_id}) must differ"
+                f"eos_id ({self.eos_id}) must differ from pad_id ({self.pad_id}) and bos_id ({self.bos_id})"
             )
+        if not isinstance(self.output_bias, bool):
+            raise ValueError(f"output_bias must be a bool, got {self.output_bias!r}")
 
     @property
     def d_head(self) -> int:

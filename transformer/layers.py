@@ -35,11 +35,13 @@ class FeedForward(nn.Module):
         d_model: int,
         d_ff: int,
         dropout: float = 0.1,
-        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
     ) -> None:
         super().__init__()
-        if activation not in ("relu", "gelu", "swiglu"):
-            raise ValueError(f"activation must be one of ['relu', 'gelu', 'swiglu'], got {activation!r}")
+        if activation not in ("relu", "gelu", "silu", "swiglu"):
+            raise ValueError(
+                f"activation must be one of ['relu', 'gelu', 'silu', 'swiglu'], got {activation!r}"
+            )
         self.activation = activation
         self.linear1 = nn.Linear(d_model, d_ff)
         self.gate = nn.Linear(d_model, d_ff) if activation == "swiglu" else None
@@ -53,6 +55,8 @@ class FeedForward(nn.Module):
             hidden = F.silu(hidden) * self.gate(x)
         elif self.activation == "gelu":
             hidden = F.gelu(hidden)
+        elif self.activation == "silu":
+            hidden = F.silu(hidden)
         else:
             hidden = F.relu(hidden)
         return self.linear2(self.dropout(hidden))
@@ -86,7 +90,7 @@ class EncoderLayer(_SublayerConnections):
         d_ff: int,
         dropout: float = 0.1,
         attention_dropout: float = 0.0,
-        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
         norm_first: bool = False,
     ) -> None:
         super().__init__()
@@ -129,7 +133,7 @@ class DecoderLayer(_SublayerConnections):
         d_ff: int,
         dropout: float = 0.1,
         attention_dropout: float = 0.0,
-        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
         norm_first: bool = False,
     ) -> None:
         super().__init__()

@@ -51,7 +51,7 @@ class Seq2SeqTransformer(nn.Module):
             )
         self.config = config
         d_model = config.d_model
-        self.output_projection = nn.Linear(d_model, config.tgt_vocab_size, bias=False)
+        self.output_projection = nn.Linear(d_model, config.tgt_vocab_size, bias=config.output_bias)
         tgt_embedding = nn.Embedding(config.tgt_vocab_size, d_model)
         if config.tie_embeddings in ("decoder", "all"):
             tgt_embedding.weight = self.output_projection.weight  # one (V, D) matrix (Section 3.4)

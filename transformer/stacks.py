@@ -47,7 +47,7 @@ class _LayerStack(nn.Module):
         n_layers: int,
         dropout: float = 0.1,
         attention_dropout: float = 0.0,
-        activation: Literal["relu", "gelu", "swiglu"] = "relu",
+        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
         norm_first: bool = False,
     ) -> None:
         super().__init__()

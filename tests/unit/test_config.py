@@ -31,7 +31,9 @@ def test_defaults_are_the_papers_base_model() -> None:
         ({"max_len": 1}, ["max_len", "1"]),
         ({"tgt_vocab_size": 50, "tie_embeddings": "all"}, ["tie_embeddings", "src_vocab_size", "50"]),
         ({"pad_id": 100}, ["pad_id", "100"]),
-        ({"bos_id": 0}, ["bos_id", "pad_id"]),
+        ({"eos_id": 0}, ["eos_id", "pad_id"]),
+        ({"eos_id": 1}, ["eos_id", "bos_id"]),
+        ({"output_bias": "yes"}, ["output_bias", "'yes'"]),
         ({"norm_first": "yes"}, ["norm_first", "'yes'"]),
         ({"d_model": 24, "n_heads": 8, "positional": "rope"}, ["rope", "3"]),
     ],
@@ -43,6 +45,12 @@ def test_bad_values_raise_value_error_naming_field_and_value(
         TransformerConfig(src_vocab_size=64, **overrides)
     for fragment in fragments:
         assert fragment in str(error.value)
+
+
+def test_the_decoder_may_start_from_the_pad_token() -> None:
+    """Marian's (OPUS-MT's) convention: no BOS, the decoder's first input is the pad token."""
+    config = TransformerConfig(src_vocab_size=64, pad_id=63, bos_id=63, eos_id=0)
+    assert config.bos_id == config.pad_id == 63
 
 
 def test_separate_vocabularies_with_decoder_tying_are_fine() -> None:

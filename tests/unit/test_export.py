@@ -321,17 +321,20 @@ def test_ctranslate2_beam_search_agrees_with_ours(trained: dict, ct2_dir: Path) 
         {"positional": "rope"},
         {"positional": "learned", "norm_first": True, "activation": "gelu"},
         {"positional": "rope", "norm_first": True, "activation": "swiglu", "tie_embeddings": "none"},
+        {"activation": "silu", "output_bias": True},  # OPUS-MT's feed-forward and final_logits_bias
     ],
 )
 def test_ctranslate2_expresses_every_variant(trained: dict, tmp_path: Path, change: dict) -> None:
-    """Rotary and learned positions, pre-LN, GELU, SwiGLU, untied embeddings (random weights): CTranslate2's
-    teacher-forced log-probabilities equal ours, and so does greedy search."""
+    """Rotary and learned positions, pre-LN, GELU, SwiGLU, SiLU, an output bias, untied embeddings (random
+    weights): CTranslate2's teacher-forced log-probabilities equal ours, and so does greedy search."""
     import tokenizers
 
     tokenizer = trained["tokenizer"]
     config = dataclasses.replace(trained["model"].config, **change)
     torch.manual_seed(2)
     model = Seq2SeqTransformer(config).eval()
+    if config.output_bias:  # initialised to zeros: drawn, so that a bias left out would show
+        torch.nn.init.normal_(model.output_projection.bias)
     ckpt = save_checkpoint(tmp_path / "m.ckpt", model, {"joint": tokenizer.to_json()})
     assert main([str(ckpt), "--to", "ctranslate2", "--output", str(tmp_path / "ct2")]) == 0
     tests = _pairs(6, seed=6)

@@ -48,6 +48,7 @@ QUANTIZATIONS = (
 _ACTIVATIONS = {
     "relu": common_spec.Activation.RELU,
     "gelu": common_spec.Activation.GELU,  # the exact (erf) GELU, as F.gelu
+    "silu": common_spec.Activation.SWISH,  # OPUS-MT's feed-forward
     "swiglu": common_spec.Activation.SWISH,  # silu(x W1) * (x W3): CTranslate2's ffn_glu
 }
 _LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every norm of ours uses
@@ -124,7 +125,7 @@ def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpe
     decoder.embeddings.weight = _array(model.tgt_embed.embedding.weight)
     if config.positional != "rope":
         decoder.position_encodings.encodings = _positions(model.tgt_embed)
-    decoder.projection.weight = _array(model.output_projection.weight)
+    _set_linear(decoder.projection, model.output_projection.weight, model.output_projection.bias)
     for layer_spec, layer in zip(decoder.layer, model.decoder.layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attn)
         _set_norm(layer_spec.self_attention.layer_norm, layer.norm1)

@@ -1,15 +1,11 @@
-"""Checkpoint -> a Hugging Face `transformers` directory: MarianMTModel, fast tokenizer, generation config.
+"""Checkpoint <-> a Hugging Face `transformers` directory: MarianMTModel, fast tokenizer, generation config.
 
-Marian is the paper's model as `transformers` has it: post-LN, sqrt(D)-scaled embeddings, sinusoidal
-positions, biases everywhere, no final stack norm, tied or separate embeddings. One difference is the
-layout of its sinusoids: ours interleave sin/cos (sin at even dimensions, cos at odd ones), Marian puts
-all sines first, then all cosines, and rebuilds that table itself when it loads. A fixed permutation of
-the model dimension, applied to every weight that reads or writes the residual stream (embedding
-columns, LayerNorm parameters, input columns of q/k/v/fc1/lm_head, output rows of out_proj/fc2),
-turns our sin/cos layout into Marian's and leaves the function unchanged: LayerNorm's mean and
-variance do not depend on the order of the dimensions, and attention heads never see the residual
-dimensions directly. Every export is compared with the checkpoint once written
-(`transformer.export.check`); `tests/unit/test_export.py` checks logits and greedy search against ours.
+Export (`export_hf`, `to_marian`) writes our model as a MarianMTModel; import (`from_marian`) reads a
+MarianMTModel (OPUS-MT's) into ours. Both go through the one mapping of `transformer.export.marian` (the
+weight names, the permutation of the model dimension that turns our interleaved sinusoids into Marian's
+layout, the configs). Every export is compared with the checkpoint once written
+(`transformer.export.check`); `tests/unit/test_export.py` checks logits and greedy search against ours,
+`tests/unit/test_import_marian.py` an imported model against transformers'.
 """
 
 from __future__ import annotations
@@ -20,19 +16,26 @@ from typing import Any
 
 import tokenizers
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
 from transformer.disk import human_size, tensor_bytes
 from transformer.export.card import write_model_card
 from transformer.export.check import TOLERANCE, Exported, probe_batch, reference_log_probs
+from transformer.export.marian import (
+    ACTIVATIONS,
+    MARIAN_BUFFERS,
+    config_from_marian,
+    marian_config_values,
+    marian_permutation,
+    marian_refusal,
+    marian_weights,
+    weights_from_marian,
+)
 from transformer.export.source import ExportError, ExportSource, staged_output
-from transformer.layers import FeedForward
 from transformer.model import Seq2SeqTransformer
 
-__all__ = ["export_hf", "hf_refusal", "marian_permutation", "to_marian"]
-
-_ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}  # transformers' ACT2FN names (gelu = exact erf, as F.gelu)
+__all__ = ["export_hf", "from_marian", "hf_refusal", "marian_permutation", "to_marian"]
 
 
 def hf_refusal(source: ExportSource) -> str | None:
@@ -42,7 +45,7 @@ def hf_refusal(source: ExportSource) -> str | None:
         return "model.config.norm_first=true (pre-LN): transformers' Marian is post-LN only"
     if config.positional != "sinusoidal":
         return f"model.config.positional={config.positional}: transformers' Marian has sinusoids only"
-    if config.activation not in _ACTIVATIONS:
+    if config.activation not in ACTIVATIONS:
         return f"model.config.activation={config.activation}: transformers' Marian has no gated feed-forward"
     if not source.joint_vocabulary:
         return (
@@ -52,29 +55,10 @@ def hf_refusal(source: ExportSource) -> str | None:
     return None
 
 
-def marian_permutation(d_model: int) -> Tensor:
-    """Index (D,) long: Marian's dimension m is our dimension perm[m] (even dimensions, then odd ones)."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
-
-
 def _marian_config(model: Seq2SeqTransformer) -> MarianConfig:
     config = model.config
-    share = config.tie_embeddings == "all"
     return MarianConfig(
-        vocab_size=config.src_vocab_size,
-        decoder_vocab_size=config.tgt_vocab_size,
-        share_encoder_decoder_embeddings=share,
-        tie_word_embeddings=config.tie_embeddings in ("all", "decoder"),
-        d_model=config.d_model,
-        encoder_layers=config.n_encoder_layers,
-        decoder_layers=config.n_decoder_layers,
-        encoder_attention_heads=config.n_heads,
-        decoder_attention_heads=config.n_heads,
-        encoder_ffn_dim=config.d_ff,
-        decoder_ffn_dim=config.d_ff,
-        activation_function=_ACTIVATIONS[config.activation],
-        max_position_embeddings=config.max_len,
-        scale_embedding=True,
+        **marian_config_values(config),
         dropout=config.dropout,
         attention_dropout=config.attention_dropout,
         activation_dropout=config.dropout,  # ours drops the feed-forward hidden units with P_drop too
@@ -88,56 +72,8 @@ def _marian_config(model: Seq2SeqTransformer) -> MarianConfig:
 
 
 def _marian_state_dict(model: Seq2SeqTransformer) -> dict[str, Tensor]:
-    """Our weights under Marian's names, the model dimension permuted (see the module docstring)."""
-    config = model.config
-    perm = marian_permutation(config.d_model)
-    D = config.d_model
-    weights: dict[str, Tensor] = {}
-
-    def reads(weight: Tensor) -> Tensor:  # (out, D): a layer reading the residual stream
-        return weight[:, perm]
-
-    def writes(tensor: Tensor) -> Tensor:  # (D, in) or (D,): a layer writing it, or a LayerNorm
-        return tensor[perm]
-
-    def attention(prefix: str, module: nn.Module) -> None:
-        for i, name in enumerate("qkv"):  # in_proj holds [W_q; W_k; W_v], each (D, D)
-            weights[f"{prefix}.{name}_proj.weight"] = reads(module.in_proj_weight[i * D : (i + 1) * D])
-            weights[f"{prefix}.{name}_proj.bias"] = module.in_proj_bias[i * D : (i + 1) * D]
-        weights[f"{prefix}.out_proj.weight"] = writes(module.out_proj.weight)
-        weights[f"{prefix}.out_proj.bias"] = writes(module.out_proj.bias)
-
-    def norm(prefix: str, module: nn.LayerNorm) -> None:
-        weights[f"{prefix}.weight"], weights[f"{prefix}.bias"] = writes(module.weight), writes(module.bias)
-
-    def feed_forward(prefix: str, module: FeedForward) -> None:
-        weights[f"{prefix}.fc1.weight"] = reads(module.linear1.weight)
-        weights[f"{prefix}.fc1.bias"] = module.linear1.bias
-        weights[f"{prefix}.fc2.weight"] = writes(module.linear2.weight)
-        weights[f"{prefix}.fc2.bias"] = writes(module.linear2.bias)
-
-    src_embedding = reads(model.src_embed.embedding.weight)  # (V, D): one row per token
-    tgt_embedding = reads(model.tgt_embed.embedding.weight)
-    if config.tie_embeddings == "all":
-        weights["model.shared.weight"] = src_embedding
-    weights["model.encoder.embed_tokens.weight"] = src_embedding
-    weights["model.decoder.embed_tokens.weight"] = tgt_embedding
-    weights["lm_head.weight"] = reads(model.output_projection.weight)
-    for i, layer in enumerate(model.encoder.layers):
-        prefix = f"model.encoder.layers.{i}"
-        attention(f"{prefix}.self_attn", layer.self_attn)
-        norm(f"{prefix}.self_attn_layer_norm", layer.norm1)
-        feed_forward(prefix, layer.feed_forward)
-        norm(f"{prefix}.final_layer_norm", layer.norm2)
-    for i, layer in enumerate(model.decoder.layers):
-        prefix = f"model.decoder.layers.{i}"
-        attention(f"{prefix}.self_attn", layer.self_attn)
-        norm(f"{prefix}.self_attn_layer_norm", layer.norm1)
-        attention(f"{prefix}.encoder_attn", layer.cross_attn)
-        norm(f"{prefix}.encoder_attn_layer_norm", layer.norm2)
-        feed_forward(prefix, layer.feed_forward)
-        norm(f"{prefix}.final_layer_norm", layer.norm3)
-    return {name: tensor.detach().clone().contiguous() for name, tensor in weights.items()}
+    """Our weights under Marian's names, the model dimension permuted (`transformer.export.marian`)."""
+    return marian_weights(model.config, model.state_dict())
 
 
 def to_marian(model: Seq2SeqTransformer) -> MarianMTModel:
@@ -145,15 +81,28 @@ def to_marian(model: Seq2SeqTransformer) -> MarianMTModel:
     marian = MarianMTModel(_marian_config(model)).eval()
     weights = _marian_state_dict(model)
     missing, unexpected = marian.load_state_dict(weights, strict=False)
-    # Marian keeps its sinusoid tables and a zero logits bias as buffers of its own
-    expected_missing = {
-        "final_logits_bias",
-        "model.encoder.embed_positions.weight",
-        "model.decoder.embed_positions.weight",
-    }
-    if set(missing) - expected_missing or unexpected:
+    if set(missing) - set(MARIAN_BUFFERS) or unexpected:  # Marian rebuilds its sinusoid tables itself
         raise RuntimeError(f"Marian weights do not line up: missing {missing}, unexpected {unexpected}")
     return marian
+
+
+def from_marian(marian: MarianMTModel) -> Seq2SeqTransformer:
+    """Ours (eval mode) computing exactly what `marian` computes: an OPUS-MT model's weights in our
+    model, its decoder starting from the pad token (`bos_id == pad_id`). A config ours cannot represent is
+    refused with an `ExportError` naming the setting (`transformer.export.marian.marian_refusal`)."""
+    refusal = marian_refusal(marian.config)
+    if refusal is not None:
+        raise ExportError(f"cannot import this model: {refusal}")
+    config = config_from_marian(marian.config)
+    model = Seq2SeqTransformer(config).eval()
+    try:
+        state = weights_from_marian(config, marian.state_dict())
+    except KeyError as missing:
+        raise ExportError(f"cannot import this model: it has no weight {missing}") from None
+    except ValueError as untied:
+        raise ExportError(f"cannot import this model: {untied}") from None
+    model.load_state_dict(state, strict=True)
+    return model
 
 
 def generation_config(source: ExportSource) -> GenerationConfig:
