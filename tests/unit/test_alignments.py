@@ -1,6 +1,7 @@
 """Word alignments: the attention they come from is the search's own (causal: a later token never
-changes an earlier position's weights), subwords are joined into the whitespace words a user sees, and
-each output word gets exactly one pair with indices inside both lines."""
+changes an earlier position's weights; equal to the cross-attention the cached step computed for each
+token), subwords are joined into the whitespace words a user sees, and each output word gets exactly one
+pair with indices inside both lines."""
 
 from __future__ import annotations
 
@@ -94,3 +95,33 @@ def test_alignment_lines_have_one_pair_per_output_word_in_range(ensemble: bool) 
             assert all(0 <= i < n_src for i, _ in pairs)
             checked += n_tgt
     assert checked > 20
+
+
+@pytest.mark.parametrize("layer", [-2, -1, 0])
+def test_the_attention_equals_the_cached_steps_cross_attention(
+    monkeypatch: pytest.MonkeyPatch, layer: int
+) -> None:
+    """The weights `cross_attention` returns for each produced token (EOS included) are the ones the
+    search's cached step computed when it produced that token: the decoder layer's cross-attention at
+    that step, recorded during greedy search, averaged over heads."""
+    model, src = tiny_seq2seq(0, vocab=VOCAB, layers=3), tiny_sources(4, vocab=VOCAB)
+    attention = model.decoder.layers[layer].cross_attn
+    forward, steps = attention.forward, []
+
+    def recording(*args: object, **kwargs: object) -> tuple[torch.Tensor, None]:
+        if kwargs.get("kv_cache") is None:  # not the cached step (the teacher-forced pass)
+            return forward(*args, **kwargs)
+        out, weights = forward(*args, **{**kwargs, "need_weights": True, "average_attn_weights": False})
+        steps.append(weights.float().mean(dim=1)[:, -1])  # (rows, H, 1, S) -> (rows, S)
+        return out, None
+
+    monkeypatch.setattr(attention, "forward", recording)
+    checked = 0
+    for b in range(src.shape[0]):  # one sentence at a time: each step's row is this sentence's
+        steps.clear()
+        tokens = search(model, src[b : b + 1], DecodingSettings(max_len_b=8))[0][:, 0]  # (1, L)
+        assert len(steps) == tokens.shape[1] and tokens[0, -1] == 2  # one step per token, EOS last
+        aligned = cross_attention(model, src[b : b + 1], tokens, layer)[0]  # (L, S)
+        torch.testing.assert_close(aligned, torch.cat(steps), rtol=1e-5, atol=1e-6)
+        checked += tokens.shape[1]
+    assert checked > 10
