@@ -23,8 +23,8 @@ from tests.conftest import REPO_ROOT, cli_env
 COMMAND = [
     "experiment=quickstart",
     "trainer.max_epochs=2",
-    "+trainer.limit_train_batches=2",
-    "+trainer.limit_val_batches=1",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=1",
     "trainer.num_sanity_val_steps=0",
     "test=false",
     "++trainer.enable_progress_bar=false",

@@ -83,6 +83,9 @@ HARMLESS: dict[str, str] = {
     "trainer.num_sanity_val_steps=0": "no sanity check",
     "trainer.log_every_n_steps=-1": "Lightning logs at epoch ends only",
     "trainer.log_every_n_steps=0": "as -1",
+    "trainer.limit_train_batches=0": "no training batches (Lightning's meaning), as trainer.max_steps=0",
+    "trainer.limit_val_batches=0": "no validation (Lightning's meaning, the usual way to switch it off)",
+    "trainer.limit_test_batches=0": "no test batches (Lightning's meaning), as test=false",
 }
 
 
@@ -252,3 +255,14 @@ def test_hydras_plus_hint_for_a_misspelled_trainer_key_becomes_the_key_meant(
     with pytest.raises(SystemExit) as raised:
         errors.run(hydra_main, CONFIGS, lambda err: None)
     assert str(raised.value).startswith(f"error: {printed}") and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("value", ["00:12:00:00", "{hours: 12}", "{days: 1, minutes: 30}", "null"])
+def test_max_time_takes_what_lightnings_timer_reads(value: str) -> None:
+    checks.check_max_time(compose_train_cfg([f"trainer.max_time={value}"]))
+
+
+@pytest.mark.parametrize("value", ["12:00", "'00:12:00:xx'", "{hour: 12}", "{hours: -1}", "'{}'", "3600"])
+def test_max_time_otherwise_is_one_line_naming_the_key(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"^`trainer.max_time` must be DD:HH:MM:SS"):
+        checks.check_max_time(compose_train_cfg([f"trainer.max_time={value}"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -10,6 +11,7 @@ from unittest import mock
 import hydra
 import lightning as L
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -128,6 +130,34 @@ def test_trainer_configs(fresh_hydra, tmp_path, trainer: str) -> None:
     if trainer == "ddp_cpu":
         assert built.num_devices == 2 and type(built.strategy).__name__ == "DDPStrategy"
         assert built.strategy._process_group_backend == "gloo"
+
+
+# Lightning keys users expect to override plainly (`trainer.limit_val_batches=2`, no `+`); the project's
+# own choices, which differ from Lightning's defaults on purpose, are in PROJECT_CHOICES
+COMMON_TRAINER_KEYS = {
+    "max_steps": 5, "max_time": "00:00:05:00", "limit_train_batches": 2, "limit_val_batches": 2,
+    "limit_test_batches": 0.5, "val_check_interval": 0.5, "num_sanity_val_steps": 0, "log_every_n_steps": 5,
+    "accumulate_grad_batches": 2, "gradient_clip_val": 0.5, "precision": "bf16-mixed", "deterministic": True,
+}  # fmt: skip
+PROJECT_CHOICES = {
+    "max_epochs": 10, "min_epochs": 1, "devices": 1, "precision": "32-true", "gradient_clip_val": 1.0,
+    "num_sanity_val_steps": 1, "log_every_n_steps": 10, "deterministic": False,
+    "use_distributed_sampler": False, "gradient_clip_algorithm": "norm",
+}  # fmt: skip
+
+
+def test_common_trainer_keys_override_without_plus_and_keep_lightnings_defaults(
+    fresh_hydra, tmp_path
+) -> None:
+    """Each key of COMMON_TRAINER_KEYS is in configs/trainer/default.yaml, at Lightning's default unless
+    the project chose otherwise, so that listing it changed no run (issue 51)."""
+    cfg = compose_train_cfg([f"trainer.{k}={v}" for k, v in COMMON_TRAINER_KEYS.items()], output_dir=tmp_path)
+    assert {key: cfg.trainer[key] for key in COMMON_TRAINER_KEYS} == COMMON_TRAINER_KEYS
+    defaults = yaml.safe_load((CONFIGS / "trainer" / "default.yaml").read_text())
+    lightning = inspect.signature(L.Trainer.__init__).parameters
+    for key, value in defaults.items():
+        if key in lightning and key not in ("default_root_dir", "plugins"):
+            assert value == PROJECT_CHOICES.get(key, lightning[key].default), key
 
 
 @pytest.mark.parametrize("logger", ["csv", "wandb", "tensorboard", "many_loggers"])

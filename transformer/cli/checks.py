@@ -133,7 +133,34 @@ def check_numbers(cfg: DictConfig) -> None:
         if value < low or (value == low and not inclusive):
             bound = f">= {low}" if inclusive else f"> {low}"
             raise ConfigError(f"`{key}` must be {bound}, got {value!r}")
+    check_max_time(cfg)
     check_trainer_choices(cfg)
+
+
+_TIME_UNITS = ("days", "hours", "minutes", "seconds")
+
+
+def check_max_time(cfg: DictConfig) -> None:
+    """`trainer.max_time` as Lightning's Timer reads it: DD:HH:MM:SS or a mapping of time units (it
+    passes other values to the Trainer, which fails without naming the key)."""
+    value = OmegaConf.select(cfg, "trainer.max_time", default=None)
+    if value is None:
+        return
+    if isinstance(value, str) and len(parts := value.split(":")) == 4 and all(p.isdigit() for p in parts):
+        return
+    if (
+        OmegaConf.is_dict(value)
+        and value
+        and all(
+            unit in _TIME_UNITS and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            for unit, n in value.items()
+        )
+    ):
+        return
+    raise ConfigError(
+        f"`trainer.max_time` must be DD:HH:MM:SS (e.g. 00:12:00:00), a mapping of {', '.join(_TIME_UNITS)} "
+        f"(e.g. {{hours: 12}}) or null, got {value!r}"
+    )
 
 
 def check_trainer_choices(cfg: DictConfig) -> None:
