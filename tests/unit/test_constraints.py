@@ -257,7 +257,7 @@ def test_an_avoided_phrase_bans_only_its_last_token_right_after_the_rest() -> No
     histories = {  # history (after BOS) -> what sentence 0 / sentence 1 ban next
         (4, 4): ({5}, set()),
         (4, 6): ({5, 7}, set()),
-        (6, 7): ({5}, set()),  # the phrase was produced already (by another rule's failure): nothing new
+        (6, 7): ({5}, set()),  # right after a whole phrase: its tokens are free again
         (8, 9): ({5, 10}, {10}),  # sentence 1's phrase ends with the same two tokens
         (4, 9): ({5}, {10}),  # 9 without 8: only sentence 1's two-token phrase applies
         (4, 8): ({5}, set()),  # the start of the three-token phrase bans neither 9 nor 8
@@ -308,12 +308,12 @@ def test_avoiding_phrases_an_output_lacks_leaves_it_unchanged(settings: dict) ->
     decoding = DecodingSettings(max_len_b=20, **settings)
     plain = search(model, src, decoding, torch.Generator().manual_seed(5))
     requests = [_free_phrases(_tokens(plain[0][b, 0])) for b in range(BATCH)]
-    assert sum(r is not None for r in requests) >= BATCH // 2  # enough outputs long enough to test
     requests = [TargetRequest(avoid=r) if r is not None else TargetRequest() for r in requests]
     for b, request in enumerate(requests):  # every sample of the sentence must lack them
         for k in range(1, plain[0].shape[1]):
             if any(_contains(_tokens(plain[0][b, k]), p) for p in request.avoid):
                 requests[b] = TargetRequest()
+    assert sum(bool(r) for r in requests) >= BATCH // 2  # enough outputs to test
     avoided = search(model, src, decoding, torch.Generator().manual_seed(5), requests)
     assert torch.equal(plain[0], avoided[0]) and torch.equal(plain[1], avoided[1])
 
