@@ -22,6 +22,7 @@ from transformer.losses import TokenLoss
 from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import checkpoint_layers, compile_layers
 from transformer.training.compiling import CompiledStep
+from transformer.training.validation_schedule import max_steps_before_validation
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,11 @@ class TaskBase(L.LightningModule):
         if gradient_clip_val:
             algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
             Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)  # not the fp16 refusal
+
+    def on_train_start(self) -> None:
+        message = max_steps_before_validation(self.trainer)
+        if message is not None and self.trainer.is_global_zero:
+            log.warning("%s", message)
 
     def on_train_epoch_start(self) -> None:
         self.throughput.reset()
