@@ -39,6 +39,12 @@ def print_metrics(metrics: Mapping[str, Any], last_line: str) -> None:
     """The final metrics as a two-column table on stdout, then `last_line` (where the outputs are)."""
     width = max((len(k) for k in metrics), default=0)
     for name, value in sorted(metrics.items()):
-        print(f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}")
+        print(f"{name:<{width}}  {number(value) if isinstance(value, float) else value}")
     print(last_line)
     sys.stdout.flush()
+
+
+def number(value: float) -> str:
+    """Four decimals, or three significant digits for a value too small for them (a learning rate:
+    3.20e-04, not 0.0003; a loss near zero)."""
+    return f"{value:.2e}" if 0 < abs(value) < 0.01 else f"{value:.4f}"
