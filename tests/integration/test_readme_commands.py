@@ -5,13 +5,15 @@ validation and one test batch, small copies of the real datasets in place of `da
 the hub download for commands without one), one Optuna trial, sweeps cut to two values a key, run
 directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, and
 any value of `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint,
-run or file made here. Commands that cannot run on this machine (a GPU, SLURM, a
+run or file made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where
+the command says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a
 hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them
 run in one interpreter (`readme_driver.py`), so the libraries are imported once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -133,12 +135,14 @@ def _plan(
     args = ["experiment=quickstart" if a == "experiment=NAME" else a for a in args]
     args = ["seed=1" if a in ("seed=S", "seed=...") else a for a in args]
     evaluating = command.script == "evaluate.py"
-    command.dataset = _dataset(args) or ("multi30k" if evaluating else None)
+    # evaluate.py decodes a Multi30k de -> en run unless the command names the quickstart's (en -> de)
+    quickstart = not evaluating or any(a.startswith("ckpt_path=<quickstart") for a in args)
+    command.dataset = _dataset(args) or (None if quickstart else "multi30k")
     placeholders = re.compile(r"PATH|<[^>]*>|\.\.\.|^logs/")
     for i, arg in enumerate(args):
         key, _, value = arg.partition("=")
         if key == "ckpt_path" and placeholders.search(value):
-            run = fixtures["multi30k" if evaluating else "quickstart"]
+            run = fixtures["quickstart" if quickstart else "multi30k"]
             averaging = any(a.startswith("average_last=") for a in args)
             path = run if averaging else run / "checkpoints" / "last.ckpt"
             members = value.count(",") + 1 if value.startswith("[") else 0  # an ensemble: that many
@@ -332,6 +336,20 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 def test_the_documents_show_commands() -> None:
     assert len(COMMANDS) >= 10, [c.text for c in COMMANDS]
     assert any(c.text == "python train.py" for c in COMMANDS)
+
+
+def test_a_command_on_the_quickstart_checkpoint_decodes_the_quickstart_run(tmp_path: Path) -> None:
+    """docs/decoding.md's first JSON-lines example translates English into German: it runs on the
+    checkpoint a newcomer has, the quickstart's (issue 51: it needed a de -> en model)."""
+    named = [c for c in COMMANDS if "ckpt_path=<quickstart-run>/" in c.text]
+    assert [c.where.split(":")[0] for c in named] == ["docs/decoding.md"]
+    fixtures = {name: tmp_path / name for name in ("quickstart", "multi30k", "multi30k_en_de")}
+    for command in map(dataclasses.replace, named):  # planned on a copy
+        _plan(command, tmp_path, {"multi30k": tmp_path / "data"}, fixtures, 0)
+        (step,) = command.steps
+        assert f"ckpt_path={fixtures['quickstart'] / 'checkpoints' / 'last.ckpt'}" in step["args"]
+        assert command.dataset is None and not any(a.startswith("data.data_dir=") for a in step["args"])
+        assert json.loads(command.stdin)["prefix"] == "Gestern"
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
