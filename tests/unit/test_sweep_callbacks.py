@@ -7,6 +7,7 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import hydra.utils
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -71,3 +72,22 @@ def test_callback_ignores_other_sweepers(tmp_path: Path) -> None:
     cfg = _compose([f"paths.log_dir={tmp_path}"])  # basic sweeper: no storage
     ResumeOptunaStudy().on_multirun_start(config=cfg)
     assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.parametrize("search", [[], ["hparams_search=quickstart_optuna"]], ids=["grid", "optuna"])
+def test_a_finished_sweep_ends_with_its_directory_and_the_report_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], search: list[str]
+) -> None:
+    """Every sweep (configs/hydra/default.yaml) prints them once its last job is done (issue 51)."""
+    cfg = _compose([*search, f"paths.log_dir={tmp_path}"])
+    (node,) = [c for c in cfg.hydra.callbacks.values() if c._target_.endswith(".SweepEndLines")]
+    callback = hydra.utils.instantiate(node)
+    callback.on_multirun_start(config=cfg)
+    assert capsys.readouterr().out == ""
+    callback.on_multirun_end(config=cfg)
+    directory = cfg.hydra.sweep.dir
+    assert directory.startswith(str(tmp_path / "train"))
+    assert capsys.readouterr().out.splitlines() == [
+        f"sweep directory: {directory}",
+        f"tables and plots of its jobs: aiayn-sweep-report {directory}",
+    ]

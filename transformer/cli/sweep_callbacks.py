@@ -1,22 +1,25 @@
-"""The Hydra callback that prepares an Optuna sweep's directory (configs/hparams_search/optuna.yaml turns
-it on). The sweeper itself (hydra_plugins/aiayn_optuna_sweeper) opens, checks and continues the study and
-offsets the sampler's seed when it resumes; a diverged trial fails through the default `non_finite_loss`
-callback (transformer/training/callbacks.py).
+"""The Hydra callbacks of a sweep: the one that prepares an Optuna sweep's directory
+(configs/hparams_search/optuna.yaml turns it on), and the one that prints where a finished sweep is and
+the command that tabulates it (configs/hydra/default.yaml: every sweep). The sweeper itself
+(hydra_plugins/aiayn_optuna_sweeper) opens, checks and continues the study and offsets the sampler's
+seed when it resumes; a diverged trial fails through the default `non_finite_loss` callback
+(transformer/training/callbacks.py).
 
-Part of the command-line edge (`transformer.cli`), which alone imports Hydra: Hydra finds the callback by its
-`_target_`; nothing else in the package imports this file.
+Part of the command-line edge (`transformer.cli`), which alone imports Hydra: Hydra finds the callbacks by
+their `_target_`; nothing else in the package imports this file.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-__all__ = ["ResumeOptunaStudy", "sqlite_path"]
+__all__ = ["ResumeOptunaStudy", "SweepEndLines", "sqlite_path"]
 
 _SQLITE_PREFIX = "sqlite:///"
 
@@ -52,3 +55,14 @@ def _resolve_now_once(config: DictConfig) -> None:
             sweep["_start_time"] = f"${{now:{pattern}}}"
             str(sweep["_start_time"])
             del sweep["_start_time"]
+
+
+class SweepEndLines(HydraCallback):
+    """After the last job of a sweep: its directory and the `aiayn-sweep-report` command for it, the
+    last lines on stdout (as a single run ends with its run directory)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        directory = config.hydra.sweep.dir
+        print(f"sweep directory: {directory}")
+        print(f"tables and plots of its jobs: aiayn-sweep-report {directory}")
+        sys.stdout.flush()
