@@ -64,13 +64,17 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     device = evaluate_setup.device_from_name(str(cfg.get("device") or "cpu"))
     model.to(device)
     progress = bool(cfg.get("progress", True))
-    datamodule = evaluate_setup.build_datamodule(restored, cfg.get("data") or {}, paths[-1], progress)
+    data = dict(cfg.get("data") or {})
+    first = data.pop("test_sentences", None)  # evaluate.py's own: not a datamodule setting
+    datamodule = evaluate_setup.build_datamodule(restored, data, paths[-1], progress)
+    translating = cfg.get("translate", {}).get("input") is not None
+    evaluate_setup.keep_first_sentences(datamodule, first, translating)
     decoding = None
     if restored.task == "translation":
         saved = checkpoint_decoding(restored.hparams)
         decoding = DecodingSettings.from_values(cfg.get("decode"), saved, prefix="decode.")
     torch.manual_seed(evaluate_setup.seed(cfg))  # sampling's draws: the same command, the same output
-    if cfg.get("translate", {}).get("input") is not None:
+    if translating:
         text_io.translate_stream(cfg.translate, model, datamodule, decoding, device)
         return {}
     out_dir = Path(cfg.paths.output_dir)

@@ -162,6 +162,16 @@ class TokenizedDataModule(L.LightningDataModule):
             self._raw.update(self._load_raw([split]))
         return self._raw[split]
 
+    def keep_first(self, split: str, n: int) -> int:
+        """Keep only the first `n` examples of `split` (evaluate.py's quick subset); returns how many the
+        split had. Only without `cache_dir`: the cut split must never be cached as the whole one."""
+        if self.cache_dir is not None:
+            raise RuntimeError("keep_first needs a datamodule without cache_dir")
+        raw = self.raw_split(split)
+        self._raw[split] = raw.select(range(min(n, len(raw))))
+        self._tokenized.pop(split, None)  # tokenized again from the cut split
+        return len(raw)
+
     # -- tokenizers ------------------------------------------------------------------------------
     @property
     def src_tokenizer(self) -> BPETokenizer:

@@ -345,6 +345,24 @@ def test_beam_one_equals_greedy(translation_run: Path, tmp_path: Path, compose_e
     assert _metrics(tmp_path / "beam")["decoding"]["search"] == "beam"
 
 
+def test_a_quick_subset_scores_the_splits_first_sentences(
+    translation_run: Path, tmp_path: Path, compose_eval
+) -> None:
+    """`data.test_sentences=N` scores the first N sentences of the split, as the whole split's run
+    decodes them (issue 51: evaluate.py had no quick subset)."""
+    from evaluate import evaluate
+
+    ckpt = f"ckpt_path={_best(translation_run)}"
+    evaluate(compose_eval(tmp_path / "all", ckpt, "report.enabled=false"))
+    evaluate(compose_eval(tmp_path / "five", ckpt, "report.enabled=false", "data.test_sentences=5"))
+    assert _metrics(tmp_path / "five")["num_examples"] == 5
+    five = (tmp_path / "five" / "hypotheses.txt").read_text().splitlines()
+    assert five == (tmp_path / "all" / "hypotheses.txt").read_text().splitlines()[:5]
+    references = _synthetic_references(_best(translation_run))[:5]
+    bleu = _metrics(tmp_path / "five")["test/bleu"]
+    assert bleu == pytest.approx(sacrebleu.corpus_bleu(five, [references]).score)
+
+
 def test_decoding_sweep(translation_run: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     result = _run(

@@ -487,3 +487,34 @@ def test_ensemble_of_checks_tasks_tokenizers_and_weights() -> None:
     for message, (members, weights) in cases.items():
         with pytest.raises(ConfigError, match=message):
             ensemble_of(members, paths[: len(members)], weights)
+
+
+def test_data_test_sentences_keeps_the_splits_first_sentences(caplog: pytest.LogCaptureFixture) -> None:
+    """evaluate.py's quick subset (`data.test_sentences=N`): the batches, sources and references of the
+    scored split are its first N sentences, ids 0..N-1 (issue 51)."""
+    from data.datamodules import TranslationDataModule
+    from transformer.cli.errors import ConfigError
+    from transformer.cli.evaluate_setup import keep_first_sentences
+
+    def datamodule() -> TranslationDataModule:
+        sizes = {"train": 200, "val": 20, "test": 30}
+        dm = TranslationDataModule(synthetic_sizes=sizes, vocab_size=120, max_tokens=400, max_len=48)
+        dm.setup("test")
+        return dm
+
+    whole, cut = datamodule(), datamodule()
+    with caplog.at_level("INFO"):
+        keep_first_sentences(cut, 7, translating=False)
+    assert "Scoring the first 7 of the 30 sentences of test (data.test_sentences)" in caplog.text
+    assert cut.sources("test") == whole.sources("test")[:7]
+    assert cut.references("test") == whole.references("test")[:7]
+    ids = sorted(i for batch in cut.test_dataloader() for i in batch["id"].tolist())
+    assert ids == list(range(7))
+    keep_first_sentences(whole, 100, translating=False)  # more than the split has: all of it
+    assert len(whole.sources("test")) == 30
+    keep_first_sentences(whole, None, translating=True)  # not given: nothing to check
+    for value in (0, -1, 2.5, True, "7"):
+        with pytest.raises(ConfigError, match=r"^data.test_sentences must be an integer >= 1 or null"):
+            keep_first_sentences(whole, value, translating=False)
+    with pytest.raises(ConfigError, match=r"^data.test_sentences cuts the scored split; translate.input"):
+        keep_first_sentences(whole, 7, translating=True)

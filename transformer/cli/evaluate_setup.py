@@ -171,6 +171,23 @@ def build_datamodule(
     return datamodule
 
 
+def keep_first_sentences(datamodule: Any, n: Any, translating: bool) -> None:
+    """`data.test_sentences=N`: score the split's first N sentences only (a quick look)."""
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"data.test_sentences must be an integer >= 1 or null, got {n!r}")
+    if translating:
+        raise ConfigError(
+            "data.test_sentences cuts the scored split; translate.input translates all its lines"
+        )
+    split = datamodule.splits["test"]
+    total = datamodule.keep_first(split, n)
+    log.info(
+        "Scoring the first %d of the %d sentences of %s (data.test_sentences)", min(n, total), total, split
+    )
+
+
 def report_options(node: DictConfig) -> ReportOptions:
     values = OmegaConf.to_container(node, resolve=True)
     assert isinstance(values, dict)
