@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from tests.conftest import REPO_ROOT
-from transformer.cli.sweep_callbacks import ResumeOptunaStudy, sqlite_path
+from transformer.cli.sweep_callbacks import ResumeOptunaStudy, SweepEndLines, sqlite_path
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -91,3 +91,12 @@ def test_a_finished_sweep_ends_with_its_directory_and_the_report_command(
         f"sweep directory: {directory}",
         f"tables and plots of its jobs: aiayn-sweep-report {directory}",
     ]
+
+
+def test_a_translating_sweep_keeps_its_stdout_for_the_translations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "translate": {"input": "-"}})
+    SweepEndLines().on_multirun_end(config=cfg)
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.splitlines()[0] == f"sweep directory: {tmp_path}"

@@ -59,10 +59,13 @@ def _resolve_now_once(config: DictConfig) -> None:
 
 class SweepEndLines(HydraCallback):
     """After the last job of a sweep: its directory and the `aiayn-sweep-report` command for it, the
-    last lines on stdout (as a single run ends with its run directory)."""
+    last lines on stdout (as a single run ends with its run directory); on stderr when the jobs
+    translate text to stdout (`evaluate.py -m ... translate.input=...`), which carries translations only."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         directory = config.hydra.sweep.dir
-        print(f"sweep directory: {directory}")
-        print(f"tables and plots of its jobs: aiayn-sweep-report {directory}")
-        sys.stdout.flush()
+        translating = OmegaConf.select(config, "translate.input", default=None) is not None
+        stream = sys.stderr if translating else sys.stdout
+        print(f"sweep directory: {directory}", file=stream)
+        print(f"tables and plots of its jobs: aiayn-sweep-report {directory}", file=stream)
+        stream.flush()
