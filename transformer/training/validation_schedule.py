@@ -36,7 +36,7 @@ def max_steps_before_validation(trainer: Any) -> str | None:
         "trainer.val_check_interval=1.0"
     )
     return (
-        f"trainer.max_steps={max_steps} ends training after {batches} batches, before the first "
-        f"validation (at batch {first}; an epoch has {per_epoch}): nothing will be validated or kept as the "
-        f"best checkpoint, and the test scores the last weights; {fix}"
+        f"trainer.max_steps={max_steps} ends training after {batches} batch{'es' if batches > 1 else ''}, "
+        f"before the first validation (at batch {first}; an epoch has {per_epoch}): nothing will be "
+        f"validated or kept as the best checkpoint, and a test after it scores the last weights; {fix}"
     )
