@@ -1,7 +1,7 @@
 """Multi-head attention (Vaswani et al., 2017, §3.2.2), the one attention in the project.
 
 `MultiHeadAttention` is a drop-in for `torch.nn.MultiheadAttention` (same constructor, forward, return
-values and `state_dict`) plus a KV cache (`transformer.search.cache`), a rotary hook and a packed-token path
+values and `state_dict`) plus a KV cache (`transformer.kv_cache`), a rotary hook and a packed-token path
 (`transformer.packing`). The kernels and mask conventions it uses live in `transformer.kernels`.
 """
 
@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.kernels import RotaryLike, attend, check_masks, make_causal_mask
+from transformer.kv_cache import KVCache
 from transformer.packing import TokenPacking
-from transformer.search.cache import KVCache
 
 __all__ = ["KVCache", "MultiHeadAttention", "RotaryLike", "TokenPacking", "make_causal_mask"]
 

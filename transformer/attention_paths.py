@@ -4,7 +4,7 @@ The layers read like the paper and hand their attention calls to one of three pa
 - `PaddedPath`: (B, L, D) batches with padding masks; optionally returns the per-head weights.
 - `PackedPath`: the (N, D) non-pad tokens of a batch (`transformer.packing`); position-wise layers
   skip the padding, attention runs in the padded layout (`MultiHeadAttention.forward_packed`).
-- `CachedPath`: incremental decoding over `KVCache`s (`transformer.search.cache`), optionally in the beam
+- `CachedPath`: incremental decoding over `KVCache`s (`transformer.kv_cache`), optionally in the beam
   layout, where g consecutive decoder rows share one memory row and one self-attention cache row.
 Each call returns (output, per-head attention weights or None). `encoder_path` / `decoder_path` pick
 the path from the layers' keyword arguments.
@@ -16,8 +16,8 @@ from torch import Tensor
 
 from transformer.attention import MultiHeadAttention
 from transformer.kernels import RotaryLike
+from transformer.kv_cache import KVCache
 from transformer.packing import TokenPacking
-from transformer.search.cache import KVCache
 
 __all__ = ["CachedPath", "PackedPath", "PaddedPath", "decoder_path", "encoder_path"]
 

@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from transformer.config import TransformerConfig
 from transformer.embedding import Embedder, build_positional, build_rotary, init_weights
 from transformer.encoder_only import TransformerClassifier, TransformerMaskedLM
+from transformer.kv_cache import DecoderCache
 from transformer.packing import TokenPacking, prefix_mask
-from transformer.search.cache import DecoderCache
 from transformer.stacks import Decoder, Encoder, build_decoder, build_encoder
 
 __all__ = [

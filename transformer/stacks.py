@@ -18,10 +18,10 @@ from torch.utils.checkpoint import checkpoint
 
 from transformer.config import TransformerConfig
 from transformer.kernels import RotaryLike, attention_dtype, compile_options
+from transformer.kv_cache import DecoderCache
 from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.norm import LayerNorm
 from transformer.packing import TokenPacking
-from transformer.search.cache import DecoderCache
 
 __all__ = [
     "CompiledLayerCall",

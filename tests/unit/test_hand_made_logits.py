@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from transformer.config import TransformerConfig
+from transformer.kv_cache import DecoderCache
 from transformer.model import Seq2SeqTransformer
-from transformer.search.cache import DecoderCache
 from transformer.search.decoding import DecodingSettings, sample, search
 from transformer.search.ensemble import Ensemble
 from transformer.search.step import Sampler, StepRules, next_log_probs

@@ -1,4 +1,4 @@
-"""Decoding: the searches (greedy, sampling, beam), the one step they all take, ensembles and KV caches.
+"""Decoding: the searches (greedy, sampling, beam), the one step they all take, ensembles, static caches.
 
 - `decoding`: `DecodingSettings`, `decode()` / `search()`
 - `rows`: one hypothesis per row: greedy search and sampling
@@ -6,6 +6,6 @@
 - `beam`: beam search with its bookkeeping on the device
 - `constraints`: forced prefixes, required phrases (Dynamic Beam Allocation), avoided phrases
 - `ensemble`: several models decoded as one
-- `cache`: the KV cache of incremental decoding; `static_cache`: its preallocated, fixed-shape form
+- `static_cache`: the preallocated, fixed-shape form of the KV cache (`transformer.kv_cache`)
 - `buckets`, `compiled`: the compiled step's padded shape buckets, and the step compiled (logged fallback)
 """

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from transformer.kv_cache import DecoderCache
 from transformer.model import Seq2SeqTransformer
-from transformer.search.cache import DecoderCache
 
 __all__ = ["Ensemble", "EnsembleCache"]
 

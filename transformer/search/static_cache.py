@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from transformer.kernels import RotaryLike
+from transformer.kv_cache import KVCache, _at_position
 from transformer.search.buckets import BucketCache, BucketedCache
-from transformer.search.cache import KVCache, _at_position
 from transformer.search.compiled import compile_step
 from transformer.search.ensemble import Ensemble, EnsembleCache
 from transformer.search.graphed import GraphedStep
