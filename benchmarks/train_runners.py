@@ -46,6 +46,22 @@ def ours_token_loss(model: nn.Module, batch: Batch, loss_fn: Callable[..., Tenso
     return loss_fn(logits, batch.tgt_out[keep], ignore_index=PAD, label_smoothing=LABEL_SMOOTHING).loss
 
 
+def fused_token_loss(model: nn.Module, batch: Batch, packs: bool) -> Tensor:
+    """The variant ours:fusedloss: `ours_token_loss` with the output projection and the loss as one
+    (`losses.linear_label_smoothed_cross_entropy`: no (N, V) logits or gradient held whole)."""
+    projection = model.output_projection
+    if packs:
+        keep = batch.tgt_out.ne(PAD)  # (B, T)
+        hidden = model(batch.src, batch.tgt_in, return_hidden=True, positions=keep)  # (N, D)
+        target = batch.tgt_out[keep]
+    else:  # the padded layout, pads ignored by the loss (no host read)
+        hidden = model(batch.src, batch.tgt_in, return_hidden=True)  # (B, T, D)
+        target = batch.tgt_out
+    return our_losses.linear_label_smoothed_cross_entropy(
+        hidden, projection.weight, projection.bias, target, ignore_index=PAD, label_smoothing=LABEL_SMOOTHING
+    ).loss
+
+
 def padded_token_loss(
     model: nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, loss_fn: Callable[..., Any]
 ) -> Any:
@@ -131,7 +147,7 @@ class Runner:
 # or (compiled-layers) the same padded step around layers compiled as model.compile=layers compiles them
 VARIANTS = (
     "pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled", "compiled-layers",
-    "lowprecisionresidual",
+    "lowprecisionresidual", "fusedloss",
 )  # fmt: skip
 
 
@@ -182,6 +198,8 @@ def build_runner(
                 return step(*(pad_length(t, PAD) for t in (b.src, b.tgt_in, b.tgt_out))).loss
 
             return Runner(name, model, padded_step, False, False)
+        if variant == "fusedloss":
+            return Runner(name, model, lambda b: fused_token_loss(model, b, packs), packs, packs)
         return Runner(
             name,
             model,

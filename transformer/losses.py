@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["TokenLoss", "label_smoothed_cross_entropy", "symmetric_kl"]
+__all__ = ["TokenLoss", "label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy", "symmetric_kl"]
 
 
 class TokenLoss(NamedTuple):
@@ -170,6 +170,110 @@ def label_smoothed_cross_entropy(
         loss=per_token.masked_fill(ignored, 0.0).sum() / denominator,
         nll=nll.masked_fill(ignored, 0.0).sum() / denominator,
         n_correct=n_correct,
+        n_tokens=n_tokens,
+    )
+
+
+class _LinearLabelSmoothedCE(torch.autograd.Function):
+    """The output projection and the label-smoothed loss in one pass over row chunks, gradients included.
+
+    For each chunk of rows: logits = hidden @ W^T + b in the compute dtype, their log-softmax in float32,
+    the loss terms, and at once the gradient of the weighted loss sum_i w_i loss_i (w: 1 / n_tokens at
+    real tokens, 0 at ignored ones) w.r.t. the logits, softmax * w - w eps / V - onehot * w (1 - eps),
+    which the two matrix products turn into the gradients of hidden, W and b. No (N, V) tensor outlives
+    its chunk: neither the logits nor their gradient is ever whole (Liger Kernel's and torch's fused linear
+    cross entropy do the same). The backward pass only scales the stored gradients by the incoming one,
+    so only the loss is differentiable; the NLL and the argmax flags are reported, not differentiated.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        gold: Tensor,
+        token_weights: Tensor,
+        eps: float,
+        dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        N, V = hidden.size(0), weight.size(0)
+        stats_dtype = torch.promote_types(dtype, torch.float32)
+        h, w = hidden.to(dtype), weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        grad_hidden = torch.empty_like(hidden)  # (N, D)
+        grad_weight = torch.zeros(weight.shape, dtype=stats_dtype, device=weight.device)  # (V, D)
+        grad_bias = None if bias is None else torch.zeros(V, dtype=stats_dtype, device=weight.device)
+        gold_lprobs, sums, maxes = (torch.empty(N, dtype=stats_dtype, device=hidden.device) for _ in range(3))
+        for rows in _row_chunks(N, V, hidden.device):
+            logits = F.linear(h[rows], w, b)  # (n, V)
+            lprobs = F.log_softmax(logits, dim=-1, dtype=stats_dtype)  # (n, V)
+            gold_rows = gold[rows].unsqueeze(-1)  # (n, 1)
+            gold_lprobs[rows] = lprobs.gather(-1, gold_rows).squeeze(-1)
+            sums[rows], maxes[rows] = lprobs.sum(dim=-1), lprobs.amax(dim=-1)
+            scale = token_weights[rows].to(stats_dtype).unsqueeze(-1)  # (n, 1)
+            grad = lprobs.exp_().mul_(scale).sub_(scale * (eps / V))  # softmax * w - w eps / V
+            grad.scatter_add_(-1, gold_rows, -(1.0 - eps) * scale)  # - onehot * w (1 - eps)
+            grad = grad.to(dtype)  # (n, V): the logits' gradient, rounded once
+            grad_hidden[rows] = grad @ w
+            grad_weight.add_(grad.t() @ h[rows])
+            if grad_bias is not None:
+                grad_bias.add_(grad.sum(dim=0, dtype=stats_dtype))
+        nll = -gold_lprobs
+        loss = torch.add(nll * (1.0 - eps), sums, alpha=-eps / V)  # (N,)
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype), grad_bias)
+        ctx.has_bias = bias is not None
+        ctx.mark_non_differentiable(nll, gold_lprobs)
+        return (loss * token_weights.to(loss.dtype)).sum(), nll, gold_lprobs >= maxes
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, *_: Tensor | None) -> tuple[Tensor | None, ...]:
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        return (
+            grad_hidden * grad_loss.to(grad_hidden.dtype),
+            grad_weight * grad_loss.to(grad_weight.dtype),
+            grad_bias * grad_loss.to(grad_bias.dtype) if ctx.has_bias else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_label_smoothed_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    *,
+    ignore_index: int = 0,
+    label_smoothing: float = 0.1,
+) -> TokenLoss:
+    """`label_smoothed_cross_entropy(F.linear(hidden, weight, bias), target, ...)` without the logits:
+    hidden (..., D), weight (V, D), bias (V,) or None, target (...). The projection runs in the autocast
+    dtype under autocast (as `F.linear` would), the softmax statistics in float32; the gradients are formed
+    in the forward pass (`_LinearLabelSmoothedCE`), so the loss is the one differentiable output."""
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+    if hidden.shape[:-1] != target.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} do not match")
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    hidden, target = hidden.reshape(-1, hidden.size(-1)), target.reshape(-1)  # (N, D), (N,)
+    ignored = target == ignore_index  # (N,)
+    keep = ~ignored
+    n_tokens = keep.sum()
+    denominator = n_tokens.clamp(min=1)
+    token_weights = keep / denominator  # (N,) 1 / n_tokens at real tokens: the mean's weights
+    gold = target.masked_fill(ignored, 0)
+    with torch.autocast(device, enabled=False):
+        loss, nll, is_top = _LinearLabelSmoothedCE.apply(
+            hidden, weight, bias, gold, token_weights, label_smoothing, dtype
+        )
+    return TokenLoss(
+        loss=loss,
+        nll=(nll.masked_fill(ignored, 0.0).sum() / denominator.to(nll.dtype)),
+        n_correct=(is_top & keep).sum(),
         n_tokens=n_tokens,
     )
 

@@ -335,3 +335,79 @@ def test_the_one_addcmul_gradient_write_matches_torch(
     tolerance = {"rtol": 1e-6, "atol": 1e-8} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 1e-6}
     torch.testing.assert_close(ours.grad.float(), theirs.grad.to(dtype).float(), **tolerance)
     assert torch.all(ours.grad[target == PAD] == 0)
+
+
+# --- the output projection and the loss fused (linear_label_smoothed_cross_entropy) ----------------------
+
+
+def _projection_case(
+    bias: bool, shape: tuple[int, ...] = (5, 11)
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """hidden (*shape, 16), weight (97, 16), bias (97,) or None, target (*shape) with pads (0)."""
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(*shape, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(97, 16, generator=generator).mul_(0.5).requires_grad_()
+    bias_ = torch.randn(97, generator=generator).requires_grad_() if bias else None
+    target = torch.randint(1, 97, shape, generator=generator)
+    target.view(-1)[::4] = 0
+    return hidden, weight, bias_, target
+
+
+def _loss_and_grads(fn, hidden, weight, bias, target, eps: float):
+    for tensor in (hidden, weight, bias):
+        if tensor is not None:
+            tensor.grad = None
+    out = fn(hidden, weight, bias, target, eps)
+    (out.loss * 3.0).backward()  # a factor from outside: the stored gradients are scaled by it
+    grads = [None if t is None else t.grad.clone() for t in (hidden, weight, bias)]
+    return out, grads
+
+
+def _unfused(hidden, weight, bias, target, eps):
+    return label_smoothed_cross_entropy(F.linear(hidden, weight, bias), target, label_smoothing=eps)
+
+
+def _fused(hidden, weight, bias, target, eps):
+    return losses.linear_label_smoothed_cross_entropy(hidden, weight, bias, target, label_smoothing=eps)
+
+
+@pytest.mark.parametrize("chunking", ["one-piece", "chunked"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_fused_projection_and_loss_equal_the_unfused(
+    monkeypatch, chunking: str, bias: bool, eps: float
+) -> None:
+    """float32: loss, NLL and accuracy as the projection followed by the loss, and the gradients of hidden,
+    weight and bias within 1e-6 relative, in one piece and in 3-row chunks."""
+    if chunking == "chunked":
+        monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", 3 * 97)
+    case = _projection_case(bias)
+    reference, expected = _loss_and_grads(_unfused, *case, eps)
+    out, grads = _loss_and_grads(_fused, *case, eps)
+    torch.testing.assert_close(out.loss, reference.loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(out.nll, reference.nll, rtol=1e-6, atol=0)
+    assert (out.n_correct, out.n_tokens) == (reference.n_correct, reference.n_tokens)
+    assert not out.nll.requires_grad  # reported, not differentiated
+    for got, want in zip(grads, expected):
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_the_fused_loss_under_bf16_autocast_is_close_to_the_unfused() -> None:
+    """Under autocast the projection runs in bf16 (as F.linear would) and the softmax in float32: the loss
+    within 1e-2 relative of the unfused bf16 path's, gradients within bf16 rounding of the products."""
+    case = _projection_case(True, shape=(4, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference, expected = _loss_and_grads(_unfused, *case, 0.1)
+        out, grads = _loss_and_grads(_fused, *case, 0.1)
+    torch.testing.assert_close(out.loss, reference.loss.float(), rtol=1e-2, atol=0)
+    for got, want in zip(grads, expected):
+        assert got.dtype == want.dtype == torch.float32  # the parameters' own dtype
+        torch.testing.assert_close(got, want, rtol=0.05, atol=2e-3)
+
+
+def test_the_fused_loss_of_an_all_pad_batch_is_zero_not_nan() -> None:
+    hidden, weight, bias, target = _projection_case(True)
+    out, grads = _loss_and_grads(_fused, hidden, weight, bias, torch.zeros_like(target), 0.1)
+    assert out.loss.item() == out.nll.item() == 0.0 and out.n_tokens.item() == 0
+    assert all(torch.count_nonzero(g) == 0 for g in grads)
