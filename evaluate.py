@@ -7,7 +7,7 @@
 
 `evaluate(cfg)` is importable; `main()` is the command line. The checkpoint is read with
 `torch.load(weights_only=True)` and restored without Lightning (`transformer.evaluation`); the steps
-are in `transformer.cli` (evaluate_setup, text_io, errors); this file is the order they run in.
+are in `transformer.cli` (checkpoint_setup, text_io, errors); this file is the order they run in.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from transformer.cli import errors, evaluate_setup, results, text_io, word_alignments
+from transformer.cli import checkpoint_setup, errors, results, text_io, word_alignments
 from transformer.disk import write_text
 from transformer.evaluation.n_best import write_n_best
 from transformer.evaluation.plots import read_learning_curves
@@ -53,36 +53,36 @@ _RESULT_FILES = (
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Score `cfg.ckpt_path` (a checkpoint, or a list of them: an ensemble) on a split (or translate
     `cfg.translate.input`); returns the metrics."""
-    paths_given = evaluate_setup.checkpoint_paths(cfg)
-    options = evaluate_setup.report_options(cfg.report)  # checked before the checkpoint is even read
-    evaluate_setup.check_translate(cfg.get("translate"))
-    members = [evaluate_setup.load_checkpoints(cfg, path) for path in paths_given]
+    paths_given = checkpoint_setup.checkpoint_paths(cfg)
+    options = checkpoint_setup.report_options(cfg.report)  # checked before the checkpoint is even read
+    checkpoint_setup.check_translate(cfg.get("translate"))
+    members = [checkpoint_setup.load_checkpoints(cfg, path) for path in paths_given]
     restored_all = [restore_model(checkpoint, paths[-1]) for checkpoint, paths in members]
     restored, paths = restored_all[0], members[0][1]  # the first model: data, tokenizers, report
-    evaluate_setup.check_options(cfg, restored, paths[-1])
-    model = evaluate_setup.ensemble_of(restored_all, paths_given, cfg.get("ensemble_weights"))
-    device = evaluate_setup.device_from_name(str(cfg.get("device") or "cpu"))
+    checkpoint_setup.check_options(cfg, restored, paths[-1])
+    model = checkpoint_setup.ensemble_of(restored_all, paths_given, cfg.get("ensemble_weights"))
+    device = checkpoint_setup.device_from_name(str(cfg.get("device") or "cpu"))
     model.to(device)
     progress = bool(cfg.get("progress", True))
     data = dict(cfg.get("data") or {})
     first = data.pop("test_sentences", None)  # evaluate.py's own: not a datamodule setting
-    datamodule = evaluate_setup.build_datamodule(restored, data, paths[-1], progress)
+    datamodule = checkpoint_setup.build_datamodule(restored, data, paths[-1], progress)
     translating = cfg.get("translate", {}).get("input") is not None
-    evaluate_setup.keep_first_sentences(datamodule, first, translating)
+    checkpoint_setup.keep_first_sentences(datamodule, first, translating)
     decoding = None
     if restored.task == "translation":
         saved = checkpoint_decoding(restored.hparams)
         decoding = DecodingSettings.from_values(cfg.get("decode"), saved, prefix="decode.")
-    torch.manual_seed(evaluate_setup.seed(cfg))  # sampling's draws: the same command, the same output
+    torch.manual_seed(checkpoint_setup.seed(cfg))  # sampling's draws: the same command, the same output
     if translating:
         text_io.translate_stream(cfg.translate, model, datamodule, decoding, device)
         return {}
     out_dir = Path(cfg.paths.output_dir)
-    evaluate_setup.check_new_output_dir(out_dir, _RESULT_FILES)
+    checkpoint_setup.check_new_output_dir(out_dir, _RESULT_FILES)
     split = datamodule.splits["test"]
     loader = datamodule.test_dataloader()  # loads and tokenizes the split: unknown / unlabeled ones fail here
     batches = text_io.progress(text_io.on_device(loader, device), len(loader), f"Scoring {split}", progress)
-    info = evaluate_setup.run_info(cfg, restored, paths, datamodule, split, device, paths_given)
+    info = checkpoint_setup.run_info(cfg, restored, paths, datamodule, split, device, paths_given)
     metrics, files = score_and_write(
         cfg, restored, model, datamodule, split, batches, decoding, info, options, paths[-1]
     )
@@ -106,7 +106,7 @@ def score_and_write(
     """Decode / classify `batches` of `split` with `model` (restored's, or an ensemble), then write the
     outputs, the report and its plots (attention maps: restored's model)."""
     out_dir = Path(cfg.paths.output_dir)
-    training_run = evaluate_setup.training_run_dir(restored, path)
+    training_run = checkpoint_setup.training_run_dir(restored, path)
     tokenizer = datamodule.src_tokenizer
     outputs = {
         "info": info,
@@ -131,8 +131,8 @@ def score_and_write(
             out_dir,
             result,
             decoding=decoding,
-            id_to_token=evaluate_setup.id_to_token(datamodule.tgt_tokenizer),
-            source_id_to_token=evaluate_setup.id_to_token(tokenizer),
+            id_to_token=checkpoint_setup.id_to_token(datamodule.tgt_tokenizer),
+            source_id_to_token=checkpoint_setup.id_to_token(tokenizer),
             **outputs,
         )
         if result.n_best:
@@ -150,7 +150,7 @@ def score_and_write(
             class_names=datamodule.class_names,
             label_smoothing=restored.hparams.get("label_smoothing", 0.0),
         )
-        id_to_token = evaluate_setup.id_to_token(tokenizer)
+        id_to_token = checkpoint_setup.id_to_token(tokenizer)
         files = write_classification_outputs(out_dir, result, texts=texts, id_to_token=id_to_token, **outputs)
     return dict(result.metrics), files
 

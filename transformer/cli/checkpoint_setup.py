@@ -1,6 +1,7 @@
-"""What `evaluate.py` checks and builds before it decodes: the checkpoint (or the average of a run's last
+"""What a run on saved checkpoints checks and builds first: the checkpoint (or the average of a run's last
 ones, or an ensemble of several), the options that must fit its task, the datamodule with the
-checkpoint's tokenizer(s), the device, the seed and the report options."""
+checkpoint's tokenizer(s), the device, the seed and the report options. `evaluate.py` uses all of it;
+training uses the model, datamodule and device parts for distillation's teachers (`distill.teachers`)."""
 
 from __future__ import annotations
 
