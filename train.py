@@ -30,7 +30,8 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.cli import build, checks, errors, process, results, sweeps, synthetic
+from transformer.cli import build, checks, errors, process, results, sweeps
+from transformer.cli.distill import synthetic
 from transformer.disk import write_text
 from transformer.training.checkpoint_io import check_room_for_checkpoint
 

@@ -18,9 +18,9 @@ from tests.integration.test_evaluate import TINY_SST, _write_sst
 from tests.integration.test_train import IN_PROCESS, TINY
 from tests.unit.test_configs import compose_train_cfg
 from train import prepare_data, train
-from transformer.cli import corpus, synthetic
+from transformer.cli.distill import corpus, synthetic
+from transformer.cli.distill.teachers import Translator, load_translator
 from transformer.cli.errors import ConfigError
-from transformer.cli.teachers import Translator, load_translator
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

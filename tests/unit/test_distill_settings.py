@@ -1,5 +1,5 @@
 """Distillation settings that only make sense with teachers are refused without them, before any work
-(`transformer.cli.synthetic.wanted`): the distillation recipes, `distill.mix=both` and
+(`transformer.cli.distill.synthetic.wanted`): the distillation recipes, `distill.mix=both` and
 `distill.ensemble_weights` would otherwise train a plain model and say nothing."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_configs import compose_train_cfg
-from transformer.cli import synthetic
+from transformer.cli.distill import synthetic
 from transformer.cli.errors import ConfigError
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from data.datamodules import TranslationDataModule
 from tests.unit.test_disk_full import full_disk  # noqa: F401 (a fixture)
-from transformer.cli import corpus
-from transformer.cli.corpus import Shard, finished_entry, translate_corpus
+from transformer.cli.distill import corpus
+from transformer.cli.distill.corpus import Shard, finished_entry, translate_corpus
+from transformer.cli.distill.synthetic import read_monolingual
 from transformer.cli.errors import ConfigError
-from transformer.cli.synthetic import read_monolingual
 from transformer.disk import disk_full_line
 
 TEXTS = [f"sentence number {i}" for i in range(23)]

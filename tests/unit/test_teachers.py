@@ -1,4 +1,4 @@
-"""The distillation cache key (`transformer.cli.synthetic.cache_key` over `transformer.cli.teachers`): what
+"""The distillation cache key (`transformer.cli.distill.synthetic.cache_key` over `.teachers`): what
 decides the teachers' translations changes it (their weights, `distill.ensemble_weights`, every decoding
 setting that can change an output), and what does not is left out: the teachers' file names and folders,
 and `kv_cache` (speed only)."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from transformer.cli import teachers
-from transformer.cli.synthetic import Plan, cache_key
-from transformer.cli.teachers import load_translator
+from transformer.cli.distill import teachers
+from transformer.cli.distill.synthetic import Plan, cache_key
+from transformer.cli.distill.teachers import load_translator
 from transformer.training import TranslationTask
 
 DIRECTION = ("de", "en")

@@ -1,7 +1,7 @@
 """Synthetic training pairs for `train.py`: distillation (`distill.*`: the teachers' translations of the
 training sources) and back-translation (`backtranslate.*`: a reverse model's translations of
 target-language text). Everything is checked before any work; the translations come from the prepared-data
-cache or are made there once (`transformer.cli.corpus`), are copied into the run directory as plain text,
+cache or are made there once (`distill.corpus`), are copied into the run directory as plain text,
 and reach the datamodule as extra pair files (`data.extra_train`, `data.train_copies`): `data/` reads them
 like any local corpus and trains the student's own tokenizer on them.
 """
@@ -21,9 +21,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from data import cache as data_cache
 from data.sources import DataError, iter_lines
 from transformer.cli import build
-from transformer.cli.corpus import TRANSLATIONS, Shard, translate_corpus
+from transformer.cli.distill.corpus import TRANSLATIONS, Shard, translate_corpus
+from transformer.cli.distill.teachers import Translator, load_translator
 from transformer.cli.errors import ConfigError
-from transformer.cli.teachers import Translator, load_translator
 from transformer.disk import write_text
 
 log = logging.getLogger("train")
