@@ -53,19 +53,24 @@ def _layer(module: str) -> str:
     if parts[0] == "data":
         return "data"
     if len(parts) == 1:
-        return "core"  # transformer/__init__.py
-    return parts[1] if parts[1] in ("training", "evaluation", "export", "cli") else "core"
+        return "package"  # transformer/__init__.py: re-exports the core and the searches
+    if parts[1:3] == ["cli", "distill"]:
+        return "distill"
+    return parts[1] if parts[1] in ("search", "training", "evaluation", "export", "cli") else "core"
 
 
 # layer -> the layers of this project it may import (besides itself)
 ALLOWED = {
-    "core": set(),
+    "core": set(),  # the model and its KV cache: never search/ (it sits above the model) nor distill/
+    "search": {"core"},
+    "package": {"core", "search"},
     "data": set(),
-    "evaluation": {"core"},
-    "training": {"core", "evaluation"},
-    "export": {"core", "evaluation"},
-    "cli": {"core", "evaluation", "training", "data"},
-    "entry point": {"core", "evaluation", "training", "data", "cli"},
+    "evaluation": {"core", "search"},
+    "training": {"core", "search", "evaluation"},
+    "export": {"core", "search", "evaluation"},
+    "cli": {"core", "search", "evaluation", "training", "data"},
+    "distill": {"core", "search", "evaluation", "data", "cli"},  # cli/distill/: on top of the other cli parts
+    "entry point": {"core", "search", "evaluation", "training", "data", "cli", "distill"},
 }
 
 
@@ -80,13 +85,29 @@ def test_imports_run_one_way(module: str) -> None:
     assert not wrong, f"{module} ({layer}) may import only {sorted(ALLOWED[layer])}, imports {wrong}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _layer(m) not in ("cli", "entry point")))
+def test_the_core_imports_neither_search_nor_distill() -> None:
+    """The arrows run down: the model and its KV cache (`transformer.kv_cache`) never reach up into the
+    searches that drive them, nor into distillation (the table above says so; this names the rule)."""
+    upward = sorted(
+        f"{module} -> {name}"
+        for module in GRAPH
+        if _layer(module) == "core"
+        for name in _project_imports(module)
+        if name.startswith(("transformer.search", "transformer.cli"))
+    )
+    assert not upward, f"core modules import search/ or cli/ (distill/): {upward}"
+    assert "transformer.kv_cache" in GRAPH and _layer("transformer.kv_cache") == "core"
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in GRAPH if _layer(m) not in ("cli", "distill", "entry point"))
+)
 def test_hydra_lives_at_the_edge(module: str) -> None:
     roots = {name.split(".")[0] for name in GRAPH[module]}
     assert not roots & THIRD_PARTY_OF_THE_EDGE, f"{module} imports {sorted(roots & THIRD_PARTY_OF_THE_EDGE)}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _layer(m) == "core"))
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _layer(m) in ("core", "search", "package")))
 def test_the_core_imports_only_torch(module: str) -> None:
     roots = {name.split(".")[0] for name in GRAPH[module]}
     foreign = roots - set(sys.stdlib_module_names) - {"torch", "transformer", "__future__"}
