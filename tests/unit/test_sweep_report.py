@@ -162,3 +162,29 @@ def test_malformed_files_name_the_file(tmp_path: Path) -> None:
     (job / ".hydra" / "overrides.yaml").write_text("seed: 1\n")
     with pytest.raises(ValueError, match=r"overrides\.yaml.*list"):
         read_jobs(tmp_path)
+
+
+def _table_header(markdown: str, heading: str) -> list[str]:
+    lines = markdown.split(f"## {heading}\n\n", 1)[1].splitlines()
+    return [cell.strip() for cell in lines[0].strip("|").split("|")]
+
+
+def test_report_tables_keep_only_the_metrics_that_differ(tmp_path: Path) -> None:
+    """report.md: the metrics equal in every job go to one line, the objective stays (even if equal);
+    the status column only when a job is not done; jobs.csv keeps every column."""
+    constant = {"val/bleu_best": 30.0, "test/n_sentences": 128.0, "val/n_sentences": 128.0}
+    for i, (lr, bleu) in enumerate([(0.001, 25.0), (0.002, 27.0), (0.003, 26.0)]):
+        _job(tmp_path, str(i), [f"model.optimizer.lr={lr}"], {**constant, "test/bleu": bleu},
+             objective="val/bleu_best")  # fmt: skip
+    written = write_report(tmp_path, tmp_path / "out")
+    markdown = written["report"].read_text()
+    assert _table_header(markdown, "Jobs") == ["job", "model.optimizer.lr", "val/bleu_best", "test/bleu"]
+    assert "Same in every finished job" in markdown and "`test/n_sentences=128`" in markdown
+    assert next(csv.reader(written["jobs_csv"].open())) == [
+        "job", "status", "model.optimizer.lr", "val/bleu_best", "test/bleu", "test/n_sentences",
+        "val/n_sentences",
+    ]  # fmt: skip
+
+    _job(tmp_path, "3", ["model.optimizer.lr=0.004"], None)  # a failed job: the status matters now
+    markdown = write_report(tmp_path, tmp_path / "out")["report"].read_text()
+    assert _table_header(markdown, "Jobs")[:2] == ["job", "status"] and "| 3 | failed |" in markdown

@@ -168,13 +168,16 @@ def write_report(
     objectives = objective_names(jobs)
     front = _pareto(jobs, objectives, out_dir, written) if len(objectives) > 1 and not metrics else None
 
+    # report.md shows the metrics that differ between jobs (and the objective); the CSV files keep all
+    shown = _varying_metrics(jobs, names, metric)
     report = MarkdownReport(f"Sweep {sweep_dir.name}")
     _overview(report, sweep_dir, jobs, keys, metric)
+    _same_metrics(report, jobs, [n for n in names if n not in shown])
     if any(len(g.jobs) > 1 for g in groups):
-        _groups_section(report, groups, group_keys, names, seed_key)
+        _groups_section(report, groups, group_keys, shown, seed_key)
     if front is not None:
         _pareto_section(report, sweep_dir, front, objectives, keys, written.get("pareto_plot"), out_dir)
-    _jobs_section(report, job_names, job_rows, keys, names)
+    _jobs_section(report, job_names, jobs, keys, shown)
     if "plot" in written:
         report.heading(f"`{metric}` against each swept parameter")
         report.image(written["plot"], f"{metric} against the swept parameters", relative_to=out_dir)
@@ -246,24 +249,39 @@ def _groups_section(
 def _jobs_section(
     report: MarkdownReport,
     job_names: Sequence[str],
-    job_rows: Sequence[Sequence[object]],
+    jobs: Sequence[Job],
     keys: Sequence[str],
     names: Sequence[str],
 ) -> None:
-    """One row per job: status, swept values, metrics (`job_rows` as in jobs.csv, without the name)."""
+    """One row per job: its status (when not every job is done), swept values, the metrics `names`."""
+    with_status = any(job.status != "done" for job in jobs)
     report.heading("Jobs")
     report.table(
-        ["job", "status", *keys, *names],
+        ["job", *(["status"] if with_status else []), *keys, *names],
         [
-            [
-                name,
-                _fmt_status(status, step),
-                *map(_fmt_param, row[: len(keys)]),
-                *map(_fmt_metric, row[len(keys) :]),
-            ]
-            for name, (status, step, *row) in zip(job_names, job_rows)
+            [name, *([_fmt_status(job.status, job.pruned_at_step)] if with_status else [])]
+            + [_fmt_param(job.overrides.get(k)) for k in keys]
+            + [_fmt_metric(job.metrics.get(n)) for n in names]
+            for name, job in zip(job_names, jobs)
         ],
     )
+
+
+def _varying_metrics(jobs: Sequence[Job], names: Sequence[str], metric: str | None) -> list[str]:
+    """The metrics of `names` whose value is not the same in every finished job, and `metric`; all of
+    them when fewer than two jobs finished (nothing to compare)."""
+    finished = [job for job in jobs if job.finished]
+    if len(finished) < 2:
+        return list(names)
+    return [n for n in names if n == metric or len({repr(job.metrics.get(n)) for job in finished}) > 1]
+
+
+def _same_metrics(report: MarkdownReport, jobs: Sequence[Job], names: Sequence[str]) -> None:
+    """The metrics left out of the tables because every finished job reported the same value."""
+    if names:
+        first = next(job for job in jobs if job.finished)
+        values = " ".join(f"`{n}={_fmt_metric(first.metrics.get(n))}`" for n in names)
+        report.text(f"Same in every finished job (left out of the tables below; in jobs.csv): {values}")
 
 
 def _status(job: Job) -> str:
