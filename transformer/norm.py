@@ -7,7 +7,7 @@ bf16. With the switch on, the embedding output is cast once to the autocast dtyp
 outside autocast on its low-precision input: the kernels (CPU and CUDA) accumulate the mean and variance in
 float32 and write the output in the input's dtype, as the low-precision LayerNorms of large-model trainers
 do. The residual adds and dropout then run in bf16: half the bytes of the residual stream
-(benchmarks/bytes_per_step.py). Without autocast, or with the switch off, nothing changes.
+(benchmarks/gpu/bytes_per_step.py). Without autocast, or with the switch off, nothing changes.
 """
 
 from __future__ import annotations

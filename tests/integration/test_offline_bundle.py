@@ -1,4 +1,4 @@
-"""scripts/offline_bundle.sh and benchmarks/bench_gpu.py on a stand-in for a bare offline GPU box: a venv
+"""scripts/offline_bundle.sh and benchmarks.gpu.bench_gpu on a stand-in for a bare offline GPU box: a venv
 that sees only some of the installed packages (tests/offline_env.py), no network (pip --no-index against a
 local wheel folder), the project not installed."""
 
@@ -99,9 +99,9 @@ def test_bench_gpu_runs_from_a_plain_copy_with_only_a_gpu_images_packages(tmp_pa
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             (copy / name).write_bytes((REPO_ROOT / name).read_bytes())
     done = _run(
-        [str(python), str(copy / "benchmarks" / "bench_gpu.py"), "--smoke", "--models", "ours,torch",
+        [str(python), "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--models", "ours,torch",
          "--results-dir", str(tmp_path / "results")],
-        tmp_path,
+        copy,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))

@@ -1,30 +1,20 @@
-"""benchmarks/bytes_per_step.py: the bytes each aten operation is charged (hand-counted cases), CUDA
+"""benchmarks.gpu.bytes_per_step: the bytes each aten operation is charged (hand-counted cases), CUDA
 autocast's float32 policy on the CPU while counting (and only then), and a whole step at toy sizes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def bps() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bytes_per_step", ROOT / "benchmarks" / "bytes_per_step.py")
-    module = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
+    from benchmarks.gpu import bytes_per_step
+
+    return bytes_per_step
 
 
 def _counted(bps: ModuleType, fn) -> tuple[dict, dict, dict]:

@@ -8,7 +8,7 @@ Imports the torch-only core (`transformer.*` at the top) and the scoring of `tra
 checkpoint needs no Lightning.
 
 The tasks load on first use (PEP 562), so that a module of this package that needs only torch, such as
-`compiling` (the compiled training step benchmarks/bench_gpu.py runs), imports on a bare GPU box that
+`compiling` (the compiled training step benchmarks/gpu/bench_gpu.py runs), imports on a bare GPU box that
 has no sacreBLEU or torchmetrics.
 """
 

@@ -1,0 +1,1 @@
+"""Data preparation at scale through train.py, and the padding of token-budget batches."""

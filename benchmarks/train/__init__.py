@@ -1,0 +1,1 @@
+"""Training: a step of ours against the references, its loss, attention and activation checkpointing."""
