@@ -303,3 +303,23 @@ def test_classification_outputs(tmp_path: Path) -> None:
             curves_source=None,
             options=ReportOptions(attention_layers=[5]),
         )
+
+
+def test_worst_sentences_are_only_the_imperfect_ones() -> None:
+    """The worst sentences never pad with perfect ones (sentence BLEU 100); fewer than asked are named."""
+    from transformer.evaluation.report_sections import _sentences_sections
+
+    bleu = [100.0, 0.0, 30.0, 100.0, 100.0]
+    n = len(bleu)
+    result = TranslationResult({}, {}, [f"s{i}" for i in range(n)], ["r"] * n, ["h"] * n, [[2]] * n, bleu)
+    report = MarkdownReport("r")
+    _sentences_sections(report, result, samples=3)
+    worst = report.to_markdown().split("## Worst sentences (sentence BLEU)")[1]
+    assert "Only 2 of the 5 sentences score below 100" in worst
+    assert [_cells(line)[0].strip() for line in worst.splitlines() if line.startswith("| ")][1:] == ["1", "2"]
+
+    perfect = TranslationResult({}, {}, ["s"], ["r"], ["r"], [[2]], [100.0])
+    report = MarkdownReport("r")
+    _sentences_sections(report, perfect, samples=3)
+    worst = report.to_markdown().split("## Worst sentences (sentence BLEU)")[1]
+    assert "No sentence scores below 100" in worst and "| 0 |" not in worst

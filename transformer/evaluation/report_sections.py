@@ -218,15 +218,29 @@ def _bleu_by_length_section(
 
 
 def _sentences_sections(report: MarkdownReport, result: TranslationResult, samples: int) -> None:
-    """The `samples` best and worst sentences by sentence BLEU (ties: split order)."""
-    worst = sorted(range(len(result.hypotheses)), key=lambda i: (result.sentence_bleu[i], i))
-    best = sorted(range(len(result.hypotheses)), key=lambda i: (-result.sentence_bleu[i], i))
-    n = min(samples, len(worst))
-    header = ["id", "sentence BLEU", "source", "reference", "hypothesis"]
-    for title, chosen in (("Best sentences", best[:n]), ("Worst sentences", worst[:n])):
-        report.heading(f"{title} (sentence BLEU)")
+    """The `samples` best and worst sentences by sentence BLEU (ties: split order); the worst only among
+    those below 100 (a perfect sentence is no mistake to show), saying so when they are fewer."""
+    order = range(len(result.hypotheses))
+    best = sorted(order, key=lambda i: (-result.sentence_bleu[i], i))[:samples]
+    imperfect = [i for i in order if result.sentence_bleu[i] < 100.0]
+    worst = sorted(imperfect, key=lambda i: (result.sentence_bleu[i], i))[:samples]
+    report.heading("Best sentences (sentence BLEU)")
+    _sentences_table(report, result, best)
+    report.heading("Worst sentences (sentence BLEU)")
+    if len(imperfect) < samples:
+        fewer = (
+            f"Only {len(imperfect)} of the {len(order)} sentences score"
+            if imperfect
+            else "No sentence scores"
+        )
+        report.text(f"{fewer} below 100 (the others score 100).")
+    _sentences_table(report, result, worst)
+
+
+def _sentences_table(report: MarkdownReport, result: TranslationResult, chosen: Sequence[int]) -> None:
+    if chosen:
         report.table(
-            header,
+            ["id", "sentence BLEU", "source", "reference", "hypothesis"],
             [
                 [i, result.sentence_bleu[i], result.sources[i], result.references[i], result.hypotheses[i]]
                 for i in chosen
