@@ -30,7 +30,7 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.cli import build, checks, errors, process, results, sweeps
+from transformer.cli import build, checks, console, errors, process, results, sweeps
 from transformer.cli.distill import synthetic
 from transformer.disk import write_text
 from transformer.training.checkpoint_io import check_room_for_checkpoint
@@ -47,6 +47,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         checks.check_output_dir(Path(cfg.paths.output_dir))
         checks.continue_earlier_run(cfg)
     process.set_process_switches(cfg)
+    console.quiet_lightning()
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     checkpoint = checks.peek_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
@@ -69,9 +70,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     output_dir = Path(cfg.paths.output_dir)
     if trainer.is_global_zero:
-        log.info("Resolved config:\n%s", OmegaConf.to_yaml(task.run_config))
         output_dir.mkdir(parents=True, exist_ok=True)
         write_text(output_dir / "config.yaml", OmegaConf.to_yaml(task.run_config), "the run's config.yaml")
+        if cfg.get("print_config"):
+            log.info("Resolved config:\n%s", OmegaConf.to_yaml(task.run_config))
+        else:
+            overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+            log.info("%s", console.config_message(output_dir / "config.yaml", overrides))
     for logger in trainer.loggers:
         logger.log_hyperparams(task.run_config)
     metrics = {**fit_and_test(cfg, trainer, task, datamodule), "run_dir": str(output_dir)}

@@ -230,6 +230,21 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     assert "test/bleu" in printed and "val/bleu" not in printed  # tested, not trained
 
 
+def test_cli_start_is_quiet(tmp_path: Path) -> None:
+    """The start names the saved config and the overrides instead of printing it whole; no Lightning tip,
+    no deprecation warning of Lightning's own code, no FLOPs (always 0); no colour codes in train.log."""
+    args = [*(a for a in TINY if a != "callbacks.model_summary=null"), "trainer.max_epochs=1"]
+    done = _cli([*args, f"paths.log_dir={tmp_path}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    run_dir = Path(done.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
+    assert f"Config: {run_dir / 'config.yaml'} (overrides: {' '.join(args)} paths.log_dir=" in output
+    assert "task_name:" not in output and "Resolved config" not in output  # the ~200-line dump
+    assert "Total params" in output and "FLOPs" not in output
+    assert "Tip:" not in output and "LeafSpec" not in output and "deprecated" not in output, output
+    assert "\x1b" not in (run_dir / "train.log").read_text()
+
+
 def test_prepare_only(tmp_path: Path) -> None:
     metrics = train(compose_train_cfg([*TINY, *IN_PROCESS, "train=false", "test=false"], output_dir=tmp_path))
     assert metrics == {"run_dir": str(tmp_path)} and not (tmp_path / "checkpoints").exists()

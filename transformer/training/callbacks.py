@@ -1,5 +1,6 @@
 """Callbacks of a crash-safe run: a checkpoint on SIGTERM / SIGINT, exact random state on resume; and a
-progress bar that does not make each training step wait for the device. The non-finite-loss guard
+progress bar that does not make each training step wait for the device; a model summary without the
+FLOPs it cannot count. The non-finite-loss guard
 (`loss_guard.py`) and the EMA of the weights (`averaging.py`) have their own modules; their names here
 keep older `_target_` paths and imports working."""
 
@@ -15,14 +16,17 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
 from transformer.training.averaging import EMAWeightAveraging
 from transformer.training.loss_guard import NonFiniteLossError, NonFiniteLossGuard, at_log_write
 
 __all__ = [
     "EMAWeightAveraging",
+    "ModelSummary",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "RandomState",
@@ -255,3 +259,44 @@ class RichProgressBar(_LightningRichProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         values = getattr(pl_module, "progress_values", None)
         return {**super().get_metrics(trainer, pl_module), **(values.read() if values is not None else {})}
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's rich model summary without its FLOPs column and total: Lightning counts FLOPs only
+    on a module's `example_input_array`, which a task of variable-length batches has not, so it printed
+    0 for every layer and "Total FLOPs: 0"."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int = 0,
+        **summarize_kwargs: Any,
+    ) -> None:
+        from rich import get_console
+        from rich.table import Table
+
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            right = name not in (" ", "Name", "Type", "Mode")
+            table.add_column(name, justify="right" if right else "left", style="dim" if name == " " else None)
+        for row in zip(*(values for _, values in columns)):
+            table.add_row(*row)
+        grid = Table.grid(expand=True)
+        lines = {
+            "Trainable params": get_human_readable_count(int(trainable_parameters)),
+            "Non-trainable params": get_human_readable_count(int(total_parameters - trainable_parameters)),
+            "Total params": get_human_readable_count(int(total_parameters)),
+            "Total estimated model params size (MB)": get_formatted_model_size(model_size),
+            "Modules in train mode": total_training_modes["train"],
+            "Modules in eval mode": total_training_modes["eval"],
+        }
+        for label, value in lines.items():
+            grid.add_row(f"[bold]{label}[/]: {value}")
+        console = get_console()
+        console.print(table)
+        console.print(grid)

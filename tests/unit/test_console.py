@@ -1,0 +1,108 @@
+"""What a training run prints at its start (transformer/cli/console.py): no Lightning tips, no deprecation
+warning of Lightning's own code, no FLOPs column that is always 0, log files without colour codes."""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+import warnings
+from pathlib import Path
+
+import lightning as L
+import pytest
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.model_summary import summarize
+from omegaconf import OmegaConf
+from rich import get_console
+
+from tests.unit.test_configs import compose_train_cfg
+from transformer.cli import console
+from transformer.training.callbacks import ModelSummary
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_lightning_tips_are_dropped_and_its_other_lines_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    monkeypatch.setattr(rank_zero, "filters", [])  # this test's filter goes with it
+    records = _Records()
+    rank_zero.addHandler(records)
+    try:
+        console.quiet_lightning()
+        console.quiet_lightning()  # idempotent: one filter
+        L.Trainer(
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, callbacks=[ModelSummary()]
+        )
+    finally:
+        rank_zero.removeHandler(records)
+    assert len(rank_zero.filters) == 1
+    assert any(m.startswith("GPU available") for m in records.messages), records.messages
+    assert not [m for m in records.messages if "Tip:" in m or "litlogger" in m or "already configured" in m]
+
+
+def test_the_pytree_deprecation_of_lightnings_own_code_is_silenced() -> None:
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _tree_flatten(1)
+        if not any("LeafSpec" in str(w.message) for w in caught):
+            pytest.skip("this torch does not deprecate LeafSpec")
+        caught.clear()
+        console.quiet_lightning()
+        _tree_flatten(1)
+        warnings.warn("other deprecations still show", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["other deprecations still show"]
+
+
+def test_model_summary_has_no_flops() -> None:
+    summary = summarize(BoringModel(), max_depth=1)
+    with get_console().capture() as captured:
+        ModelSummary.summarize(
+            summary._get_summary_data(),
+            summary.total_parameters,
+            summary.trainable_parameters,
+            summary.model_size,
+            summary.total_training_modes,
+            total_flops=0,
+        )
+    text = captured.get()
+    assert "Params" in text and "Total params: 66" in text and "Modules in train mode" in text
+    assert "FLOPs" not in text
+
+
+def test_the_log_file_has_no_colour_codes(tmp_path: Path) -> None:
+    """The file handler of the composed Hydra config writes a coloured message as plain text."""
+    job_logging = OmegaConf.to_container(
+        compose_train_cfg(output_dir=tmp_path).hydra.job_logging, resolve=True
+    )
+    configurator = logging.config.DictConfigurator(job_logging)
+    formatter = configurator.configure_formatter(
+        job_logging["formatters"][job_logging["handlers"]["file"]["formatter"]]
+    )
+    handler = logging.FileHandler(tmp_path / "train.log")
+    handler.setFormatter(formatter)
+    logger = logging.getLogger("tests.console")
+    logger.addHandler(handler)
+    try:
+        logger.warning("\x1b[1;35mbold magenta\x1b[0m and \x1b[2mdim\x1b[0m")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    text = (tmp_path / "train.log").read_text()
+    assert "bold magenta and dim" in text and "[tests.console][WARNING]" in text
+    assert "\x1b" not in text
+
+
+def test_the_start_names_the_saved_config_and_the_overrides() -> None:
+    line = console.config_message(Path("/runs/x/config.yaml"), ["trainer.max_epochs=1", "seed=3"])
+    assert line.startswith("Config: /runs/x/config.yaml (overrides: trainer.max_epochs=1 seed=3; ")
+    assert "print_config=true" in line
+    assert "(overrides: none;" in console.config_message(Path("c.yaml"), [])
