@@ -79,7 +79,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             log.info("%s", console.config_message(output_dir / "config.yaml", overrides))
     for logger in trainer.loggers:
         logger.log_hyperparams(task.run_config)
-    metrics = {**fit_and_test(cfg, trainer, task, datamodule), "run_dir": str(output_dir)}
+    with console.sampler_resumes(checkpoint, datamodule):  # Lightning's "not resumable" is untrue for it
+        metrics = {**fit_and_test(cfg, trainer, task, datamodule), "run_dir": str(output_dir)}
     if trainer.is_global_zero:
         text = json.dumps(metrics, indent=2, sort_keys=True) + "\n"
         write_text(output_dir / "metrics.json", text, "the run's metrics.json")  # whole or the earlier one

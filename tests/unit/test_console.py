@@ -106,3 +106,30 @@ def test_the_start_names_the_saved_config_and_the_overrides() -> None:
     assert line.startswith("Config: /runs/x/config.yaml (overrides: trainer.max_epochs=1 seed=3; ")
     assert "print_config=true" in line
     assert "(overrides: none;" in console.config_message(Path("c.yaml"), [])
+
+
+class _DataModule:
+    """Stands for the project's datamodule: only its class name keys its state in a checkpoint."""
+
+
+def _resume_mid_epoch(tmp_path: Path, checkpoint: dict) -> list[str]:
+    """Lightning's warnings when a run stopped after 2 of 8 batches resumes, inside `sampler_resumes`."""
+    quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    first = L.Trainer(max_steps=2, limit_val_batches=0, enable_checkpointing=False, **quiet)
+    first.fit(BoringModel())
+    first.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed = L.Trainer(max_steps=3, limit_val_batches=0, enable_checkpointing=False, **quiet)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with console.sampler_resumes(checkpoint, _DataModule()):
+            resumed.fit(BoringModel(), ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.global_step == 3
+    return [str(w.message) for w in caught]
+
+
+def test_not_resumable_warning_only_where_no_sampler_state_is_restored(tmp_path: Path) -> None:
+    """The datamodule restores its sampler from the checkpoint: Lightning's warning is untrue then."""
+    ours = {"_DataModule": {"train_sampler": {"epoch": 0, "batches_yielded": 2}}}
+    assert not [m for m in _resume_mid_epoch(tmp_path, ours) if "not resumable" in m]
+    other = {"_DataModule": {"tokenizers": {}}}  # a datamodule that saved no sampler position
+    assert [m for m in _resume_mid_epoch(tmp_path, other) if "not resumable" in m]

@@ -1,14 +1,16 @@
-"""What a training run prints at its start: the config as its overrides and the path of its saved copy
-(`print_config=true`: whole), without Lightning's tips and the deprecation warning of its own code, and
-log files without colour codes (the terminal keeps its colours)."""
+"""What a training run prints: at its start the config as its overrides and the path of its saved copy
+(`print_config=true`: whole), without Lightning's tips and the deprecation warning of its own code, nor,
+on a resume, its warning that our resumable sampler is not; log files without colour codes."""
 
 from __future__ import annotations
 
 import logging
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # Lightning's rank_zero_info messages that advertise a product or restate the config
 _NOISE = (
@@ -37,6 +39,22 @@ def quiet_lightning() -> None:
         category=FutureWarning,
         module=r"lightning\.pytorch\.utilities\._pytree",
     )
+
+
+@contextmanager
+def sampler_resumes(checkpoint: Mapping[str, Any] | None, datamodule: object) -> Iterator[None]:
+    """Resuming from a checkpoint written mid-epoch, Lightning warns that "your dataloader is not
+    resumable" because the DataLoader has no `state_dict`. Ours need none: the datamodule saves its
+    sampler's position in the checkpoint and restores it (data/datamodules/base.py), and the resumed
+    epoch skips the batches already trained on. Where the checkpoint holds that position, the warning
+    is untrue and not shown (inside this block); without it (another datamodule) it stays."""
+    state = (checkpoint or {}).get(type(datamodule).__qualname__)
+    with warnings.catch_warnings():
+        if isinstance(state, Mapping) and "train_sampler" in state:
+            warnings.filterwarnings(
+                "ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended"
+            )
+        yield
 
 
 def config_message(config_path: Path, overrides: Sequence[str]) -> str:
