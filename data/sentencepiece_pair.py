@@ -12,7 +12,10 @@ transformers' `MarianTokenizer` does, token for token and character for characte
   joins the pieces with SentencePiece's decoder (the source model's for a shared vocabulary, as Marian).
 
 Its special ids are the vocabulary's own (OPUS-MT: </s> = 0, <unk> = 1, <pad> = the last id), not this
-project's fixed 0-3 of `data.tokenization`.
+project's fixed 0-3 of `data.tokenization`. `SentencePieceSide` puts one side of a pair behind the data
+pipeline's tokenizer interface (`data.tokenization.Tokenizer`), framed as the pipeline frames sentences:
+a source as Marian's encoder reads it, a target as [start] pieces </s> (the decoder reads all but the last,
+the loss scores all but the first).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SentencePiecePair"]
+__all__ = ["SentencePiecePair", "SentencePieceSide"]
 
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 WORD_START = "▁"
@@ -127,3 +130,47 @@ class SentencePiecePair:
                 pieces.append(self._pieces.get(i, UNK))
         decoder = self._target if self.target_vocab is not None else self._source  # as Marian decodes
         return decoder.decode_pieces(pieces).replace(WORD_START, " ").strip()
+
+
+class SentencePieceSide:
+    """The "src" or "tgt" side of a `SentencePiecePair` as the data pipeline's tokenizer: encode frames a
+    sentence for its side, decode reads target ids back to text, to_json is the checkpoint's form."""
+
+    def __init__(self, pair: SentencePiecePair, side: str) -> None:
+        if side not in ("src", "tgt"):
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
+        self.pair, self.side = pair, side
+        self.pad_id, self.bos_id, self.eos_id = pair.pad_id, pair.bos_id, pair.eos_id
+        self.unk_id = pair.unk_id
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.pair.vocab) if self.side == "src" else self.pair.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        """src: pieces then </s> (Marian's encoder input); tgt: the start token, pieces, </s>."""
+        if self.side == "src":
+            return self.pair.encode_source(text)
+        return [self.bos_id, *self.pair.encode(text)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.pair.decode(list(ids))
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def to_json(self) -> str:
+        return json.dumps({"sentencepiece_pair": self.pair.to_state(), "side": self.side}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SentencePieceSide:
+        data = json.loads(text)
+        return cls(SentencePiecePair.from_state(data["sentencepiece_pair"]), data["side"])
+
+    @staticmethod
+    def is_json(text: str) -> bool:
+        """Whether a checkpoint's tokenizer text is a side of a SentencePiece pair (not `tokenizers` JSON)."""
+        return text.lstrip().startswith('{"sentencepiece_pair"')

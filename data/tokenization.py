@@ -43,6 +43,22 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
+def tokenizer_from_json(text: str) -> Tokenizer:
+    """A checkpoint's tokenizer: this project's BPE (`tokenizers` JSON) or one side of an imported model's
+    SentencePiece pair (`data.sentencepiece_pair`, OPUS-MT's), told apart by the text."""
+    from data.sentencepiece_pair import SentencePieceSide
+
+    if SentencePieceSide.is_json(text):
+        return SentencePieceSide.from_json(text)
+    return BPETokenizer.from_json(text)
+
+
+def corpus_encoder(tokenizer: Any) -> Any:
+    """What encodes a split: `CorpusEncoder` (chunk reuse) for this project's BPE, else the tokenizer's own
+    `encode_batch`."""
+    return CorpusEncoder(tokenizer) if isinstance(tokenizer, BPETokenizer) else tokenizer
+
+
 class BPETokenizer:
     """A trained `tokenizers.Tokenizer` with the project's special tokens, BOS/EOS and detokenization."""
 

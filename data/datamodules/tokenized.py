@@ -29,8 +29,10 @@ from data.tokenization import (
     SPECIAL_TOKENS,
     BPETokenizer,
     CorpusEncoder,
+    corpus_encoder,
     load_bpe,
     save_bpe,
+    tokenizer_from_json,
 )
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,24 @@ class TokenizedDataModule(L.LightningDataModule):
     """What both tasks share up to token ids: the settings, tokenizer and tokenized-split caching, length
     filtering, the tokenizers in the checkpointed state."""
 
-    pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
+    @property
+    def pad_id(self) -> int:
+        return self._special_id("pad_id", PAD_ID)
+
+    @property
+    def bos_id(self) -> int:
+        return self._special_id("bos_id", BOS_ID)
+
+    @property
+    def eos_id(self) -> int:
+        return self._special_id("eos_id", EOS_ID)
+
+    def _special_id(self, name: str, fixed: int) -> int:
+        """The target tokenizer's id: this project's BPE has the fixed ids of `data.tokenization`, an
+        imported model's tokenizer (`data.sentencepiece_pair`) its vocabulary's own."""
+        tokenizer = getattr(self, "_tokenizers", {}).get("tgt")
+        return fixed if tokenizer is None else getattr(tokenizer, name)
+
     _text_columns: tuple[str, ...]  # raw columns that are tokenized, e.g. ("src", "tgt")
     _id_columns: tuple[str, ...]  # the token-id columns `_encode` returns, e.g. ("src_ids", "tgt_ids")
 
@@ -337,9 +356,9 @@ class TokenizedDataModule(L.LightningDataModule):
         self._check_split(split, raw)
         train = split == self.splits["train"]
         vocab_size = max(tokenizer.vocab_size for tokenizer in self._tokenizers.values())
-        joint = CorpusEncoder(self._tokenizers["src"])  # one per tokenizer: the same ids, reused chunks
+        joint = corpus_encoder(self._tokenizers["src"])  # one per tokenizer: the same ids, reused chunks
         encoders = {
-            side: joint if tokenizer is joint.tokenizer else CorpusEncoder(tokenizer)
+            side: joint if tokenizer is self._tokenizers["src"] else corpus_encoder(tokenizer)
             for side, tokenizer in self._tokenizers.items()
         }
         dataset, too_long = prepare.tokenize_split(
@@ -383,5 +402,5 @@ class TokenizedDataModule(L.LightningDataModule):
         """Restore the tokenizers (they then win over `cache_dir`)."""
         if "tokenizers" in state_dict:
             self._set_tokenizers(
-                {side: BPETokenizer.from_json(j) for side, j in state_dict["tokenizers"].items()}
+                {side: tokenizer_from_json(j) for side, j in state_dict["tokenizers"].items()}
             )

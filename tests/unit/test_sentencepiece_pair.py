@@ -1,14 +1,13 @@
 """`data.sentencepiece_pair.SentencePiecePair` against transformers' `MarianTokenizer` on the same files.
 
-A Marian tokenizer directory is made here as OPUS-MT's are: a German and an English SentencePiece
-(unigram) model trained on Multi30k's training text, one vocabulary of the pieces of both with </s> = 0,
-<unk> = 1 and <pad> last (a language code token too). On 200 validation sentences the source and target
-ids must equal MarianTokenizer's, and so must the text decoded from ids.
+A Marian tokenizer directory is made here as OPUS-MT's are (`tests.pretrained`): a German and an English
+SentencePiece (unigram) model trained on Multi30k's training text, one vocabulary of the pieces of both
+with </s> = 0, <unk> = 1 and <pad> last (a language code token too). On 200 validation sentences the
+source and target ids must equal MarianTokenizer's, and so must the text decoded from ids.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -17,50 +16,24 @@ import pytest
 sentencepiece = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
 
-from data.sentencepiece_pair import SentencePiecePair  # noqa: E402
+from data.datamodules import TranslationDataModule  # noqa: E402
+from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide  # noqa: E402
+from data.tokenization import tokenizer_from_json  # noqa: E402
 from tests.conftest import _data_dir  # noqa: E402
-
-
-def _lines(directory: Path, name: str, n: int) -> list[str]:
-    with gzip.open(directory / name, "rt", encoding="utf-8") as handle:
-        return [next(handle).rstrip("\n") for _ in range(n)]
-
-
-def _train(path: Path, lines: list[str], vocab_size: int) -> None:
-    path.with_suffix(".txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(path.with_suffix(".txt")), model_prefix=str(path.with_suffix("")), vocab_size=vocab_size,
-        model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, unk_id=0, minloglevel=2,
-    )  # fmt: skip
-    path.with_suffix(".model").rename(path)
+from tests.pretrained import multi30k_lines, opus_mt_tokenizer_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory) -> Path:
-    data = _data_dir("MULTI30K_DIR")
     directory = tmp_path_factory.mktemp("opus-mt-de-en")
-    _train(directory / "source.spm", _lines(data, "train.de.gz", 3000), 400)
-    _train(directory / "target.spm", _lines(data, "train.en.gz", 3000), 300)
-    pieces: dict[str, None] = {}
-    for name in ("source.spm", "target.spm"):
-        processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / name))
-        pieces.update((processor.id_to_piece(i), None) for i in range(1, processor.get_piece_size()))
-    # one shared vocabulary as OPUS-MT's: </s>, <unk>, a language code, the pieces, <pad> last; a few
-    # German pieces left out, so that <unk> comes from the vocabulary as well as from SentencePiece
-    words = [piece for piece in pieces if piece not in ("</s>", "<unk>", "<pad>")][:-5]
-    vocab = {"</s>": 0, "<unk>": 1, ">>deu<<": 2, **{p: i + 3 for i, p in enumerate(words)}}
-    vocab["<pad>"] = len(vocab)
-    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "MarianTokenizer", "separate_vocabs": False}), encoding="utf-8"
-    )
+    opus_mt_tokenizer_files(directory, _data_dir("MULTI30K_DIR"))
     return directory
 
 
 @pytest.fixture(scope="module")
 def sentences() -> dict[str, list[str]]:
     data = _data_dir("MULTI30K_DIR")
-    return {side: _lines(data, f"val.{side}.gz", 200) for side in ("de", "en")}
+    return {side: multi30k_lines(data, f"val.{side}.gz", 200) for side in ("de", "en")}
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +70,29 @@ def test_the_state_round_trips_and_missing_files_are_named(marian_dir, tmp_path:
     (tmp_path / "source.spm").write_bytes((marian_dir / "source.spm").read_bytes())
     with pytest.raises(FileNotFoundError, match=r"target\.spm: a Marian tokenizer needs source\.spm"):
         SentencePiecePair.from_directory(tmp_path)
+
+
+def test_each_side_frames_its_sentences_for_the_pipeline(marian_dir) -> None:
+    """src: Marian's encoder input; tgt: [start = pad] pieces </s>, so that the collator's tgt_in (all but the
+    last) starts from pad as Marian's decoder does and tgt_out (all but the first) ends with </s>."""
+    pair = SentencePiecePair.from_directory(marian_dir)
+    source, target = SentencePieceSide(pair, "src"), SentencePieceSide(pair, "tgt")
+    text = "Zwei Hunde spielen im Schnee."
+    assert source.encode(text) == pair.encode_source(text)
+    assert target.encode(text) == [pair.pad_id, *pair.encode(text)]
+    assert target.decode(target.encode(text)[1:]) == pair.decode(pair.encode(text))
+    for side in (source, target):  # the checkpoint's text form, told apart from `tokenizers` JSON
+        again = tokenizer_from_json(side.to_json())
+        assert isinstance(again, SentencePieceSide) and again.encode(text) == side.encode(text)
+
+
+def test_a_datamodule_with_the_pair_uses_its_special_ids(marian_dir) -> None:
+    """Loaded from a checkpoint's state, the datamodule's pad / start / end ids are the vocabulary's own
+    (OPUS-MT: pad last, </s> = 0), not the fixed 0-3 of this project's BPE."""
+    pair = SentencePiecePair.from_directory(marian_dir)
+    datamodule = TranslationDataModule(src_lang="de", tgt_lang="en")
+    assert (datamodule.pad_id, datamodule.bos_id, datamodule.eos_id) == (0, 1, 2)
+    state = {"tokenizers": {side: SentencePieceSide(pair, side).to_json() for side in ("src", "tgt")}}
+    datamodule.load_state_dict(state)
+    assert (datamodule.pad_id, datamodule.bos_id, datamodule.eos_id) == (pair.pad_id, pair.pad_id, 0)
+    assert datamodule.state_dict() == state  # written back as read

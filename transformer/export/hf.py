@@ -35,7 +35,7 @@ from transformer.export.marian import (
 from transformer.export.source import ExportError, ExportSource, staged_output
 from transformer.model import Seq2SeqTransformer
 
-__all__ = ["export_hf", "from_marian", "hf_refusal", "marian_permutation", "to_marian"]
+__all__ = ["export_hf", "from_marian", "hf_refusal", "import_hf", "marian_permutation", "to_marian"]
 
 
 def hf_refusal(source: ExportSource) -> str | None:
@@ -103,6 +103,94 @@ def from_marian(marian: MarianMTModel) -> Seq2SeqTransformer:
         raise ExportError(f"cannot import this model: {untied}") from None
     model.load_state_dict(state, strict=True)
     return model
+
+
+IMPORTED_CHECKPOINT = "model.ckpt"  # the file `import_hf` writes in its output directory
+
+
+def import_hf(
+    directory: str | Path, output: str | Path, *, source: str | None = None, force: bool = False
+) -> Path:
+    """A transformers MarianMTModel directory (OPUS-MT's `save_pretrained` layout: config.json, weights,
+    source.spm, target.spm, vocab.json) -> `output`/model.ckpt, a checkpoint of ours as train.py writes one:
+    the weights (`from_marian`), the model config, the tokenizer pair (`data.sentencepiece_pair`), the
+    decoding of its generation config (beam size) and where it came from. `source` names the origin (a hub
+    id; default: the directory). Anything ours cannot represent is refused with an `ExportError` naming it,
+    before anything is written; the output directory appears only once complete (`staged_output`)."""
+    import transformers
+
+    from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise ExportError(f"{directory} has no config.json: not a transformers model directory")
+    config = transformers.AutoConfig.from_pretrained(directory)
+    refusal = marian_refusal(config)
+    if refusal is not None:
+        raise ExportError(f"cannot import {directory}: {refusal}")
+    try:
+        pair = SentencePiecePair.from_directory(directory)
+    except FileNotFoundError as missing:
+        raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
+    except (ValueError, RuntimeError, OSError) as bad:
+        raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
+    model = from_marian(MarianMTModel.from_pretrained(directory).eval())
+    ours = model.config
+    if (pair.pad_id, pair.eos_id, pair.vocab_size) != (ours.pad_id, ours.eos_id, ours.tgt_vocab_size):
+        raise ExportError(
+            f"cannot import {directory}: its vocabulary (pad {pair.pad_id}, eos {pair.eos_id}, "
+            f"{pair.vocab_size} tokens) does not match its config (pad {ours.pad_id}, eos {ours.eos_id}, "
+            f"{ours.tgt_vocab_size} tokens)"
+        )
+    try:
+        beam_size = int(transformers.GenerationConfig.from_pretrained(directory).num_beams or 1)
+    except OSError:  # no generation_config.json
+        beam_size = 4
+    checkpoint = {
+        "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
+        "hyper_parameters": {
+            "config": ours.to_dict(),
+            "decoding": {"beam_size": beam_size, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10},
+            "label_smoothing": 0.1,
+        },
+        "TranslationDataModule": {
+            "tokenizers": {side: SentencePieceSide(pair, side).to_json() for side in ("src", "tgt")}
+        },
+        "config": {
+            "model": {"_target_": "transformer.training.TranslationTask"},
+            # evaluation reads text from data.data_dir ({split}.{lang}[.gz], e.g. Multi30k's files)
+            "data": {
+                "_target_": "data.datamodules.TranslationDataModule",
+                "source": "parallel",
+                "data_dir": None,
+                **_languages(directory),
+                "max_len": min(256, ours.max_len),
+            },
+        },
+        "imported_from": {
+            "source": source or str(directory),
+            "architecture": "MarianMTModel",
+            "revision": getattr(config, "_commit_hash", None),
+            "transformers": transformers.__version__,
+        },
+        "global_step": 0,
+        "epoch": 0,
+    }
+    size = human_size(tensor_bytes(model.state_dict()))
+    with staged_output(output, force=force, what=f"the imported checkpoint of {size}") as staging:
+        torch.save(checkpoint, staging / IMPORTED_CHECKPOINT)
+    return Path(output) / IMPORTED_CHECKPOINT
+
+
+def _languages(directory: Path) -> dict[str, str]:
+    """src_lang / tgt_lang from a Marian tokenizer_config.json (OPUS-MT's have them), else src / tgt."""
+    try:
+        settings = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        settings = {}
+    src, tgt = settings.get("source_lang"), settings.get("target_lang")
+    ok = isinstance(src, str) and isinstance(tgt, str) and src and tgt and src != tgt
+    return {"src_lang": src, "tgt_lang": tgt} if ok else {"src_lang": "src", "tgt_lang": "tgt"}
 
 
 def generation_config(source: ExportSource) -> GenerationConfig:

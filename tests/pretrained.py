@@ -1,0 +1,84 @@
+"""A tiny OPUS-MT model directory, made locally as `save_pretrained` writes one, for the import tests.
+
+`opus_mt_directory` trains a German and an English SentencePiece (unigram) model on Multi30k's training
+text, builds one vocabulary from the pieces of both as OPUS-MT's are built (</s> = 0, <unk> = 1, a language
+code, the pieces, <pad> last; a few German pieces left out so that <unk> also comes from the vocabulary),
+and saves a MarianMTModel shaped like OPUS-MT's (SiLU feed-forward, final_logits_bias, shared embeddings,
+the decoder starting from <pad>) with random weights and a generation config that bans <pad>.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import sentencepiece
+import torch
+import transformers
+
+EOS, UNK = 0, 1
+
+
+def multi30k_lines(data_dir: Path, name: str, n: int) -> list[str]:
+    with gzip.open(data_dir / name, "rt", encoding="utf-8") as handle:
+        return [next(handle).rstrip("\n") for _ in range(n)]
+
+
+def _train_spm(path: Path, lines: list[str], vocab_size: int) -> None:
+    text = path.with_suffix(".txt")
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(path.with_suffix("")), vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, unk_id=0, minloglevel=2,
+    )  # fmt: skip
+    path.with_suffix(".model").rename(path)
+    for leftover in (text, path.with_suffix(".vocab")):
+        leftover.unlink()
+
+
+def opus_mt_tokenizer_files(directory: Path, data_dir: Path) -> dict[str, int]:
+    """source.spm, target.spm, vocab.json and tokenizer_config.json (de -> en) in `directory`; the vocab."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _train_spm(directory / "source.spm", multi30k_lines(data_dir, "train.de.gz", 3000), 400)
+    _train_spm(directory / "target.spm", multi30k_lines(data_dir, "train.en.gz", 3000), 300)
+    pieces: dict[str, None] = {}
+    for name in ("source.spm", "target.spm"):
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / name))
+        pieces.update((processor.id_to_piece(i), None) for i in range(1, processor.get_piece_size()))
+    words = [piece for piece in pieces if piece not in ("</s>", "<unk>", "<pad>")][:-5]
+    vocab = {"</s>": EOS, "<unk>": UNK, ">>deu<<": 2, **{p: i + 3 for i, p in enumerate(words)}}
+    vocab["<pad>"] = len(vocab)
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    settings = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": False, "source_lang": "de",
+                "target_lang": "en"}  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return vocab
+
+
+def opus_mt_directory(directory: Path, data_dir: Path, seed: int = 0) -> Path:
+    """A complete tiny OPUS-MT de -> en directory (tokenizer files, config, weights, generation config)."""
+    vocab = opus_mt_tokenizer_files(directory, data_dir)
+    pad = vocab["<pad>"]
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        activation_function="swish", pad_token_id=pad, eos_token_id=EOS, bos_token_id=EOS,
+        decoder_start_token_id=pad, forced_eos_token_id=EOS, max_position_embeddings=128,
+        scale_embedding=True, share_encoder_decoder_embeddings=True,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = transformers.MarianMTModel(config).eval()
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "embed_positions" not in name:  # the sinusoid tables Marian rebuilds itself
+                    parameter.normal_(0.0, 0.3)
+            model.final_logits_bias.normal_()
+            model.final_logits_bias[0, EOS] += 4.0  # sentences end at several lengths
+    model.generation_config = transformers.GenerationConfig(
+        num_beams=4, max_length=128, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=EOS,
+        pad_token_id=pad, forced_eos_token_id=EOS,
+    )  # fmt: skip
+    model.save_pretrained(directory)
+    return directory

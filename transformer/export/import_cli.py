@@ -1,0 +1,93 @@
+"""`aiayn-import`: a pretrained transformers translation model -> a checkpoint of ours.
+
+    aiayn-import SOURCE --output DIR [--force]
+
+SOURCE is a local directory written by `save_pretrained` (an OPUS-MT model: MarianMTModel with its
+source.spm, target.spm and vocab.json) or a Hugging Face hub id (downloaded when the hub is reachable).
+DIR/model.ckpt then works as a checkpoint train.py wrote: `evaluate.py ckpt_path=DIR/model.ckpt`, the
+exports, ensembles and distillation. Bad input (an architecture ours cannot represent, a directory without
+tokenizer files, an unreachable hub, an output directory that is not empty) ends with one `error:` line,
+exit status 1, and nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformer.export.source import ExportError, check_output
+
+__all__ = ["main"]
+
+# the files an OPUS-MT import reads (weights in either format)
+_FILES = ["config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin", "*.spm", "*.json"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiayn-import",
+        description="Import a pretrained transformers translation model (Marian / OPUS-MT) as a checkpoint.",
+    )
+    parser.add_argument(
+        "source", help="a save_pretrained directory, or a hub id such as Helsinki-NLP/opus-mt-de-en"
+    )
+    parser.add_argument(
+        "--output", required=True, type=Path, help="the directory to create (it holds model.ckpt)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an output directory that is not empty")
+    return parser
+
+
+def _local(source: str) -> Path:
+    """`source` as a local directory: itself, or the hub snapshot downloaded for it."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or source.count("/") != 1 or source.startswith((".", "/", "~")):
+        raise ExportError(f"{source} is not a directory (nor a hub id of the form owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=source, allow_patterns=_FILES))
+    except Exception as err:  # offline, unknown repository, gated model: all mean "not from the hub now"
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ExportError(
+            f"cannot get {source} from the Hugging Face hub ({reason}): download it where the hub is "
+            "reachable (save_pretrained) and pass that directory"
+        ) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        check_output(args.output, force=args.force)  # before any download
+        try:
+            import sentencepiece  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as missing:
+            raise ExportError(f"{missing.name} is not installed: pip install -e '.[export]'") from None
+        from transformers.utils import logging as hf_logging
+
+        from transformer.export.hf import import_hf
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        directory = _local(args.source)
+        checkpoint = import_hf(directory, args.output, source=args.source, force=args.force)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a full disk, an unreadable file
+        from transformer.disk import disk_full_line
+
+        full = disk_full_line(err, args.output, then="free some space, then run the same command again")
+        print(f"error: {full or f'cannot import {args.source}: {err}'}", file=sys.stderr)
+        return 1
+    print(f"imported {args.source} as {checkpoint}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
