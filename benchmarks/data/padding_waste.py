@@ -5,6 +5,7 @@ reports the share of pad tokens in the padded `src` and `tgt_in` tensors, the ba
 largest padded batch. Prints a Markdown table, then one JSON line.
 
     python -m benchmarks.data.padding_waste --data-dir ../shared/data/multi30k
+    python -m benchmarks.data.padding_waste --smoke   # 2k pairs, BPE 500, one budget, one epoch
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _random_fixed_size(n: int, batch_size: int, seed: int) -> list[list[int]]:
     return [order[i : i + batch_size].tolist() for i in range(0, n, batch_size)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=os.environ.get("MULTI30K_DIR"), help="Multi30k data/task1/raw")
     parser.add_argument("--src-lang", default="de")
@@ -49,13 +50,19 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke", action="store_true", help="the first 2k pairs, BPE 500, 1024 tokens, 1 epoch"
+    )
+    args = parser.parse_args(argv)
     if not args.data_dir:
         parser.error("--data-dir (or MULTI30K_DIR) is required")
 
     start = time.perf_counter()
     train = load_multi30k(args.data_dir, ["train"], args.src_lang, args.tgt_lang)["train"]
     sources, targets = train["src"][:], train["tgt"][:]
+    if args.smoke:
+        sources, targets = sources[:2000], targets[:2000]
+        args.vocab_size, args.max_tokens, args.epochs = 500, [1024], 1
     tokenizer = train_bpe(sources + targets, args.vocab_size)
     src_len = np.array([len(ids) for ids in tokenizer.encode_batch(sources)])  # BOS .. EOS
     tgt_len = np.array([len(ids) - 1 for ids in tokenizer.encode_batch(targets)])  # tgt_in = BOS y1..yn

@@ -26,14 +26,17 @@ one thread each (`inter_threads=threads, intra_threads=1`: its workers share not
 with cores where one batch on all threads waits at every layer); int8 also runs one batch at a time
 on all threads (`intra_threads=threads`), for comparison. Ours decodes one batch at a time on all
 threads (torch's intra-op threads), as evaluate.py does: the same thread total. Each float32 export's
-beam-search differences from ours are sorted by cause (`decode_report.explain_differences`). Tokenization
+beam-search differences from ours are sorted by cause (`report.explain_differences`). Tokenization
 is outside the timed calls; each method gets token ids or subword strings in and gives them back.
 
     OMP_WAIT_POLICY=PASSIVE python -m benchmarks.decode.bench_decode --export-ckpt CKPT \
         --data-dir $MULTI30K_DIR [--split test_2016_flickr] [--repeats 3] [--threads 2]
 
-The parts: decode_timing.py (interleaved rounds, paired ratios), decode_deploy.py (the runners of
---export-ckpt: ours, CTranslate2, transformers), decode_report.py (its table).
+`--smoke`: `--quick` (a batch of 4, 6 tokens, one round; 16 sentences with `--export-ckpt`) at a tiny
+shape (the "smoke" case), a check of the code path.
+
+The parts: common/timing.py (interleaved rounds, paired ratios), deploy.py (the runners of
+--export-ckpt: ours, CTranslate2, transformers), report.py (its table).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from transformer.search.ensemble import Ensemble
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
     "d512": {"d_model": 512, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6, "d_ff": 2048},
+    "smoke": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
 }
 VOCAB = 10_000
 
@@ -285,6 +289,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--bf16", action="store_true", help="both models in bfloat16 (for GPUs)")
     parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
+    parser.add_argument("--smoke", action="store_true", help="--quick at the smoke case's tiny shape")
     parser.add_argument("--export-ckpt", default=None, help="a translation checkpoint: time its exports")
     parser.add_argument("--data-dir", default=None, help="with --export-ckpt: a Multi30k data/task1/raw dir")
     parser.add_argument("--split", default="test_2016_flickr", help="with --export-ckpt: the split to decode")
@@ -292,9 +297,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = _parser()
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.quick = True
+        args.cases = args.cases if args.export_ckpt else "smoke"
     if args.export_ckpt:
         if not args.data_dir:
             parser.error("--export-ckpt needs --data-dir (a Multi30k data/task1/raw directory)")

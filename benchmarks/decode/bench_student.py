@@ -12,6 +12,10 @@ evaluate.py scores), parameters and the size of the int8 model on disk.
 
     OMP_WAIT_POLICY=PASSIVE python -m benchmarks.decode.bench_student TEACHER.ckpt STUDENT.ckpt \
         --data-dir $MULTI30K_DIR [--split test_2016_flickr] [--repeats 3] [--threads 2]
+    python -m benchmarks.decode.bench_student --smoke --data-dir $MULTI30K_DIR   # tiny random checkpoints
+
+`--quick`: 16 sentences, one round. `--smoke`: the same, with tiny random checkpoints made in a temporary
+directory when none are given (`benchmarks.common.checkpoints`).
 """
 
 from __future__ import annotations
@@ -42,17 +46,37 @@ from benchmarks.decode.deploy import (
 ROLES = ("teacher", "student")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("teacher", help="the reference translation checkpoint (e.g. a recipe run)")
-    parser.add_argument("student", help="the checkpoint compared with it")
-    parser.add_argument("--data-dir", required=True, help="a Multi30k data/task1/raw directory")
+    parser.add_argument("teacher", nargs="?", help="the reference translation checkpoint (e.g. a recipe run)")
+    parser.add_argument("student", nargs="?", help="the checkpoint compared with it")
+    parser.add_argument("--data-dir", default=os.environ.get("MULTI30K_DIR"), help="Multi30k data/task1/raw")
     parser.add_argument("--split", default="test_2016_flickr")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--sentences-per-batch", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="16 sentences, 1 round: checks that it works")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke", action="store_true", help="--quick, on tiny random checkpoints if none given"
+    )
+    args = parser.parse_args(argv)
+    if args.data_dir is None:
+        parser.error("--data-dir: no Multi30k directory given and $MULTI30K_DIR is not set")
+    if args.smoke:
+        args.quick = True
+    if (args.teacher is None or args.student is None) and not args.smoke:
+        parser.error("give the TEACHER and STUDENT checkpoints (or --smoke)")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.teacher is None or args.student is None:
+            from benchmarks.common.checkpoints import smoke_checkpoint
+
+            args.teacher = smoke_checkpoint(Path(tmp) / "teacher.ckpt", args.data_dir, seed=0, d_model=32)
+            args.student = smoke_checkpoint(Path(tmp) / "student.ckpt", args.data_dir, seed=1, d_model=16)
+        compare(parser, args)
+
+
+def compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Time and score the teacher and the student (see the top); print the table and one JSON line."""
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()

@@ -1,6 +1,9 @@
 """Terminology test of constrained decoding (#39 item 6) on Multi30k de -> en validation.
 
     python -m benchmarks.decode.constraints_eval CKPT [--data DIR] [--sentences N] [--beam 4] [--out FILE]
+    python -m benchmarks.decode.constraints_eval --smoke [CKPT]   # 16 sentences, one round
+
+`--smoke` without a CKPT decodes with a tiny random checkpoint (`benchmarks.common.checkpoints`).
 
 `--data`: a Multi30k directory (default: $MULTI30K_DIR).
 
@@ -22,6 +25,7 @@ import os
 import platform
 import statistics
 import string
+import tempfile
 import time
 from pathlib import Path
 
@@ -126,9 +130,9 @@ def _summary(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ckpt", type=Path)
+    parser.add_argument("ckpt", type=Path, nargs="?")
     parser.add_argument(
         "--data", type=Path, default=os.environ.get("MULTI30K_DIR"), help="default: $MULTI30K_DIR"
     )
@@ -136,9 +140,26 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke", action="store_true", help="16 sentences, one round; a tiny model if no CKPT"
+    )
+    args = parser.parse_args(argv)
     if args.data is None:
         parser.error("--data: no Multi30k directory given and $MULTI30K_DIR is not set")
+    if args.ckpt is None and not args.smoke:
+        parser.error("give the checkpoint CKPT (or --smoke)")
+    if args.smoke:
+        args.sentences, args.repeats = min(args.sentences, 16), 1
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.ckpt is None:
+            from benchmarks.common.checkpoints import smoke_checkpoint
+
+            args.ckpt = smoke_checkpoint(Path(tmp) / "smoke.ckpt", args.data)
+        evaluate(args)
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    """The terminology test on `args.ckpt` (see the top); print (and write) its JSON."""
     torch.set_grad_enabled(False)
     checkpoint = torch.load(args.ckpt, map_location="cpu", weights_only=True)
     restored = restore_model(checkpoint, args.ckpt)

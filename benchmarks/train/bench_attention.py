@@ -5,6 +5,7 @@ which goes first) and medians reported. Prints a table, then one JSON line with 
 (torch time / ours time; > 1 means ours is faster).
 
     python -m benchmarks.train.bench_attention [--repeats 7] [--threads N] [--quick] [--only 'L=256']
+    python -m benchmarks.train.bench_attention --smoke   # the L=32 cases at batch 4, width 32, one round
 """
 
 from __future__ import annotations
@@ -97,19 +98,22 @@ def _report(rows: list[dict], batch: int, embed_dim: int, heads: int, repeats: i
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="only the L=32 cases")
     parser.add_argument("--only", default="", help="only cases whose name contains this")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="--quick at a tiny width, one round")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.quick, args.repeats, args.warmup = True, 1, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    batch, embed_dim, heads = 64, 512, 8
+    batch, embed_dim, heads = (4, 32, 2) if args.smoke else (64, 512, 8)
     ours = MultiHeadAttention(embed_dim, heads, batch_first=True)
     theirs = nn.MultiheadAttention(embed_dim, heads, batch_first=True)
     theirs.load_state_dict(ours.state_dict(), strict=True)

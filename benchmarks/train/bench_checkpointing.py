@@ -7,7 +7,7 @@ step adds (`ru_maxrss` after the step minus the resident size before it: activat
 allocator's slack), autograd's saved tensors of the forward (bytes kept for the backward pass, counted
 with saved_tensors_hooks in a separate forward), and the step's seconds (median of --repeats).
 
-    python -m benchmarks.train.bench_checkpointing [--repeats 3] [--threads 2] [--quick]
+    python -m benchmarks.train.bench_checkpointing [--repeats 3] [--threads 2] [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -83,13 +83,15 @@ def measure(checkpointing: bool, repeats: int, threads: int, quick: bool) -> dic
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="a tiny model: checks that the script works")
+    parser.add_argument(
+        "--quick", "--smoke", action="store_true", help="a tiny model: checks that the script works"
+    )
     parser.add_argument("--variant", choices=["plain", "checkpointed"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.variant:  # a child process: one variant, one JSON line
         print(json.dumps(measure(args.variant == "checkpointed", args.repeats, args.threads, args.quick)))
         return

@@ -10,6 +10,7 @@ allocation events, which carry the CPU allocator's running total). The reference
 
     python -m benchmarks.train.bench_loss [--baseline REV] [--shapes 2688x10000,4096x32000] [--repeats 5]
         [--threads N] [--chunks 18,20,22]   (ours with other chunk sizes, `losses._CHUNK_ELEMENTS` = 2^k)
+        [--smoke]   (one tiny shape, one round: a check of the code path)
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def peak_bytes(fn: LossFn, logits: Tensor, target: Tensor) -> int:
     return max(total for _, _, total in events) - before
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # 81145c1: the last revision whose loss kept float32 log-probabilities for the backward pass
     parser.add_argument("--baseline", default="81145c1", help="git revision of the 'before' implementation")
@@ -143,7 +144,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--chunks", default="", help="comma-separated log2 chunk sizes to add as ours@2^k")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="one tiny shape (64x100), one round")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.repeats = "64x100", 1
     if args.threads:
         torch.set_num_threads(args.threads)
     fns = {"ours": _ours(losses), "before": _ours(losses_at(args.baseline)), "torch": _torch}

@@ -18,7 +18,10 @@ rotates every step) and medians reported. Tokens/s counts non-pad source + targe
 - --device cuda: bf16 autocast, SDPA, optional --compile; MFU against the GPU's bf16 peak.
 
     OMP_WAIT_POLICY=PASSIVE python -m benchmarks.train.bench_train [--cases d256,d512] [--steps 5]
-        [--models ours,torch,marian] [--baseline REV] [--skip e2e,rss,profile] [--quick]
+        [--models ours,torch,marian] [--baseline REV] [--skip e2e,rss,profile] [--quick | --smoke]
+
+`--quick`: one step of 16 pairs a model, 96 sentences end to end; `--smoke`: the same at a tiny shape (the
+"smoke" case, d_model 32, 1+1 layers), without the per-model RSS processes: a check of the code path.
 
 Prints a table, then one JSON line. The competitors are built in train_runners.py, the end-to-end
 sentences in train_epoch.py, malloc tuning and peak RSS in train_memory.py, the tables in train_report.py.
@@ -232,7 +235,7 @@ def run_case(
 # --- main ------------------------------------------------------------------------------------------
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="d256,d512", help="comma-separated subset of " + ",".join(CASES))
     parser.add_argument(
@@ -257,8 +260,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (default on cuda)")
     parser.add_argument("--compile", action="store_true", help="torch.compile(dynamic=True) every model")
     parser.add_argument("--quick", action="store_true", help="tiny run: checks that the script works")
+    parser.add_argument("--smoke", action="store_true", help="--quick at a tiny shape, no RSS processes")
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not args.rss_child and args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, but torch.cuda.is_available() is False here")
     return args
@@ -300,8 +304,8 @@ def rss_part(args: argparse.Namespace, names: list[str]) -> tuple[dict[str, int]
     return {name: round(row["peak_rss_mb"]) for name, row in rss.items()}, ratios
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.rss_child:
@@ -311,6 +315,8 @@ def main() -> None:
     args.bf16 = args.bf16 or device.type == "cuda"
     if not args.no_tune_malloc and device.type == "cpu":
         tune_malloc()
+    if args.smoke:
+        args.quick, args.cases, args.e2e_cases, args.skip = True, "smoke", "smoke", f"{args.skip},rss"
     if args.quick:
         args.steps, args.batch_size, args.e2e_sentences, args.rss_steps = 1, 16, 96, 1
     names = args.models.split(",") + ([f"ours@{args.baseline}"] if args.baseline else [])

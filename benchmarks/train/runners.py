@@ -27,6 +27,7 @@ from transformer.training.compiling import CompiledStep, pad_length
 CASES = {
     "d256": {"d_model": 256, "n_heads": 4, "n_encoder_layers": 3, "n_decoder_layers": 3, "d_ff": 1024},
     "d512": {"d_model": 512, "n_heads": 8, "n_encoder_layers": 6, "n_decoder_layers": 6, "d_ff": 2048},
+    "smoke": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
 }
 VOCAB = 10_000
 LABEL_SMOOTHING = 0.1
