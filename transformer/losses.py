@@ -29,7 +29,7 @@ class TokenLoss(NamedTuple):
 # of the forward and backward passes to 64 MiB whatever N and V; up to this size the loss runs in one piece.
 # Smaller chunks that stay in cache were faster on one thread, but each chunk costs every kernel a parallel
 # region, and on the loaded 2-core machine (threads waiting for each other) 1M-element chunks were 2-3x
-# slower than one piece (benchmarks/bench_loss.py --chunks); at 16M elements both are as fast as one piece.
+# slower than one piece (benchmarks/train/bench_loss.py --chunks); at 16M elements both as fast as one piece.
 # On a GPU the chunk was first sized for the L2 cache (4M elements, ~220 chunks at 28k x 32k, ~8 launches
 # each), but there the launches dominated: the loss's host time exceeded its kernels' time. Measured on an
 # H200 (torch 2.11, WMT-base bf16 step, 50k tokens, benchmarks/results/2026-11-27_h200_gpu_profile.txt):

@@ -188,7 +188,7 @@ def keeping_torch_threads() -> Iterator[None]:
     """Starting a `ctranslate2.Translator` sets the OpenMP thread count to its `intra_threads`, and in a
     process that has loaded torch the two share one OpenMP runtime: torch's intra-op thread count changed
     with it (2 -> 1 for `intra_threads=1`), and our beam search then ran 7-8x slower on the 2-core CPU
-    (benchmarks/bench_student.py's "ours" column, 2026-11-27). Whatever starts a Translator inside this
+    (benchmarks/decode/bench_student.py's "ours" column, 2026-11-27). Whatever starts a Translator inside this
     block, torch's count is what it was afterwards."""
     threads = torch.get_num_threads()
     try:
