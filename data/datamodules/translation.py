@@ -67,8 +67,6 @@ class TranslationDataModule(TokenBudgetDataModule):
         super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
         if source not in ("synthetic", "multi30k", "parallel", "hub"):
             raise ValueError(f"source must be synthetic, multi30k, parallel or hub, got {source!r}")
-        if source == "parallel" and data_dir is None:
-            raise ValueError("source='parallel' needs data_dir (a directory of {split}.{lang}[.gz] files)")
         if source == "hub" and not hub_name:
             raise ValueError("source='hub' needs hub_name (a dataset on the HuggingFace hub)")
         if src_lang == tgt_lang:
@@ -107,6 +105,10 @@ class TranslationDataModule(TokenBudgetDataModule):
         if self.source == "multi30k":
             return sources.load_multi30k(self.data_dir, splits, self.src_lang, self.tgt_lang)
         if self.source == "parallel":
+            if self.data_dir is None:  # checked here, not at construction: translating text reads no split
+                raise sources.DataError(
+                    "source='parallel' needs data.data_dir (a directory of {split}.{lang}[.gz] files)"
+                )
             return sources.load_parallel_dir(
                 self.data_dir, splits, self.src_lang, self.tgt_lang, "{split}.{lang}"
             )

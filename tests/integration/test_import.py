@@ -102,3 +102,19 @@ def test_what_cannot_be_imported_is_refused_with_one_line(
     (out / "keep.txt").write_text("mine")
     _refused(capsys, [str(opus_dir), "--output", str(out)], "exists and is not empty")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_an_imported_model_translates_text_with_a_prefix_and_a_required_word(
+    imported: Path, tmp_path
+) -> None:
+    """translate.input needs no data directory: the imported checkpoint's tokenizer alone."""
+    request = {"src": "Ein Hund läuft im Schnee.", "prefix": "Ball", "constraints": ["gray"]}
+    result = run_script(
+        "evaluate.py",
+        [f"ckpt_path={imported}", "translate.input=-", "translate.format=jsonl", f"hydra.run.dir={tmp_path}"],
+        stdin=json.dumps(request) + "\n",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = json.loads(result.stdout.strip().splitlines()[-1])
+    assert line["translation"].startswith("Ball") and "gray" in line["translation"]
+    assert line["unsatisfiable"] is False

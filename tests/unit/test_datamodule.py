@@ -121,8 +121,8 @@ def test_bad_arguments() -> None:
         TranslationDataModule(source="wmt")
     with pytest.raises(ValueError, match=r"max_tokens \(10\) must be at least max_len \(64\)"):
         TranslationDataModule(max_tokens=10, max_len=64)
-    with pytest.raises(ValueError, match="needs data_dir"):
-        TranslationDataModule(source="parallel")
+    with pytest.raises(ValueError, match=r"needs data\.data_dir"):  # when a split is read (text needs none)
+        TranslationDataModule(source="parallel").raw_split("test")
     with pytest.raises(ValueError, match="hub_name"):
         ClassificationDataModule(source="hub")
     with pytest.raises(ValueError, match=r"bpe_dropout must be in \[0, 1\), got 1.0"):
