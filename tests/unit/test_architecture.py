@@ -67,7 +67,7 @@ ALLOWED = {
     "data": set(),
     "evaluation": {"core", "search"},
     "training": {"core", "search", "evaluation"},
-    "export": {"core", "search", "evaluation"},
+    "export": {"core", "search", "evaluation", "data"},  # aiayn-import writes the pipeline's tokenizer
     "cli": {"core", "search", "evaluation", "training", "data"},
     "distill": {"core", "search", "evaluation", "data", "cli"},  # cli/distill/: on top of the other cli parts
     "entry point": {"core", "search", "evaluation", "training", "data", "cli", "distill"},
