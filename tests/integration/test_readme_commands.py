@@ -3,8 +3,9 @@
 Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
 validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
 the hub download for commands without one), one Optuna trial, sweeps cut to two values a key, run
-directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, and
-any value of `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint,
+directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths
+under `logs/` or `pretrained/`, and any value of `distill.teachers`, `backtranslate.model`,
+`backtranslate.monolingual`) become a checkpoint,
 run or file made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where
 the command says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a
 hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them
@@ -138,7 +139,9 @@ def _plan(
     # evaluate.py decodes a Multi30k de -> en run unless the command names the quickstart's (en -> de)
     quickstart = not evaluating or any(a.startswith("ckpt_path=<quickstart") for a in args)
     command.dataset = _dataset(args) or (None if quickstart else "multi30k")
-    placeholders = re.compile(r"PATH|<[^>]*>|\.\.\.|^logs/")
+    # a run's path (logs/...) or an imported model's (pretrained/..., docs/pretrained.md: the import itself is
+    # tested in tests/integration/test_import.py) stands for a checkpoint made here
+    placeholders = re.compile(r"PATH|<[^>]*>|\.\.\.|^logs/|^pretrained/")
     for i, arg in enumerate(args):
         key, _, value = arg.partition("=")
         if key == "ckpt_path" and placeholders.search(value):
