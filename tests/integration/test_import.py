@@ -118,3 +118,13 @@ def test_an_imported_model_translates_text_with_a_prefix_and_a_required_word(
     line = json.loads(result.stdout.strip().splitlines()[-1])
     assert line["translation"].startswith("Ball") and "gray" in line["translation"]
     assert line["unsatisfiable"] is False
+
+
+def test_exporting_an_imported_model_again_is_refused_with_one_line(imported: Path, tmp_path, capsys) -> None:
+    from transformer.export.cli import main as export_main
+
+    for target in ("hf", "ctranslate2"):
+        assert export_main([str(imported), "--to", target, "--output", str(tmp_path / target)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and "not supported yet" in err, err
+        assert not (tmp_path / target).exists()

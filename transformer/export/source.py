@@ -20,6 +20,7 @@ from typing import Any
 import tokenizers
 import torch
 
+from data.sentencepiece_pair import SentencePieceSide
 from transformer.checkpoint import load_checkpoint
 from transformer.config import TransformerConfig
 from transformer.evaluation.restore import DATAMODULES, restore_model
@@ -94,6 +95,11 @@ def load_source(path: str | Path) -> ExportSource:
         raise ExportError(
             f"checkpoint {path} carries no tokenizer ({DATAMODULES['translation']} state 'tokenizers' "
             "with 'joint' or 'src' + 'tgt'): it was not written by train.py"
+        )
+    if any(SentencePieceSide.is_json(str(text)) for text in saved.values()):
+        raise ExportError(
+            f"checkpoint {path} holds an imported model's SentencePiece tokenizers (aiayn-import): "
+            "exporting it again is not supported yet; the directory it came from is a transformers model"
         )
     source = ExportSource(
         path=path,
