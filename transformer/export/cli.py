@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer.export.source import ExportError, check_output
+from transformer.export.source import ExportError, check_output, write_failure
 
 __all__ = ["main"]
 
@@ -52,7 +52,6 @@ def _missing_dependency(module: str) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from transformer.checkpoint import CheckpointError  # after parsing: --help stays fast
-    from transformer.disk import disk_full_line
 
     try:
         if args.quantization is not None and args.to != "ctranslate2":
@@ -81,10 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # a full disk (also as safetensors or CTranslate2 report it), or another OSError
-        full = disk_full_line(err, args.output, then="free some space, then run the same command again")
-        if full is None and not isinstance(err, OSError):
+        line = write_failure(err, args.output, f"cannot write {args.output}")
+        if line is None:
             raise
-        print(f"error: {full or f'cannot write {args.output}: {err}'}", file=sys.stderr)
+        print(f"error: {line}", file=sys.stderr)
         return 1
     print(f"exported {args.checkpoint} to {TARGETS[args.to]}: {output.summary()}")
     return 0

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer.export.source import ExportError, check_output
+from transformer.export.source import ExportError, check_output, write_failure
 
 __all__ = ["main"]
 
@@ -79,11 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except OSError as err:  # a full disk, an unreadable file
-        from transformer.disk import disk_full_line
-
-        full = disk_full_line(err, args.output, then="free some space, then run the same command again")
-        print(f"error: {full or f'cannot import {args.source}: {err}'}", file=sys.stderr)
+    except Exception as err:  # a full disk (also as torch.save reports it), an unreadable file
+        line = write_failure(err, args.output, f"cannot import {args.source}")
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 1
     print(f"imported {args.source} as {checkpoint}")
     return 0

@@ -27,7 +27,7 @@ from transformer.evaluation.restore import DATAMODULES, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding
 from transformer.model import Seq2SeqTransformer
 
-__all__ = ["ExportError", "ExportSource", "check_output", "load_source", "staged_output"]
+__all__ = ["ExportError", "ExportSource", "check_output", "load_source", "staged_output", "write_failure"]
 
 SPECIAL_TOKENS = {"pad_id": "<pad>", "bos_id": "<s>", "eos_id": "</s>"}  # data.tokenization's specials
 
@@ -226,3 +226,15 @@ def check_output(output: Path, *, force: bool, keep: Path | None = None) -> None
         raise ExportError(f"output directory {output} holds the checkpoint {keep}: choose another directory")
     if output.is_dir() and any(output.iterdir()) and not force:
         raise ExportError(f"output directory {output} exists and is not empty (pass --force to replace it)")
+
+
+def write_failure(err: Exception, output: Path, action: str) -> str | None:
+    """The one `error:` line (without the prefix) for `err`, raised while an export or import wrote `output`:
+    a full disk (also as safetensors, CTranslate2 or torch.save report it) or another OSError, named with
+    `action`; None for anything else (a bug: the caller re-raises it)."""
+    from transformer.disk import disk_full_line
+
+    full = disk_full_line(err, output, then="free some space, then run the same command again")
+    if full is None and not isinstance(err, OSError):
+        return None
+    return full or f"{action}: {err}"
