@@ -75,11 +75,13 @@ def fresh_hydra():
 
 
 def _wait_for(sweep_dir: Path, study_name: str, ready, proc: subprocess.Popen, timeout: float = 300) -> None:
-    """Poll the study until `ready(trials)` (the sweep runs in `proc`)."""
+    """Poll the study until `ready(trials)` (the sweep runs in `proc`). The database is read only once a
+    job has started: opening it while the sweeper is still creating its tables races with it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "the sweep ended before it could be interrupted"
-        if (sweep_dir / "optuna.db").is_file():
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep ended (exit {proc.returncode}) first:\n{proc.communicate()[1][-3000:]}")
+        if _job_dirs(sweep_dir):
             try:
                 if ready(_trials(sweep_dir, study_name)):
                     return
