@@ -33,6 +33,10 @@ class TransformerConfig:
     feed-forward (Shazeer, 2020). `output_bias`: a bias on the output projection (Marian's
     `final_logits_bias`). `bos_id` is the token the decoder starts from; it may be the pad token, as in
     Marian's models, which have no BOS (the decoder never masks its own inputs, only the source's pads).
+    `scale_embedding`: multiply the token embeddings by sqrt(d_model) (Section 3.4; BERT does not);
+    `embedding_norm`: a LayerNorm on token + position embeddings, before the dropout (BERT's); `norm_eps`:
+    the epsilon of every LayerNorm (torch's 1e-5; BERT's 1e-12). The defaults are the paper's model, which
+    every checkpoint written before these options has.
     """
 
     src_vocab_size: int
@@ -53,6 +57,9 @@ class TransformerConfig:
     # "xavier": like every other matrix; "normal": N(0, d_model^-0.5), so that the sqrt(d_model) scaling gives
     # the token embeddings unit variance, on a par with the positional encodings (tensor2tensor, fairseq)
     embedding_init: EmbeddingInit = "xavier"
+    scale_embedding: bool = True
+    embedding_norm: bool = False
+    norm_eps: float = 1e-5
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -99,8 +106,12 @@ class TransformerConfig:
             raise ValueError(
                 f"eos_id ({self.eos_id}) must differ from pad_id ({self.pad_id}) and bos_id ({self.bos_id})"
             )
-        if not isinstance(self.output_bias, bool):
-            raise ValueError(f"output_bias must be a bool, got {self.output_bias!r}")
+        for name in ("output_bias", "scale_embedding", "embedding_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        eps = self.norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+            raise ValueError(f"norm_eps must be a number in (0, 1), got {eps!r}")
 
     @property
     def d_head(self) -> int:

@@ -17,7 +17,13 @@ from transformer.dropout import Dropout
 from transformer.embedding import Embedder, build_positional, build_rotary, init_weights
 from transformer.stacks import build_encoder
 
-__all__ = ["TransformerClassifier", "TransformerMaskedLM"]
+__all__ = ["POOLINGS", "Pooling", "TransformerClassifier", "TransformerMaskedLM"]
+
+Pooling = Literal["cls", "mean", "max", "cls_tanh", "cls_relu"]
+POOLINGS: tuple[str, ...] = ("cls", "mean", "max", "cls_tanh", "cls_relu")
+# a dense layer + nonlinearity on position 0 before the head: BERT's pooler (tanh), DistilBERT's
+# pre-classifier (ReLU)
+_POOLER_ACTIVATIONS: dict[str, type[nn.Module]] = {"cls_tanh": nn.Tanh, "cls_relu": nn.ReLU}
 
 
 class _EncoderOnly(nn.Module):
@@ -27,8 +33,8 @@ class _EncoderOnly(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
-        self.src_embed = Embedder(
-            nn.Embedding(config.src_vocab_size, config.d_model), build_positional(config), config.dropout
+        self.src_embed = Embedder.of(
+            config, nn.Embedding(config.src_vocab_size, config.d_model), build_positional(config)
         )
         self.rotary = build_rotary(config)
         self.encoder = build_encoder(config)
@@ -49,25 +55,31 @@ class _EncoderOnly(nn.Module):
 class TransformerClassifier(_EncoderOnly):
     """Encoder-only Transformer with a linear head on a pooled representation (cf. BERT)."""
 
-    def __init__(
-        self, config: TransformerConfig, num_classes: int, pooling: Literal["cls", "mean", "max"] = "cls"
-    ) -> None:
+    def __init__(self, config: TransformerConfig, num_classes: int, pooling: Pooling = "cls") -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-        if pooling not in ("cls", "mean", "max"):
-            raise ValueError(f"pooling must be 'cls', 'mean' or 'max', got {pooling!r}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
         super().__init__(config)
         self.pooling = pooling
+        if pooling in _POOLER_ACTIVATIONS:
+            self.pooler = nn.Sequential(
+                nn.Linear(config.d_model, config.d_model), _POOLER_ACTIVATIONS[pooling]()
+            )
         self.dropout = Dropout(config.dropout)
         self.head = nn.Linear(config.d_model, num_classes)
         init_weights(self)
 
     def forward(self, src: Tensor) -> Tensor:
         """src (B, S) long -> logits (B, C); "cls" pools position 0 (BOS), "mean" averages the non-pad
-        positions, "max" takes each feature's maximum over them (max-over-time, as in Kim, 2014)."""
+        positions, "max" takes each feature's maximum over them (max-over-time, as in Kim, 2014);
+        "cls_tanh" / "cls_relu" put position 0 through a dense layer and tanh (BERT's pooler) or ReLU
+        (DistilBERT's pre-classifier) first."""
         hidden, padding_mask = self.encode(src)  # (B, S, D), (B, S)
-        if self.pooling == "cls":
+        if self.pooling in ("cls", *_POOLER_ACTIVATIONS):
             pooled = hidden[:, 0]  # (B, D)
+            if self.pooling != "cls":
+                pooled = self.pooler(pooled)  # (B, D)
         elif self.pooling == "mean":
             keep = (~padding_mask).unsqueeze(-1).to(hidden.dtype)  # (B, S, 1)
             pooled = (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)  # (B, D)
@@ -86,7 +98,7 @@ class TransformerMaskedLM(_EncoderOnly):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__(config)
         D = config.d_model
-        self.lm_transform = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.LayerNorm(D))
+        self.lm_transform = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.LayerNorm(D, eps=config.norm_eps))
         self.lm_bias = nn.Parameter(torch.zeros(config.src_vocab_size))
         init_weights(self)
 

@@ -92,13 +92,14 @@ class EncoderLayer(_SublayerConnections):
         attention_dropout: float = 0.0,
         activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
         norm_first: bool = False,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
-        self.norm1 = LayerNorm(d_model)
-        self.norm2 = LayerNorm(d_model)
+        self.norm1 = LayerNorm(d_model, eps=norm_eps)
+        self.norm2 = LayerNorm(d_model, eps=norm_eps)
         self.dropout = Dropout(dropout)  # on each sub-layer's output, before the residual add
 
     def forward(
@@ -135,15 +136,16 @@ class DecoderLayer(_SublayerConnections):
         attention_dropout: float = 0.0,
         activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
         norm_first: bool = False,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, batch_first=True)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
-        self.norm1 = LayerNorm(d_model)
-        self.norm2 = LayerNorm(d_model)
-        self.norm3 = LayerNorm(d_model)
+        self.norm1 = LayerNorm(d_model, eps=norm_eps)
+        self.norm2 = LayerNorm(d_model, eps=norm_eps)
+        self.norm3 = LayerNorm(d_model, eps=norm_eps)
         self.dropout = Dropout(dropout)
 
     def forward(

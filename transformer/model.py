@@ -61,8 +61,8 @@ class Seq2SeqTransformer(nn.Module):
         # sinusoids are a fixed table, so one module serves both sides; learned positions get one per side
         src_positional = build_positional(config)
         tgt_positional = src_positional if config.positional == "sinusoidal" else build_positional(config)
-        self.src_embed = Embedder(src_embedding, src_positional, config.dropout)
-        self.tgt_embed = Embedder(tgt_embedding, tgt_positional, config.dropout)
+        self.src_embed = Embedder.of(config, src_embedding, src_positional)
+        self.tgt_embed = Embedder.of(config, tgt_embedding, tgt_positional)
         self.rotary = build_rotary(config)
         self.encoder = build_encoder(config)
         self.decoder = build_decoder(config)

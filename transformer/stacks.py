@@ -49,14 +49,15 @@ class _LayerStack(nn.Module):
         attention_dropout: float = 0.0,
         activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
         norm_first: bool = False,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            self._layer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first)
+            self._layer(d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first, norm_eps)
             for _ in range(n_layers)
         )
         # pre-LN leaves the residual stream un-normalized; post-LN layers already end with a norm
-        self.norm = LayerNorm(d_model) if norm_first else None
+        self.norm = LayerNorm(d_model, eps=norm_eps) if norm_first else None
 
     # recompute each layer in the backward pass instead of keeping its activations (training only)
     activation_checkpointing: bool = False
@@ -270,6 +271,7 @@ def build_encoder(config: TransformerConfig) -> Encoder:
         config.attention_dropout,
         config.activation,
         config.norm_first,
+        config.norm_eps,
     )
 
 
@@ -283,4 +285,5 @@ def build_decoder(config: TransformerConfig) -> Decoder:
         config.attention_dropout,
         config.activation,
         config.norm_first,
+        config.norm_eps,
     )
