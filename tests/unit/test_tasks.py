@@ -136,6 +136,8 @@ def test_hparams_are_plain_data() -> None:
         "decoding",
         "test_decoding",
         "val_bleu_every_n_epochs",
+        "init_from",
+        "finetune",
         "compile",
         "activation_checkpointing",
         "low_precision_residual",

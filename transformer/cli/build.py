@@ -148,6 +148,34 @@ def load_init_from(task: Any, datamodule: Any) -> None:
         raise ConfigError(str(err)) from err
 
 
+def finetune_argument(cfg: DictConfig) -> dict[str, Any]:
+    """`finetune` (freeze, LoRA) for a task that takes it; refused for one that does not (masked-LM
+    pretraining) unless it leaves everything as it is."""
+    node = cfg.get("finetune")
+    if node is None:
+        return {}
+    values = OmegaConf.to_container(node, resolve=True)
+    if _accepts(cfg.model.get("_target_"), "finetune"):
+        return {"finetune": values}
+    lora = (values.get("lora") or {}) if isinstance(values, dict) else {}
+    if isinstance(values, dict) and values.get("freeze", "none") == "none" and not lora.get("rank"):
+        return {}
+    raise ConfigError(
+        f"finetune.* needs a translation or classification model; {cfg.model._target_} takes none"
+    )
+
+
+def check_same_finetune(cfg: DictConfig, checkpoint: Mapping[str, Any], finetune: Any) -> None:
+    """A resumed run keeps its `finetune` settings: its checkpoint holds the weights in their layout (LoRA
+    adapters) and the optimizer state of the parameters they left trainable."""
+    saved = (checkpoint.get("hyper_parameters") or {}).get("finetune")
+    if saved is not None and finetune is not None and saved != finetune:
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} was trained with finetune={saved}; this run sets finetune={finetune} "
+            "(resume with the same finetune settings)"
+        )
+
+
 def with_wandb_id(cfg: DictConfig, checkpoint: Mapping[str, Any] | None) -> DictConfig | None:
     """Resuming from a checkpoint continues its wandb run unless `logger.wandb.id` is set."""
     loggers = cfg.get("logger")
@@ -169,11 +197,13 @@ def build_task(cfg: DictConfig, datamodule: Any, checkpoint: Mapping[str, Any] |
     the checkpoint it resumes from; its optimizer and schedule built once to check their values; the
     pretrained encoder of `model.init_from` loaded on a fresh start."""
     fill_from_data(cfg, datamodule)
+    finetune = finetune_argument(cfg)
     if checkpoint is not None:
         check_checkpoint_fits(cfg, checkpoint)
-    task = instantiate(cfg.model, "model")
+        check_same_finetune(cfg, checkpoint, finetune.get("finetune"))
+    task = instantiate(cfg.model, "model", **finetune)
     check_optimizer(task)
-    if cfg.get("train") and checkpoint is None and hasattr(task, "load_init_from"):
+    if checkpoint is None and hasattr(task, "load_init_from"):
         load_init_from(task, datamodule)
     task.run_config = resolved_config(cfg)  # stored in every checkpoint
     return task

@@ -19,7 +19,7 @@ from transformer.checkpoint import CheckpointError, average_checkpoints, files_i
 from transformer.cli.arguments import ArgumentError, check_arguments
 from transformer.cli.errors import ConfigError
 from transformer.evaluation.reports import ReportOptions
-from transformer.evaluation.restore import RestoredModel, last_checkpoints
+from transformer.evaluation.restore import RestoredModel, last_checkpoints, lora_settings
 from transformer.search.ensemble import Ensemble
 
 log = logging.getLogger("evaluate")
@@ -95,7 +95,14 @@ def load_checkpoints(cfg: DictConfig, path: Path) -> tuple[dict[str, Any], list[
     directory = path.parent if path.is_file() else path
     paths = last_checkpoints(directory, n)
     log.info("Averaging %d checkpoints: %s", len(paths), ", ".join(p.name for p in paths))
-    return average_checkpoints(paths), paths
+    averaged = average_checkpoints(paths)
+    if lora_settings(averaged.get("hyper_parameters") or {}, paths[-1]) is not None:
+        # the mean of B A over checkpoints is not the product of the mean B and the mean A
+        raise ConfigError(
+            f"average_last={n}: {paths[-1]} is a LoRA fine-tuning checkpoint, whose adapters cannot be "
+            "averaged factor by factor; evaluate one checkpoint (without average_last)"
+        )
+    return averaged, paths
 
 
 def check_options(cfg: DictConfig, restored: RestoredModel, path: Path) -> None:

@@ -15,6 +15,7 @@ from torch import nn
 
 from transformer.checkpoint import CheckpointError, load_checkpoint, state_dict_mismatch, strip_compile_prefix
 from transformer.config import TransformerConfig
+from transformer.lora import FROZEN_MODULES, LoraSettings, add_lora, merge_lora
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "RestoredModel",
     "last_checkpoints",
     "load_pretrained_encoder",
+    "load_pretrained_translation",
+    "lora_settings",
     "restore_model",
     "task_of",
 ]
@@ -107,8 +110,20 @@ def task_of(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") ->
     return kind
 
 
+def lora_settings(hparams: Mapping[str, Any], path: str | Path = "<checkpoint>") -> LoraSettings | None:
+    """The LoRA adapters a fine-tuning run trained (its `finetune.lora`), None for a plain checkpoint."""
+    lora = (hparams.get("finetune") or {}).get("lora") or {}
+    if not lora.get("rank"):
+        return None
+    try:
+        return LoraSettings.from_dict(lora)
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path}: its finetune.{err}") from None
+
+
 def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") -> RestoredModel:
-    """Rebuild the task's network from `checkpoint` (hyperparameters + weights), in eval mode."""
+    """Rebuild the task's network from `checkpoint` (hyperparameters + weights), in eval mode. The LoRA
+    adapters of a LoRA fine-tuning run are merged into the weights they update: a plain network."""
     kind = task_of(checkpoint, path)
     hparams = dict(_hparams(checkpoint, path))
     try:
@@ -117,6 +132,9 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
             model: nn.Module = Seq2SeqTransformer(config)
         else:
             model = TransformerClassifier(config, hparams["num_classes"], hparams.get("pooling", "cls"))
+        lora = lora_settings(hparams, path)
+        if lora is not None:  # the layout it was trained and saved in: base weights and adapters
+            add_lora(model, lora, skip=FROZEN_MODULES.get(hparams["finetune"].get("freeze"), ()))
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path}: its model config cannot be built: {err}") from None
     weights = _model_weights(checkpoint)
@@ -125,6 +143,8 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
     if mismatch:
         raise CheckpointError(f"checkpoint {path}: weights do not match its model config ({mismatch})")
     model.load_state_dict(weights)
+    if lora is not None:
+        merge_lora(model)
     model.eval()
     config_dict = checkpoint.get("config")
     return RestoredModel(
@@ -175,6 +195,41 @@ def load_pretrained_encoder(
             "fine-tune with the same d_model, n_heads, n_encoder_layers, d_ff, positional, norm_first"
         )
     model.load_state_dict(weights, strict=False)
+    return len(weights)
+
+
+def load_pretrained_translation(
+    model: Seq2SeqTransformer, path: str | Path, tokenizers: Mapping[str, str] | None = None
+) -> int:
+    """Copy every weight of the translation checkpoint `path` (trained here, imported by aiayn-import, or a
+    LoRA run's, merged) into `model`; returns the number of tensors copied. `tokenizers` (the datamodule's
+    `state_dict()["tokenizers"]`): when given, they must be the checkpoint's, since token ids only mean
+    something under them."""
+    checkpoint = load_checkpoint(path)
+    if _is_masked_lm(checkpoint.get("hyper_parameters")):
+        raise CheckpointError(
+            f"model.init_from={path} is a masked-LM pretraining checkpoint: it starts a classifier "
+            "(experiment=sst2), not a translation model"
+        )
+    restored = restore_model(checkpoint, path)
+    if restored.task != "translation":
+        raise CheckpointError(
+            f"model.init_from={path} is a {restored.task} checkpoint: a translation run starts from a "
+            "translation checkpoint (trained here, or imported with aiayn-import)"
+        )
+    if tokenizers is not None and restored.datamodule_state.get("tokenizers") != tokenizers:
+        raise CheckpointError(
+            f"model.init_from={path} was trained with another tokenizer than this run's: token ids would "
+            "not match (a fine-tuning run takes the checkpoint's tokenizer)"
+        )
+    weights = restored.model.state_dict()
+    mismatch = state_dict_mismatch(model.state_dict(), weights)
+    if mismatch:
+        raise CheckpointError(
+            f"model.init_from={path}: its weights do not fit model.config ({mismatch}); a fine-tuning run "
+            "takes the checkpoint's model config: leave model.config unset"
+        )
+    model.load_state_dict(weights)
     return len(weights)
 
 

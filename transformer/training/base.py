@@ -22,6 +22,7 @@ from transformer.losses import TokenLoss
 from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import checkpoint_layers, compile_layers
 from transformer.training.compiling import CompiledStep
+from transformer.training.finetune import FinetuneSettings, apply_finetune
 from transformer.training.validation_schedule import max_steps_before_validation
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,9 @@ class TaskBase(L.LightningModule):
     _compiled_step: CompiledStep | None = None  # a task's compiled training step (`_compile`)
     compile_backend = "inductor"  # torch.compile's backend for `model.compile` (tests use "eager")
     compile_fullgraph = False  # True: a graph break is an error (the tests' setting)
+    finetune_settings = FinetuneSettings()  # `finetune` (set by the tasks that take it)
+    trainable_modules: tuple[str, ...] = ()  # new modules that LoRA leaves trainable (a classifier's head)
+    _finetuned = False
 
     def __init__(
         self,
@@ -166,10 +170,28 @@ class TaskBase(L.LightningModule):
             if isinstance(module, Metric):
                 module.reset()
 
+    def _take_finetune(self, finetune: Mapping[str, Any] | None) -> None:
+        """`finetune` (freeze, LoRA) checked against the built model; applied by `configure_model`."""
+        self.finetune_settings = FinetuneSettings.from_values(plain(finetune))
+        self.finetune_settings.check_fits(self.model)
+
+    def apply_finetune(self) -> None:
+        """Freeze and add the LoRA adapters, once: after `model.init_from` was loaded (train.py loads it
+        before fitting) and before a resumed checkpoint, saved in that layout, is restored."""
+        if self._finetuned or not self.finetune_settings.active:
+            return
+        if not self.hparams.get("init_from"):
+            log.warning("finetune.* without model.init_from: the frozen weights are the random initial ones")
+        message = apply_finetune(self.model, self.finetune_settings, self.trainable_modules)
+        self._finetuned = True
+        log.info("%s", message)
+
     def configure_model(self) -> None:
-        """Activation checkpointing (`model.activation_checkpointing`: each encoder / decoder layer
-        recomputed in the backward pass), the residual stream in the autocast dtype
-        (`model.low_precision_residual`, `transformer.norm`), then `torch.compile` (`_compile`)."""
+        """Fine-tuning's freezing and LoRA adapters (`apply_finetune`), activation checkpointing
+        (`model.activation_checkpointing`: each encoder / decoder layer recomputed in the backward pass),
+        the residual stream in the autocast dtype (`model.low_precision_residual`, `transformer.norm`),
+        then `torch.compile` (`_compile`)."""
+        self.apply_finetune()
         if self.hparams.get("activation_checkpointing") and not checkpoint_layers(self.model):
             raise ValueError(
                 "model.activation_checkpointing=true, but the model has no encoder or decoder layer to "

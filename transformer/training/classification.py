@@ -32,6 +32,7 @@ class ClassificationTask(TaskBase):
     """Sentence classification with an encoder-only Transformer: cross entropy, accuracy, macro-F1."""
 
     best_metric = ("acc", "max")
+    trainable_modules = ("head",)  # new for the task: trained under LoRA too
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class ClassificationTask(TaskBase):
         rdrop: float = 0.0,
         adversarial: float = 0.0,
         init_from: str | None = None,
+        finetune: Mapping[str, Any] | None = None,
         compile: bool | str = False,
         activation_checkpointing: bool = False,
         low_precision_residual: bool | str = "auto",
@@ -63,6 +65,7 @@ class ClassificationTask(TaskBase):
             raise ValueError(f"adversarial must be >= 0, got {adversarial!r}")
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
         self.model = TransformerClassifier(TransformerConfig.from_dict(config), num_classes, pooling)
+        self._take_finetune(finetune)
         self.pad_id = self.model.config.pad_id
         self.metrics = nn.ModuleDict(
             {

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
+from transformer.evaluation.restore import load_pretrained_translation
 from transformer.evaluation.scoring import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
@@ -48,6 +49,8 @@ class TranslationTask(TaskBase):
         decoding: Mapping[str, Any] | None = None,
         test_decoding: Mapping[str, Any] | None = None,
         val_bleu_every_n_epochs: int = 1,
+        init_from: str | None = None,
+        finetune: Mapping[str, Any] | None = None,
         compile: bool | str = False,
         activation_checkpointing: bool = False,
         low_precision_residual: bool | str = "auto",
@@ -69,9 +72,21 @@ class TranslationTask(TaskBase):
             )
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "run_config"])
         self.model = Seq2SeqTransformer(TransformerConfig.from_dict(config))
+        self._take_finetune(finetune)
         self.pad_id = self.model.config.pad_id
         self.val_means, self.test_means = TokenMeans(), TokenMeans()
         self._decoded: list[tuple[Tensor, Tensor]] = []  # this epoch's (ids (B,), tokens (B, L)), on device
+
+    def load_init_from(self, tokenizers: Mapping[str, str] | None = None) -> int:
+        """Copy every weight of the translation checkpoint `init_from` (trained here or imported with
+        aiayn-import) into the model, whose config is the checkpoint's (train.py sees to that).
+        `tokenizers` (the datamodule's `state_dict()` entry) must be the checkpoint's. `train.py` calls this
+        before a fresh fit, not on resume. Returns the number of tensors copied (0 without `init_from`)."""
+        if not self.hparams.init_from:
+            return 0
+        loaded = load_pretrained_translation(self.model, self.hparams.init_from, tokenizers)
+        log.info("Initialized all %d tensors from %s", loaded, self.hparams.init_from)
+        return loaded
 
     # --- loss -------------------------------------------------------------------------------------
 

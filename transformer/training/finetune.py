@@ -1,0 +1,93 @@
+"""Fine-tuning (`finetune`, configs/finetune/): the parts of the model that stay frozen and the LoRA adapters
+(`transformer.lora`), applied to a task's network once its starting weights (`model.init_from`) are in."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from transformer.lora import FROZEN_MODULES, LoraSettings, add_lora, is_under, lora_targets
+
+__all__ = ["FinetuneSettings", "apply_finetune", "parameter_counts"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """`freeze`: none, embeddings or encoder; `lora`: the adapters' settings, None without LoRA."""
+
+    freeze: str = "none"
+    lora: LoraSettings | None = None
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any] | None) -> FinetuneSettings:
+        """From the `finetune` config node (plain data); a bad value raises ValueError naming its key."""
+        values = dict(values or {})
+        unknown = sorted(set(values) - {"freeze", "lora"})
+        if unknown:
+            raise ValueError(f"finetune has no setting {unknown[0]!r} (freeze, lora)")
+        freeze = values.get("freeze") or "none"
+        if freeze not in FROZEN_MODULES:
+            raise ValueError(f"finetune.freeze must be one of {', '.join(FROZEN_MODULES)}, got {freeze!r}")
+        lora = values.get("lora") or {}
+        if not isinstance(lora, Mapping):
+            raise ValueError(f"finetune.lora must be a mapping (rank, alpha, dropout, targets), got {lora!r}")
+        if not lora.get("rank"):  # rank 0 / null: no adapters
+            return cls(freeze, None)
+        try:
+            return cls(freeze, LoraSettings.from_dict(lora))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"finetune.{err}") from None
+
+    @property
+    def frozen_modules(self) -> tuple[str, ...]:
+        return FROZEN_MODULES[self.freeze]
+
+    @property
+    def active(self) -> bool:
+        return self.freeze != "none" or self.lora is not None
+
+    def check_fits(self, model: nn.Module) -> None:
+        """Raise ValueError (naming finetune.lora.rank) if a rank is larger than a projection allows."""
+        if self.lora is not None:
+            try:
+                lora_targets(model, self.lora, self.frozen_modules)
+            except ValueError as err:
+                raise ValueError(f"finetune.{err}") from None
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(trainable, all) parameters of `model`, each shared tensor (tied embeddings) counted once."""
+    parameters = list(model.parameters())  # deduplicated by torch
+    return sum(p.numel() for p in parameters if p.requires_grad), sum(p.numel() for p in parameters)
+
+
+def apply_finetune(model: nn.Module, settings: FinetuneSettings, trainable: Sequence[str] = ()) -> str:
+    """Freeze `settings.freeze`'s modules; with LoRA, add the adapters (not in frozen modules) and freeze
+    every other weight but the modules `trainable` (a classifier's new head). Returns the log line
+    with the trainable parameter count."""
+    frozen = settings.frozen_modules
+    for path, module in model.named_modules():
+        if is_under(path, frozen):
+            for parameter in module.parameters():  # a tied embedding is frozen wherever else it is used
+                parameter.requires_grad_(False)
+    if settings.lora is None:
+        n_trainable, n_all = parameter_counts(model)
+        frozen_part = f"finetune.freeze={settings.freeze}"
+        return f"Fine-tuning ({frozen_part}): {n_trainable} trainable of {n_all} parameters"
+    model.requires_grad_(False)
+    names = add_lora(model, settings.lora, frozen)  # its A and B are new parameters, trainable
+    for path, module in model.named_modules():
+        if is_under(path, trainable):
+            module.requires_grad_(True)
+    n_trainable, n_all = parameter_counts(model)
+    lora = settings.lora
+    return (
+        f"LoRA: {n_trainable} trainable of {n_all} parameters (rank {lora.rank}, alpha {lora.alpha}, "
+        f"{len(names)} weights: {', '.join(lora.targets)})"
+    )
