@@ -44,12 +44,16 @@ class Tokenizer(Protocol):
 
 
 def tokenizer_from_json(text: str) -> Tokenizer:
-    """A checkpoint's tokenizer: this project's BPE (`tokenizers` JSON) or one side of an imported model's
-    SentencePiece pair (`data.sentencepiece_pair`, OPUS-MT's), told apart by the text."""
+    """A checkpoint's tokenizer: this project's BPE (`tokenizers` JSON), one side of an imported model's
+    SentencePiece pair (`data.sentencepiece_pair`, OPUS-MT's) or an imported BERT's WordPiece
+    (`data.wordpiece`), told apart by the text."""
     from data.sentencepiece_pair import SentencePieceSide
+    from data.wordpiece import WordPieceTokenizer
 
     if SentencePieceSide.is_json(text):
         return SentencePieceSide.from_json(text)
+    if WordPieceTokenizer.is_json(text):
+        return WordPieceTokenizer.from_json(text)
     return BPETokenizer.from_json(text)
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import sentencepiece
+import tokenizers
 import torch
 import transformers
 
@@ -80,5 +81,88 @@ def opus_mt_directory(directory: Path, data_dir: Path, seed: int = 0) -> Path:
         num_beams=4, max_length=128, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=EOS,
         pad_token_id=pad, forced_eos_token_id=EOS,
     )  # fmt: skip
+    model.save_pretrained(directory)
+    return directory
+
+
+# -- BERT-family classifiers ---------------------------------------------------------------------------------
+# special tokens in an order that gives them ids other than ours (bert-base: [PAD] 0, [UNK] 100, [CLS] 101,
+# [SEP] 102), so that a hard-coded id shows up as a wrong logit
+BERT_SPECIALS = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def sst2_lines(data_dir: Path, split: str, n: int) -> list[str]:
+    """The first `n` sentences of SST-2's `split` (GLUE layout: dev.tsv, train.tsv.gz)."""
+    path = data_dir / f"{split}.tsv"
+    opener = open if path.is_file() else gzip.open
+    with opener(path if path.is_file() else data_dir / f"{split}.tsv.gz", "rt", encoding="utf-8") as handle:
+        next(handle)  # sentence<TAB>label
+        return [next(handle).rstrip("\n").rsplit("\t", 1)[0] for _ in range(n)]
+
+
+def bert_tokenizer_files(directory: Path, data_dir: Path, *, lowercase: bool = True) -> int:
+    """A WordPiece vocabulary trained on SST-2 text, saved by transformers' BertTokenizerFast (tokenizer.json,
+    tokenizer_config.json) plus vocab.txt; returns its size."""
+    from tokenizers import BertWordPieceTokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    wordpiece = BertWordPieceTokenizer(lowercase=lowercase)
+    wordpiece.train_from_iterator(
+        sst2_lines(data_dir, "train", 3000), vocab_size=600, special_tokens=BERT_SPECIALS, show_progress=False
+    )
+    wordpiece.save_model(str(directory))  # vocab.txt
+    # from the trained pipeline itself (transformers 5 builds an empty vocabulary from `vocab_file=`)
+    trained = tokenizers.Tokenizer.from_str(wordpiece.to_str())
+    fast = transformers.BertTokenizerFast(tokenizer_object=trained, do_lower_case=lowercase)
+    fast.save_pretrained(directory)
+    return wordpiece.get_vocab_size()
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that every part of the model moves the logits (transformers' init, std 0.02,
+    would leave a classifier's outputs nearly constant and a mapping error invisible)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if "LayerNorm" in name or "layer_norm" in name:
+                parameter.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.2 * noise)
+            else:
+                parameter.copy_(0.3 * noise)
+
+
+def bert_directory(
+    directory: Path,
+    data_dir: Path,
+    *,
+    model_type: str = "bert",
+    head: bool = True,
+    num_labels: int = 3,
+    vocab_txt_only: bool = False,
+    seed: int = 0,
+    **overrides: object,
+) -> Path:
+    """A tiny BERT (or DistilBERT) directory as `save_pretrained` writes one: hidden 32, 2 layers, 2 heads,
+    random weights, a WordPiece tokenizer trained on SST-2 text. `head`: BertForSequenceClassification with
+    `num_labels` classes, else BertModel (pooler included); `vocab_txt_only`: no tokenizer.json (older
+    hub directories); `overrides`: config values (for the refusals)."""
+    vocab_size = bert_tokenizer_files(directory, data_dir)
+    if vocab_txt_only:
+        (directory / "tokenizer.json").unlink()
+    if model_type == "distilbert":
+        config = transformers.DistilBertConfig(
+            vocab_size=vocab_size, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=128,
+            num_labels=num_labels, pad_token_id=0, **overrides,
+        )  # fmt: skip
+        cls = transformers.DistilBertForSequenceClassification if head else transformers.DistilBertModel
+    else:
+        config = transformers.BertConfig(
+            vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=128, type_vocab_size=2, num_labels=num_labels,
+            pad_token_id=0, **overrides,
+        )  # fmt: skip
+        cls = transformers.BertForSequenceClassification if head else transformers.BertModel
+    model = cls(config).eval()
+    _randomize(model, seed)
     model.save_pretrained(directory)
     return directory

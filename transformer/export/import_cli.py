@@ -1,9 +1,12 @@
-"""`aiayn-import`: a pretrained transformers translation model -> a checkpoint of ours.
+"""`aiayn-import`: a pretrained transformers model -> a checkpoint of ours.
 
-    aiayn-import SOURCE --output DIR [--force]
+    aiayn-import SOURCE --output DIR [--num-classes N] [--force]
 
 SOURCE is a local directory written by `save_pretrained` (an OPUS-MT model: MarianMTModel with its
-source.spm, target.spm and vocab.json) or a Hugging Face hub id (downloaded when the hub is reachable).
+source.spm, target.spm and vocab.json; or a BERT-family encoder: BertForSequenceClassification, BertModel,
+DistilBERT's, with tokenizer.json or vocab.txt) or a Hugging Face hub id (downloaded when the hub is
+reachable). A BERT-family model becomes a classification checkpoint; one without a classification head
+gets a new one for `--num-classes N` classes.
 DIR/model.ckpt then works as a checkpoint train.py wrote: `evaluate.py ckpt_path=DIR/model.ckpt`, the
 exports, ensembles and distillation. Bad input (an architecture ours cannot represent, a directory without
 tokenizer files, an unreachable hub, an output directory that is not empty) ends with one `error:` line,
@@ -21,20 +24,36 @@ from transformer.export.source import ExportError, check_output, write_failure
 
 __all__ = ["main"]
 
-# the files an OPUS-MT import reads (weights in either format)
-_FILES = ["config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin", "*.spm", "*.json"]
+# the files an import reads (weights in either format; OPUS-MT's *.spm, BERT's vocab.txt)
+_FILES = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "pytorch_model.bin",
+    "*.spm",
+    "*.json",
+    "*.txt",
+]
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn-import",
-        description="Import a pretrained transformers translation model (Marian / OPUS-MT) as a checkpoint.",
+        description="Import a pretrained transformers model (Marian / OPUS-MT translation, BERT-family "
+        "classifiers) as a checkpoint.",
     )
     parser.add_argument(
         "source", help="a save_pretrained directory, or a hub id such as Helsinki-NLP/opus-mt-de-en"
     )
     parser.add_argument(
         "--output", required=True, type=Path, help="the directory to create (it holds model.ckpt)"
+    )
+    parser.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a BERT-family model without a classification head (BertModel): a new head for N classes",
     )
     parser.add_argument("--force", action="store_true", help="replace an output directory that is not empty")
     return parser
@@ -75,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         directory = _local(args.source)
-        checkpoint = import_hf(directory, args.output, source=args.source, force=args.force)
+        checkpoint = import_hf(
+            directory, args.output, source=args.source, force=args.force, num_classes=args.num_classes
+        )
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,0 +1,295 @@
+"""BERT-family classifiers (transformers' BertForSequenceClassification / BertModel, DistilBERT's) -> our
+`TransformerClassifier`: the config and weight mapping, and `import_bert`, a whole directory as a checkpoint.
+
+BERT's encoder is our encoder-only model with options a from-scratch config may use too: learned absolute
+positions (`positional: learned`), unscaled token embeddings (`scale_embedding: false`), a LayerNorm on the
+embeddings (`embedding_norm: true`), post-LN layers, the erf GELU (`activation: gelu`, as transformers'
+"gelu"), LayerNorm epsilon 1e-12 (`norm_eps`), and the [CLS] pooler: dense + tanh before the head
+(`pooling: cls_tanh`; DistilBERT's pre-classifier is dense + ReLU, `cls_relu`). Its query, key and value
+projections are the rows of our `in_proj`.
+
+The token-type embedding: our classifier reads single-segment input, whose token types are all 0, so
+BERT adds the same vector `token_type_embeddings[0]` at every position. It is folded into the position
+table (every row of ours = BERT's position row + that vector), which is exact up to the order of two float
+additions; a second segment (sentence pairs) is not representable and not needed here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transformer.config import TransformerConfig
+from transformer.disk import human_size, tensor_bytes
+from transformer.encoder_only import TransformerClassifier
+from transformer.export.source import ExportError, staged_output
+
+__all__ = ["BERT_MODEL_TYPES", "bert_refusal", "config_from_bert", "import_bert", "weights_from_bert"]
+
+BERT_MODEL_TYPES = ("bert", "distilbert")
+_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}  # transformers' -> ours
+_POOLING = {"bert": "cls_tanh", "distilbert": "cls_relu"}
+_HEADED = {"bert": "BertForSequenceClassification", "distilbert": "DistilBertForSequenceClassification"}
+_DISTILBERT_NORM_EPS = 1e-12  # DistilBERT's LayerNorms: fixed in its code, not in its config
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """A BERT-family config's numbers under one set of names (BERT's and DistilBERT's differ)."""
+
+    d_model: int
+    n_heads: int
+    n_layers: int
+    d_ff: int
+    activation: str
+    dropout: float
+    attention_dropout: float
+    norm_eps: float
+
+
+def _shape(config: Any) -> _Shape:
+    if config.model_type == "distilbert":
+        return _Shape(
+            config.dim, config.n_heads, config.n_layers, config.hidden_dim, config.activation,
+            config.dropout, config.attention_dropout, _DISTILBERT_NORM_EPS,
+        )  # fmt: skip
+    return _Shape(
+        config.hidden_size, config.num_attention_heads, config.num_hidden_layers, config.intermediate_size,
+        config.hidden_act, config.hidden_dropout_prob, config.attention_probs_dropout_prob,
+        config.layer_norm_eps,
+    )  # fmt: skip
+
+
+def bert_refusal(config: Any) -> str | None:
+    """Why a BERT-family transformers config cannot become our classifier exactly (one line naming the
+    setting), or None."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in BERT_MODEL_TYPES:
+        return f"model_type={model_type!r} is not a BERT-family encoder ({', '.join(BERT_MODEL_TYPES)})"
+    position = getattr(config, "position_embedding_type", "absolute")
+    if position != "absolute":
+        return f"position_embedding_type={position!r}: ours has absolute (learned) positions only"
+    for flag in ("is_decoder", "add_cross_attention"):
+        if getattr(config, flag, False):
+            return f"{flag}=true: ours is a bidirectional encoder without cross-attention"
+    if getattr(config, "pruned_heads", None):
+        return "pruned_heads: ours has the same number of heads in every layer"
+    shape = _shape(config)
+    if not isinstance(shape.activation, str) or shape.activation not in _ACTIVATIONS:
+        name = "activation" if model_type == "distilbert" else "hidden_act"
+        return f"{name}={shape.activation!r}: ours has gelu (erf, transformers' 'gelu'), relu and silu"
+    problem = getattr(config, "problem_type", None)
+    if problem not in (None, "single_label_classification"):
+        return f"problem_type={problem!r}: ours classifies each text into one class"
+    return None
+
+
+def config_from_bert(config: Any, *, pad_id: int, bos_id: int, eos_id: int) -> TransformerConfig:
+    """Our encoder-only config for a config `bert_refusal` accepts; the special ids are its tokenizer's
+    ([PAD], [CLS] as BOS, [SEP] as EOS: transformers' BERT configs do not name [CLS] and [SEP])."""
+    shape = _shape(config)
+    return TransformerConfig(
+        src_vocab_size=config.vocab_size,
+        d_model=shape.d_model,
+        n_heads=shape.n_heads,
+        n_encoder_layers=shape.n_layers,
+        n_decoder_layers=0,
+        d_ff=shape.d_ff,
+        dropout=float(shape.dropout),
+        attention_dropout=float(shape.attention_dropout),
+        activation=_ACTIVATIONS[shape.activation],  # type: ignore[arg-type]
+        norm_first=False,
+        positional="learned",
+        max_len=config.max_position_embeddings,
+        scale_embedding=False,
+        embedding_norm=True,
+        norm_eps=float(shape.norm_eps),
+        pad_id=pad_id,
+        bos_id=bos_id,
+        eos_id=eos_id,
+    )
+
+
+def _weight_table(model_type: str, n_layers: int) -> Iterator[tuple[str, str | tuple[str, str, str]]]:
+    """(ours, theirs) for every weight but the positions and the head: `theirs` is relative to the base
+    model (`bert.` / `distilbert.`), or the (query, key, value) triple stacked into our `in_proj`."""
+    yield "src_embed.embedding.weight", "embeddings.word_embeddings.weight"
+    for part in ("weight", "bias"):
+        yield f"src_embed.norm.{part}", f"embeddings.LayerNorm.{part}"
+    for i in range(n_layers):
+        ours = f"encoder.layers.{i}"
+        if model_type == "distilbert":
+            theirs = f"transformer.layer.{i}"
+            qkv = tuple(f"{theirs}.attention.{n}_lin" for n in "qkv")
+            names = {
+                "self_attn.out_proj": f"{theirs}.attention.out_lin",
+                "norm1": f"{theirs}.sa_layer_norm",
+                "feed_forward.linear1": f"{theirs}.ffn.lin1",
+                "feed_forward.linear2": f"{theirs}.ffn.lin2",
+                "norm2": f"{theirs}.output_layer_norm",
+            }
+        else:
+            theirs = f"encoder.layer.{i}"
+            qkv = tuple(f"{theirs}.attention.self.{n}" for n in ("query", "key", "value"))
+            names = {
+                "self_attn.out_proj": f"{theirs}.attention.output.dense",
+                "norm1": f"{theirs}.attention.output.LayerNorm",
+                "feed_forward.linear1": f"{theirs}.intermediate.dense",
+                "feed_forward.linear2": f"{theirs}.output.dense",
+                "norm2": f"{theirs}.output.LayerNorm",
+            }
+        yield f"{ours}.self_attn.in_proj_weight", tuple(f"{name}.weight" for name in qkv)  # type: ignore[misc]
+        yield f"{ours}.self_attn.in_proj_bias", tuple(f"{name}.bias" for name in qkv)  # type: ignore[misc]
+        for our_name, their_name in names.items():
+            for part in ("weight", "bias"):
+                yield f"{ours}.{our_name}.{part}", f"{their_name}.{part}"
+
+
+def weights_from_bert(
+    model_type: str, config: TransformerConfig, weights: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """A BertForSequenceClassification's (or DistilBERT's) state dict -> our classifier's, for `config`
+    from `config_from_bert`. A missing weight raises KeyError naming it."""
+    base = f"{model_type}."
+
+    def get(name: str) -> Tensor:
+        if name not in weights:
+            raise KeyError(name)
+        return weights[name].detach()
+
+    state: dict[str, Tensor] = {}
+    for ours, theirs in _weight_table(model_type, config.n_encoder_layers):
+        if isinstance(theirs, tuple):  # in_proj = [W_q; W_k; W_v] (3D, D), its bias likewise
+            state[ours] = torch.cat([get(base + name) for name in theirs]).clone()
+        else:
+            state[ours] = get(base + theirs).clone()
+    positions = get(f"{base}embeddings.position_embeddings.weight").clone()  # (max_len, D)
+    if model_type == "bert":  # single-segment input: token type 0 everywhere, folded in (module docstring)
+        positions += get(f"{base}embeddings.token_type_embeddings.weight")[0]
+    state["src_embed.positional.embedding.weight"] = positions
+    pooler = "bert.pooler.dense" if model_type == "bert" else "pre_classifier"
+    for part in ("weight", "bias"):
+        state[f"pooler.0.{part}"] = get(f"{pooler}.{part}").clone()
+        state[f"head.{part}"] = get(f"classifier.{part}").clone()
+    return state
+
+
+def _architectures(config: Any) -> list[str]:
+    return [name for name in (getattr(config, "architectures", None) or []) if isinstance(name, str)]
+
+
+def _classifier(directory: Path, config: Any, num_classes: int | None) -> tuple[Any, int, bool]:
+    """The transformers sequence classifier of `directory`: its own head, or (`num_classes` for a model
+    without one: BertModel, BertForMaskedLM, ...) a new head initialised as transformers initialises
+    one (seeded: the same weights on every import). Returns it (eval mode), its class count, whether new."""
+    import transformers
+
+    headed = _HEADED[config.model_type]
+    has_head = headed in _architectures(config)
+    if has_head:
+        if config.num_labels < 2:
+            raise _refusal(
+                directory, f"num_labels={config.num_labels}: ours classifies into 2 or more classes"
+            )
+        if num_classes is not None and num_classes != config.num_labels:
+            raise _refusal(
+                directory,
+                f"it has a head for {config.num_labels} classes, not --num-classes {num_classes} "
+                "(leave --num-classes out)",
+            )
+        num_classes = config.num_labels
+    elif num_classes is None:
+        found = ", ".join(_architectures(config)) or "none named"
+        raise _refusal(
+            directory,
+            f"it has no classification head (architectures: {found}): pass --num-classes N for a new one",
+        )
+    elif num_classes < 2:
+        raise _refusal(directory, f"--num-classes {num_classes}: a classifier needs 2 or more classes")
+    cls = getattr(transformers, headed)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model, info = cls.from_pretrained(directory, num_labels=num_classes, output_loading_info=True)
+    # a new head (and a pooler a BertModel was saved without) is initialised; nothing else may be
+    new = ("classifier.", "pre_classifier.", "bert.pooler.") if not has_head else ()
+    missing = sorted(name for name in info.get("missing_keys", []) if not name.startswith(new))
+    if missing:
+        raise _refusal(directory, f"its weights lack {', '.join(missing[:3])}")
+    return model.eval(), num_classes, not has_head
+
+
+def _refusal(directory: Path, reason: str) -> ExportError:
+    return ExportError(f"cannot import {directory}: {reason}")
+
+
+def import_bert(
+    directory: Path,
+    output: str | Path,
+    config: Any,
+    *,
+    source: str | None,
+    force: bool,
+    num_classes: int | None,
+    checkpoint_name: str,
+) -> Path:
+    """A BERT-family directory -> `output`/`checkpoint_name`, a ClassificationTask checkpoint of ours:
+    the weights (`weights_from_bert`), the model config, its WordPiece tokenizer (`data.wordpiece`), a
+    data section for evaluation on SST-2 (`data.data_dir` names the files) and where it came from.
+    Refusals name the setting, before anything is written."""
+    import transformers
+
+    from data.wordpiece import WordPieceTokenizer
+
+    refusal = bert_refusal(config)
+    if refusal is not None:
+        raise ExportError(f"cannot import {directory}: {refusal}")
+    try:
+        tokenizer = WordPieceTokenizer.from_directory(directory, config.vocab_size)
+    except FileNotFoundError as missing:
+        raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
+    except (ValueError, RuntimeError, OSError) as bad:
+        raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
+    ours = config_from_bert(config, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    theirs, num_classes, new_head = _classifier(directory, config, num_classes)
+    pooling = _POOLING[config.model_type]
+    model = TransformerClassifier(ours, num_classes, pooling).eval()  # type: ignore[arg-type]
+    try:
+        model.load_state_dict(weights_from_bert(config.model_type, ours, theirs.state_dict()), strict=True)
+    except KeyError as missing:
+        raise ExportError(f"cannot import {directory}: it has no weight {missing}") from None
+    labels = [str(theirs.config.id2label.get(i, i)) for i in range(num_classes)]
+    checkpoint = {
+        "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
+        "hyper_parameters": {"config": ours.to_dict(), "num_classes": num_classes, "pooling": pooling},
+        "ClassificationDataModule": {"tokenizers": {"joint": tokenizer.to_json()}},
+        "config": {
+            "model": {"_target_": "transformer.training.ClassificationTask"},
+            # SST-2 in the GLUE layout under data.data_dir (or other data: data.source=files, ...)
+            "data": {
+                "_target_": "data.datamodules.ClassificationDataModule",
+                "source": "sst2",
+                "data_dir": None,
+                "max_len": ours.max_len,
+            },
+        },
+        "imported_from": {
+            "source": source or str(directory),
+            "architecture": _HEADED[config.model_type],
+            "architectures": _architectures(config),
+            "new_head": new_head,
+            "labels": labels,
+            "revision": getattr(config, "_commit_hash", None),
+            "transformers": transformers.__version__,
+        },
+        "global_step": 0,
+        "epoch": 0,
+    }
+    size = human_size(tensor_bytes(model.state_dict()))
+    with staged_output(output, force=force, what=f"the imported checkpoint of {size}") as staging:
+        torch.save(checkpoint, staging / checkpoint_name)
+    return Path(output) / checkpoint_name
