@@ -1,0 +1,286 @@
+"""Fine-tuning: `model.init_from` of a translation checkpoint, `finetune.freeze`, LoRA adapters (merged =
+unmerged, zero start, the trainable count, checkpoints that evaluate merged) and the refusals."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from tests.unit.test_tasks import TINY, CopyData, _trainer
+from transformer.checkpoint import CheckpointError
+from transformer.cli.errors import ConfigError
+from transformer.cli.init_from import take_init_from
+from transformer.config import TransformerConfig
+from transformer.evaluation.restore import load_pretrained_translation, restore_model
+from transformer.lora import LoraSettings, add_lora, merge_lora
+from transformer.model import Seq2SeqTransformer
+from transformer.training import ClassificationTask, TranslationTask
+from transformer.training.finetune import FinetuneSettings, apply_finetune, parameter_counts
+from transformer.training.optim import adamw
+
+TOKENIZERS = {"joint": '{"a tokenizer": 1}'}
+D, D_FF, RANK = TINY["d_model"], TINY["d_ff"], 4
+
+
+def _task(cls=TranslationTask, **kwargs):
+    extra = {"num_classes": 2} if cls is ClassificationTask else {}
+    config = {**TINY, "n_decoder_layers": 0} if cls is ClassificationTask else TINY
+    return cls(config, optimizer=functools.partial(adamw, lr=1e-2), **extra, **kwargs)
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    return next(iter(CopyData().val_dataloader()))
+
+
+def _logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(batch["src"], batch["tgt_in"])
+
+
+def _randomize_adapters(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.5)
+
+
+def _save(task, path, tokenizers=TOKENIZERS, data=None):
+    """A checkpoint as train.py writes one: weights, hyperparameters, config, the datamodule's tokenizers."""
+    checkpoint = {
+        "state_dict": task.state_dict(),
+        "hyper_parameters": dict(task.hparams),
+        "config": {"model": {"_target_": f"transformer.training.{type(task).__name__}"}, "data": data or {}},
+        f"{type(task).__name__.removesuffix('Task')}DataModule": {"tokenizers": tokenizers},
+    }
+    torch.save(checkpoint, path)
+    return str(path)
+
+
+# --- LoRA ---------------------------------------------------------------------------------------------
+
+
+def test_lora_starts_as_the_base_model_and_merges_to_the_same_outputs() -> None:
+    model, batch = Seq2SeqTransformer(TransformerConfig.from_dict(TINY)), _batch()
+    base = _logits(model, batch)
+    add_lora(model, LoraSettings(rank=RANK, alpha=8, targets=("q", "k", "v", "o", "ff")))
+    assert torch.equal(_logits(model, batch), base)  # B starts at zero: exactly the base model
+    _randomize_adapters(model)
+    unmerged = _logits(model, batch)
+    assert (unmerged - base).abs().max() > 1e-2  # the adapters change the outputs
+    assert merge_lora(model) == 3 * 2 + 2 * 2  # 3 attentions x (in_proj, out_proj), 2 layers x 2 linears
+    torch.testing.assert_close(_logits(model, batch), unmerged, atol=1e-6, rtol=0)
+    assert (
+        model.state_dict().keys() == Seq2SeqTransformer(TransformerConfig.from_dict(TINY)).state_dict().keys()
+    )
+
+
+def test_lora_updates_only_the_rows_of_its_targets() -> None:
+    model = Seq2SeqTransformer(TransformerConfig.from_dict(TINY))
+    before = model.encoder.layers[0].self_attn.in_proj_weight.detach().clone()
+    add_lora(model, LoraSettings(rank=RANK, targets=("k",)))
+    _randomize_adapters(model)
+    after = model.encoder.layers[0].self_attn.in_proj_weight.detach()
+    assert torch.equal(after[:D], before[:D]) and torch.equal(after[2 * D :], before[2 * D :])  # q, v
+    assert not torch.equal(after[D : 2 * D], before[D : 2 * D])  # k
+    assert not any("out_proj.parametrizations" in n for n, _ in model.named_parameters())
+
+
+def _expected_trainable(n_attentions: int, n_layers: int, targets: tuple[str, ...]) -> int:
+    """Each adapted (rows x columns) block trains A (rank x columns) and B (rows x rank)."""
+    per_attention = sum(2 * RANK * D for t in ("q", "k", "v", "o") if t in targets)
+    per_layer = 2 * RANK * (D + D_FF) if "ff" in targets else 0  # linear1 (D_FF x D), linear2 (D x D_FF)
+    return n_attentions * per_attention + n_layers * per_layer
+
+
+@pytest.mark.parametrize("targets", [("q", "k", "v", "o"), ("q", "v", "ff")])
+def test_lora_trains_exactly_the_adapters_and_says_how_many(targets) -> None:
+    task = _task()
+    n_base = parameter_counts(task.model)[1]
+    message = apply_finetune(
+        task.model, FinetuneSettings.from_values({"lora": {"rank": RANK, "targets": list(targets)}})
+    )
+    expected = _expected_trainable(n_attentions=3, n_layers=2, targets=targets)
+    assert message.startswith(f"LoRA: {expected} trainable of {n_base + expected} parameters")
+    assert parameter_counts(task.model) == (expected, n_base + expected)
+    trainable = {n for n, p in task.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+
+
+def test_lora_of_a_classifier_trains_its_new_head_too_and_not_a_frozen_encoder() -> None:
+    task = _task(ClassificationTask, finetune={"lora": {"rank": RANK}})
+    head = sum(p.numel() for p in task.model.head.parameters())
+    n_base = parameter_counts(task.model)[1]
+    task.apply_finetune()
+    expected = _expected_trainable(n_attentions=1, n_layers=1, targets=("q", "k", "v", "o")) + head
+    assert parameter_counts(task.model) == (expected, n_base + expected - head)
+    frozen = _task(ClassificationTask, finetune={"freeze": "encoder", "lora": {"rank": RANK}})
+    frozen.apply_finetune()  # no adapters in the frozen encoder: only the head trains
+    assert parameter_counts(frozen.model)[0] == head
+
+
+def test_a_rank_larger_than_a_projection_is_refused_naming_the_key() -> None:
+    with pytest.raises(
+        ValueError, match=r"finetune\.lora\.rank=65 is larger than the ff projection .* at most 32"
+    ):
+        _task(finetune={"lora": {"rank": 65, "targets": ["ff"]}})
+    with pytest.raises(ValueError, match=r"finetune\.lora\.rank=33 is larger than the q projection"):
+        _task(finetune={"lora": {"rank": 33, "targets": ["q"]}})
+    for bad, key in (
+        ({"freeze": "decoder"}, "finetune.freeze"),
+        ({"lora": {"rank": 2, "targets": ["x"]}}, "lora.targets"),
+    ):
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            FinetuneSettings.from_values(bad)
+
+
+def test_lora_training_changes_only_the_adapters_and_its_checkpoint_evaluates_merged(tmp_path) -> None:
+    task = _task(finetune={"lora": {"rank": RANK, "targets": ["q", "k", "v", "o", "ff"]}})
+    base = {k: v.clone() for k, v in task.model.state_dict().items()}
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1)
+    trainer.fit(task, datamodule=CopyData())
+    state = task.model.state_dict()
+    adapters = [k for k in state if ".lora_" in k]
+    assert adapters and all(
+        not torch.equal(state[k], torch.zeros_like(state[k])) for k in adapters if "lora_B" in k
+    )
+    for key, value in base.items():  # every base weight as it was (a parametrized one: its `original`)
+        module, _, name = key.rpartition(".")
+        assert torch.equal(state.get(key, state.get(f"{module}.parametrizations.{name}.original")), value), (
+            key
+        )
+    path = tmp_path / "lora.ckpt"
+    trainer.save_checkpoint(path)
+    restored = restore_model(torch.load(path, weights_only=True), path)  # what evaluate.py / export use
+    assert not any("parametrizations" in k for k in restored.model.state_dict())
+    batch = _batch()
+    torch.testing.assert_close(_logits(restored.model, batch), _logits(task.model, batch), atol=1e-6, rtol=0)
+    resumed = _task(finetune=dict(task.hparams.finetune))  # resume: the same layout, then the state
+    resumed.apply_finetune()
+    resumed.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
+    assert torch.equal(_logits(resumed.model, batch), _logits(task.model, batch))
+
+
+# --- freeze -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("freeze", "frozen"),
+    [("encoder", ("src_embed.", "encoder.")), ("embeddings", ("src_embed.", "tgt_embed."))],
+)
+def test_frozen_parameters_stay_and_the_others_train(tmp_path, freeze, frozen) -> None:
+    untied = {**TINY, "tie_embeddings": "none"}  # the output projection is not the frozen embedding
+    task = TranslationTask(untied, optimizer=functools.partial(adamw, lr=1e-2), finetune={"freeze": freeze})
+    before = {k: v.clone() for k, v in task.model.state_dict().items()}
+    _trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
+        task, datamodule=CopyData()
+    )
+    after = task.model.state_dict()
+    for key, value in before.items():
+        unchanged = torch.equal(after[key], value)
+        if key.startswith(frozen):
+            assert unchanged, key
+        elif key.endswith(".weight") and "positional" not in key and "norm" not in key:
+            assert not unchanged, key
+
+
+# --- init_from ----------------------------------------------------------------------------------------
+
+
+def _trained(tmp_path) -> tuple[TranslationTask, str]:
+    task = _task()
+    _trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
+        task, datamodule=CopyData()
+    )
+    return task, _save(task, tmp_path / "trained.ckpt", data={"src_lang": "de", "tgt_lang": "en"})
+
+
+def test_init_from_starts_with_the_checkpoints_validation_loss(tmp_path) -> None:
+    trained, path = _trained(tmp_path)
+    fresh = _task(init_from=path)
+    assert fresh.load_init_from(TOKENIZERS) == len(trained.model.state_dict())
+    losses = []
+    for task in (trained, fresh):
+        (result,) = _trainer(tmp_path).validate(task, datamodule=CopyData(), verbose=False)
+        losses.append(result["val/loss"])
+    assert losses[0] == losses[1]
+    assert _task().load_init_from() == 0  # no init_from: nothing
+
+
+def test_init_from_of_a_lora_run_starts_from_its_merged_weights(tmp_path) -> None:
+    lora = _task(finetune={"lora": {"rank": RANK}})
+    lora.apply_finetune()
+    _randomize_adapters(lora.model)
+    path = _save(lora, tmp_path / "lora.ckpt")
+    fresh = _task(init_from=path)
+    fresh.load_init_from(TOKENIZERS)
+    batch = _batch()
+    torch.testing.assert_close(_logits(fresh.model, batch), _logits(lora.model, batch), atol=1e-6, rtol=0)
+
+
+def test_init_from_refuses_another_task_shape_or_tokenizer(tmp_path) -> None:
+    _, path = _trained(tmp_path)
+    with pytest.raises(CheckpointError, match="another tokenizer"):
+        _task(init_from=path).load_init_from({"joint": "{}"})
+    wider = Seq2SeqTransformer(TransformerConfig.from_dict({**TINY, "d_ff": 32}))
+    with pytest.raises(CheckpointError, match=r"its weights do not fit model\.config"):
+        load_pretrained_translation(wider, path)
+    classifier = _save(_task(ClassificationTask), tmp_path / "classifier.ckpt")
+    with pytest.raises(CheckpointError, match="is a classification checkpoint: a translation run starts"):
+        load_pretrained_translation(Seq2SeqTransformer(TransformerConfig.from_dict(TINY)), classifier)
+    with pytest.raises(CheckpointError, match="not a masked-LM pretraining checkpoint"):
+        _task(ClassificationTask, init_from=path).load_init_from()
+
+
+def _cfg(path: str, **data) -> DictConfig:
+    return OmegaConf.create(
+        {
+            "ckpt_path": None,
+            "model": {"_target_": "transformer.training.TranslationTask", "init_from": path,
+                      "config": {"d_model": 512, "n_heads": 8, "dropout": 0.3}},
+            "data": {"src_lang": "de", "tgt_lang": "en", "max_len": 16, **data},
+        }
+    )  # fmt: skip
+
+
+def test_the_run_takes_the_checkpoints_config_and_tokenizer(tmp_path) -> None:
+    _, path = _trained(tmp_path)
+    cfg = _cfg(path)
+    assert take_init_from(cfg, None, {"model.config.dropout"}) == TOKENIZERS
+    # the experiment's shape gives way to the checkpoint's; dropout is the run's own
+    assert OmegaConf.to_container(cfg.model.config) == {**TINY, "dropout": 0.3}
+    resumed = {"hyper_parameters": {"config": {**TINY, "d_model": 64, "n_heads": 4}}}
+    cfg = _cfg(path="/no/such/file")
+    cfg.ckpt_path = "run/last.ckpt"
+    assert take_init_from(cfg, resumed, set()) is None  # resuming: init_from is not read again
+    assert cfg.model.config.d_model == 64
+
+
+@pytest.mark.parametrize(
+    ("data", "explicit", "message"),
+    [
+        ({"src_lang": "fr"}, set(), r"^data\.src_lang=fr but model\.init_from=\S+ translates de -> en"),
+        (
+            {},
+            {"model.config.d_model"},
+            r"^model\.config\.d_model=512 contradicts model\.init_from=\S+ \(32\)",
+        ),
+        ({"max_len": 64}, set(), r"^data\.max_len \(64\) exceeds the max_len of model\.init_from"),
+    ],
+)
+def test_what_contradicts_the_checkpoint_is_one_line_naming_the_key(
+    tmp_path, data, explicit, message
+) -> None:
+    _, path = _trained(tmp_path)
+    with pytest.raises(ConfigError, match=message) as refused:
+        take_init_from(_cfg(path, **data), None, explicit)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_classification_checkpoint_is_refused_for_translation_in_one_line(tmp_path) -> None:
+    classifier = _save(_task(ClassificationTask), tmp_path / "classifier.ckpt")
+    with pytest.raises(ConfigError, match="is a classification checkpoint: a translation run starts from"):
+        take_init_from(_cfg(classifier), None, set())
