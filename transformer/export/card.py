@@ -2,7 +2,8 @@
 
 Only what the checkpoint itself records is stated: its resolved training config, its step and epoch,
 the validation score its checkpoint callback saw, and the run's test metrics when the run's
-`metrics.json` names this very file as its best checkpoint.
+`metrics.json` names this very file as its best checkpoint. An imported model (aiayn-import) was not
+trained here: its card says where it came from (`imported_from`) in place of data and recipe.
 """
 
 from __future__ import annotations
@@ -67,6 +68,42 @@ for hypothesis in samples[0].hypotheses:
 ```""",
 }
 
+# an imported (OPUS-MT) model: its SentencePiece models tokenize, outside CTranslate2
+_SENTENCEPIECE_USAGE = {
+    "hf": """```python
+from transformers import MarianMTModel, MarianTokenizer
+
+tokenizer = MarianTokenizer.from_pretrained("{dir}")
+model = MarianMTModel.from_pretrained("{dir}")
+batch = tokenizer(["{example}"], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
+```
+
+`generate()` uses `generation_config.json`: {decoding}; the decoder starts from `<pad>`, as Marian's;
+its length limit is the model's max_len, since transformers has no per-sentence a * source length + b.""",
+    "ctranslate2": """```python
+import ctranslate2
+import sentencepiece
+
+translator = ctranslate2.Translator("{dir}")
+source = sentencepiece.SentencePieceProcessor(model_file="{dir}/{src_tokenizer}")
+detokenizer = sentencepiece.SentencePieceProcessor(model_file="{dir}/{detokenizer}")
+tokens = source.encode("{example}", out_type=str)
+result = translator.translate_batch(
+    [tokens], beam_size={beam_size}, length_penalty={length_penalty}, suppress_sequences=[["<pad>"]]
+)
+pieces = [piece for piece in result[0].hypotheses[0] if piece != "<unk>"]
+print(detokenizer.decode_pieces(pieces).replace("\u2581", " ").strip())
+```
+
+Tokenize outside CTranslate2, as for CTranslate2's own OPUS-MT conversions: the source SentencePiece
+model's pieces, without `</s>` (the model adds it; Marian's sources have no `<s>`); a multilingual
+model's target-language code goes first as one token (`[">>fra<<", *tokens]`). The decoder starts from
+`<pad>`, as Marian's; `suppress_sequences` keeps `<pad>` out of the output, as transformers'
+`generate` and this project's search do. Decoding drops `<unk>` and joins the pieces as transformers'
+MarianTokenizer does ({detokenizer}).""",
+}
+
 
 def _get(mapping: Any, *keys: str) -> Any:
     for key in keys:
@@ -97,6 +134,17 @@ def _signatures() -> dict[str, str]:
 
 
 def _header(source: ExportSource, target: str, src_lang: str, tgt_lang: str) -> list[str]:
+    imported = source.imported_from
+    if imported is not None:
+        return [
+            f"# {imported.get('architecture', 'MarianMTModel')}, {src_lang} -> {tgt_lang}, imported",
+            "",
+            f"A translation model imported from `{imported.get('source')}` with `aiayn-import` (the aiayn "
+            "project), not trained by this project, and exported again with "
+            f"`aiayn-export {source.path.name} --to {target}`, which checks that the export computes what "
+            'the checkpoint computes (see the project\'s docs/pretrained.md, "Exporting an imported model").',
+            "",
+        ]
     return [
         f"# aiayn Transformer, {src_lang} -> {tgt_lang}",
         "",
@@ -118,8 +166,10 @@ def _model_section(source: ExportSource) -> list[str]:
         f"{config.d_model}, {config.n_heads} heads, d_ff {config.d_ff}, {config.activation}, "
         f"{'pre-LN' if config.norm_first else 'post-LN'}, {config.positional} positions, max_len "
         f"{config.max_len}",
-        f"- vocabulary: {'joint' if source.joint_vocabulary else 'separate'} BPE, {config.src_vocab_size} "
-        f"source / {config.tgt_vocab_size} target tokens; embeddings tied: {config.tie_embeddings}",
+        f"- vocabulary: {'joint' if source.joint_vocabulary else 'separate'} "
+        f"{'BPE' if source.sentencepiece is None else 'SentencePiece (source.spm, target.spm)'}, "
+        f"{config.src_vocab_size} source / {config.tgt_vocab_size} target tokens; embeddings tied: "
+        f"{config.tie_embeddings}",
         f"- {sum(p.numel() for p in source.model.parameters()):,} parameters",
         "",
     ]
@@ -151,6 +201,20 @@ def _recipe_section(source: ExportSource) -> list[str]:
     ]
 
 
+def _provenance_section(imported: Mapping[str, Any]) -> list[str]:
+    """Where an imported model came from, as aiayn-import recorded it."""
+    return [
+        "## Where it comes from",
+        "",
+        f"- source: `{imported.get('source')}` ({imported.get('architecture', 'MarianMTModel')})",
+        f"- hub revision: {imported.get('revision') or 'not known (a local directory)'}",
+        f"- read with transformers {imported.get('transformers')}",
+        "- training data, recipe and scores: the original model's (see its own model card); this project "
+        "changed no weight (the transformers export holds the same weights bit for bit)",
+        "",
+    ]
+
+
 def _scores_section(source: ExportSource, data: Mapping[str, Any]) -> list[str]:
     """The checkpoint's stored metrics as a table with their sacreBLEU signatures, or how to get them."""
     heading = ["## Scores of this checkpoint", ""]
@@ -175,11 +239,12 @@ def _usage_section(
 ) -> list[str]:
     """How to load and run the export, and how its length penalty differs from ours."""
     beam_size = int(source.decoding.get("beam_size", 1))
+    usage = _USAGE if source.sentencepiece is None else _SENTENCEPIECE_USAGE
     return [
         "",
         "## Usage",
         "",
-        _USAGE[target].format(
+        usage[target].format(
             dir="path/to/this/directory",
             example="Ein Hund läuft." if src_lang == "de" else "A dog runs.",
             decoding=_search_text(source.decoding),
@@ -187,6 +252,8 @@ def _usage_section(
             length_penalty=source.decoding.get("length_penalty", 1.0) if beam_size > 1 else 0.0,
             src_tokenizer=tokenizer_files.get("src", "tokenizer.json"),
             tgt_tokenizer=tokenizer_files.get("tgt", "tokenizer.json"),
+            # MarianTokenizer joins the pieces of a shared vocabulary with the source model
+            detokenizer=tokenizer_files.get("src" if source.joint_vocabulary else "tgt", "source.spm"),
         ),
         "",
         "Length penalty: this project's beam search divides a hypothesis' log-probability by GNMT's "
@@ -202,11 +269,13 @@ def model_card(
     """The card's Markdown text: header, model, data, recipe, scores, usage."""
     data = source.run_config.get("data") or {}
     src_lang, tgt_lang = data.get("src_lang", "src"), data.get("tgt_lang", "tgt")
+    trained = source.imported_from is None or bool(source.global_step)  # an import has trained no step
     lines = [
         *_header(source, target, src_lang, tgt_lang),
         *_model_section(source),
-        *_data_section(data),
-        *_recipe_section(source),
+        *([] if source.imported_from is None else _provenance_section(source.imported_from)),
+        *(_data_section(data) if trained else []),
+        *(_recipe_section(source) if trained else []),
         *_scores_section(source, data),
         *_usage_section(source, target, tokenizer_files, src_lang),
     ]

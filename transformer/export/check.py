@@ -33,17 +33,21 @@ class Exported:
 
 def probe_batch(config: TransformerConfig, seed: int = 0) -> tuple[Tensor, Tensor]:
     """src (4, S) as [BOS ... EOS] and tgt (4, T) as [BOS ... EOS], random ordinary tokens, right-padded
-    to different lengths (so that both padding masks matter)."""
+    to different lengths (so that both padding masks matter). A model whose decoder starts from the pad
+    token (`bos_id == pad_id`: Marian's, an imported OPUS-MT model's) reads sources as [... EOS], as
+    Marian's encoder does, and its targets start from the pad token."""
     generator = torch.Generator().manual_seed(seed)
-    first = max(config.pad_id, config.bos_id, config.eos_id) + 1  # no special token inside a sentence
+    specials = {config.pad_id, config.bos_id, config.eos_id}  # no special token inside a sentence
     limit = min(config.max_len, 14)
+    src_start = [] if config.bos_id == config.pad_id else [config.bos_id]
 
-    def sentences(vocab_size: int, lengths: list[int]) -> Tensor:
+    def sentences(vocab_size: int, lengths: list[int], start: list[int]) -> Tensor:
+        ordinary = torch.tensor([i for i in range(vocab_size) if i not in specials])
         rows = [
             torch.cat(
                 [
-                    torch.tensor([config.bos_id]),
-                    torch.randint(first, vocab_size, (length - 2,), generator=generator),
+                    torch.tensor(start, dtype=torch.long),
+                    ordinary[torch.randint(0, len(ordinary), (length - 2,), generator=generator)],
                     torch.tensor([config.eos_id]),
                 ]
             )
@@ -51,8 +55,8 @@ def probe_batch(config: TransformerConfig, seed: int = 0) -> tuple[Tensor, Tenso
         ]
         return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=config.pad_id)
 
-    src = sentences(config.src_vocab_size, [limit, limit // 2, 3, limit - 3])
-    tgt = sentences(config.tgt_vocab_size, [limit // 2, limit, limit - 2, 3])
+    src = sentences(config.src_vocab_size, [limit, limit // 2, 3, limit - 3], src_start)
+    tgt = sentences(config.tgt_vocab_size, [limit // 2, limit, limit - 2, 3], [config.bos_id])
     return src, tgt
 
 

@@ -6,7 +6,11 @@ Our weights go into a `TransformerSpec` as they are: CTranslate2 takes the posit
 and pre-LN (with a final norm per stack) layouts, ReLU, GELU and gated (SwiGLU) feed-forwards: every
 setting of `TransformerConfig` maps exactly (tests/unit/test_export.py checks each). The config adds
 `<s>` and `</s>` to the source and starts the decoder from `<s>`, so users pass plain subword tokens,
-as with CTranslate2's own converters; the tokenizer JSON(s) are written beside the model.
+as with CTranslate2's own converters; the tokenizer JSON(s) are written beside the model. An imported
+OPUS-MT model (aiayn-import) keeps Marian's conventions: sources end with `</s>` and have no `<s>`, the
+decoder starts from `<pad>` (its own embedding: no `start_from_zero_embedding`, which CTranslate2's Marian
+converter assumes and a fine-tuned pad row breaks), and its SentencePiece models are written beside the
+model, to tokenize outside CTranslate2 (tests/unit/test_export_imported.py).
 """
 
 from __future__ import annotations
@@ -144,7 +148,8 @@ def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpe
     spec.config.bos_token = tgt_vocabulary[config.bos_id]
     spec.config.eos_token = tgt_vocabulary[config.eos_id]
     spec.config.decoder_start_token = tgt_vocabulary[config.bos_id]
-    spec.config.add_source_bos = True  # our sources are <s> ... </s>
+    # our sources are <s> ... </s>; Marian's (bos_id == pad_id: the decoder starts from <pad>) ... </s>
+    spec.config.add_source_bos = config.bos_id != config.pad_id
     spec.config.add_source_eos = True
     spec.config.layer_norm_epsilon = _LAYER_NORM_EPS
     spec.validate()
@@ -153,7 +158,10 @@ def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpe
 
 def tokenizer_files(source: ExportSource) -> dict[str, str]:
     """File names of the tokenizer(s) written beside the model: one `tokenizer.json` for a joint
-    vocabulary, else `source_tokenizer.json` and `target_tokenizer.json`."""
+    vocabulary, else `source_tokenizer.json` and `target_tokenizer.json`; an imported model's
+    SentencePiece models `source.spm` and `target.spm`."""
+    if source.sentencepiece is not None:
+        return {"src": "source.spm", "tgt": "target.spm"}
     if source.joint_vocabulary:
         return {"src": "tokenizer.json", "tgt": "tokenizer.json"}
     return {"src": "source_tokenizer.json", "tgt": "target_tokenizer.json"}
@@ -172,8 +180,12 @@ def export_ctranslate2(
     what = f"the CTranslate2 export ({quantization or 'float32'} weights)"
     with staged_output(output, force=force, what=what) as staging:
         spec.save(str(staging))
-        (staging / files["src"]).write_text(source.src_tokenizer_json, encoding="utf-8")
-        (staging / files["tgt"]).write_text(source.tgt_tokenizer_json, encoding="utf-8")
+        if source.sentencepiece is not None:
+            (staging / files["src"]).write_bytes(source.sentencepiece.source_model)
+            (staging / files["tgt"]).write_bytes(source.sentencepiece.target_model)
+        else:
+            (staging / files["src"]).write_text(source.src_tokenizer_json, encoding="utf-8")
+            (staging / files["tgt"]).write_text(source.tgt_tokenizer_json, encoding="utf-8")
         write_model_card(source, staging / "README.md", target="ctranslate2", tokenizer_files=files)
         exact = quantization in (None, "float32")
         difference = _check(source, staging, enforce=exact)

@@ -5,7 +5,9 @@ MarianMTModel (OPUS-MT's) into ours. Both go through the one mapping of `transfo
 weight names, the permutation of the model dimension that turns our interleaved sinusoids into Marian's
 layout, the configs). Every export is compared with the checkpoint once written
 (`transformer.export.check`); `tests/unit/test_export.py` checks logits and greedy search against ours,
-`tests/unit/test_import_marian.py` an imported model against transformers'.
+`tests/unit/test_import_marian.py` an imported model against transformers'. An imported model exported
+again keeps its SentencePiece files for transformers' MarianTokenizer (`write_marian_tokenizer`) and its
+decoder's start from the pad token (`tests/unit/test_export_imported.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from torch import Tensor
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
 from transformer.disk import human_size, tensor_bytes
-from transformer.export.bert import BERT_MODEL_TYPES, import_bert
 from transformer.export.card import write_model_card
 from transformer.export.check import TOLERANCE, Exported, probe_batch, reference_log_probs
 from transformer.export.marian import (
@@ -48,6 +49,11 @@ def hf_refusal(source: ExportSource) -> str | None:
         return f"model.config.positional={config.positional}: transformers' Marian has sinusoids only"
     if config.activation not in ACTIVATIONS:
         return f"model.config.activation={config.activation}: transformers' Marian has no gated feed-forward"
+    if source.sentencepiece is not None and not source.joint_vocabulary:
+        return (
+            "separate source and target vocabularies (an imported model's target_vocab.json): not "
+            "exported to transformers yet (export with --to ctranslate2)"
+        )
     if not source.joint_vocabulary:
         return (
             "separate source and target tokenizers: a transformers translation pipeline encodes and decodes "
@@ -66,7 +72,7 @@ def _marian_config(model: Seq2SeqTransformer) -> MarianConfig:
         pad_token_id=config.pad_id,
         bos_token_id=config.bos_id,
         eos_token_id=config.eos_id,
-        decoder_start_token_id=config.bos_id,  # ours starts from BOS (Marian's own models from pad)
+        decoder_start_token_id=config.bos_id,  # ours from BOS; an imported OPUS-MT model from pad, as Marian
         forced_eos_token_id=config.eos_id,
         architectures=["MarianMTModel"],
     )
@@ -110,23 +116,14 @@ IMPORTED_CHECKPOINT = "model.ckpt"  # the file `import_hf` writes in its output 
 
 
 def import_hf(
-    directory: str | Path,
-    output: str | Path,
-    *,
-    source: str | None = None,
-    force: bool = False,
-    num_classes: int | None = None,
+    directory: str | Path, output: str | Path, *, source: str | None = None, force: bool = False
 ) -> Path:
     """A transformers MarianMTModel directory (OPUS-MT's `save_pretrained` layout: config.json, weights,
     source.spm, target.spm, vocab.json) -> `output`/model.ckpt, a checkpoint of ours as train.py writes one:
     the weights (`from_marian`), the model config, the tokenizer pair (`data.sentencepiece_pair`), the
     decoding of its generation config (beam size) and where it came from. `source` names the origin (a hub
     id; default: the directory). Anything ours cannot represent is refused with an `ExportError` naming it,
-    before anything is written; the output directory appears only once complete (`staged_output`).
-
-    A BERT-family directory (model_type bert / distilbert) becomes a classification checkpoint instead
-    (`transformer.export.bert.import_bert`); `num_classes` gives one without a classification head a new
-    head."""
+    before anything is written; the output directory appears only once complete (`staged_output`)."""
     import transformers
 
     from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
@@ -134,26 +131,7 @@ def import_hf(
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise ExportError(f"{directory} has no config.json: not a transformers model directory")
-    try:
-        config = transformers.AutoConfig.from_pretrained(directory)
-    except (ValueError, KeyError, OSError) as unreadable:  # an unknown model_type, a malformed file
-        reason = (
-            str(unreadable).strip().splitlines()[0] if str(unreadable).strip() else type(unreadable).__name__
-        )
-        raise ExportError(f"cannot import {directory}: its config.json cannot be read ({reason})") from None
-    model_type = getattr(config, "model_type", None)
-    if model_type in BERT_MODEL_TYPES:
-        return import_bert(
-            directory, output, config, source=source, force=force, num_classes=num_classes,
-            checkpoint_name=IMPORTED_CHECKPOINT,
-        )  # fmt: skip
-    if model_type != "marian":
-        raise ExportError(
-            f"cannot import {directory}: model_type={model_type!r}: only Marian (OPUS-MT) translation models "
-            f"and BERT-family classifiers ({', '.join(BERT_MODEL_TYPES)}) can be imported"
-        )
-    if num_classes is not None:
-        raise ExportError(f"--num-classes is for BERT-family classifiers; {directory} is a Marian model")
+    config = transformers.AutoConfig.from_pretrained(directory)
     refusal = marian_refusal(config)
     if refusal is not None:
         raise ExportError(f"cannot import {directory}: {refusal}")
@@ -238,7 +216,7 @@ def generation_config(source: ExportSource) -> GenerationConfig:
         "eos_token_id": config.eos_id,
         "pad_token_id": config.pad_id,
         "forced_eos_token_id": config.eos_id,
-        "suppress_tokens": [config.pad_id, config.bos_id],  # ours never emits them either
+        "suppress_tokens": sorted({config.pad_id, config.bos_id}),  # ours never emits them either
         "max_length": config.max_len + 1,  # the start token + at most max_len tokens, as ours caps it
         "num_beams": int(decoding.get("beam_size", 1)) if beam else 1,
         "do_sample": False,
@@ -262,6 +240,31 @@ def fast_tokenizer(source: ExportSource) -> PreTrainedTokenizerFast:
     )
 
 
+def write_marian_tokenizer(source: ExportSource, directory: Path) -> None:
+    """An imported model's SentencePiece pair as OPUS-MT ships it, for transformers' `MarianTokenizer`:
+    its two SentencePiece models and vocabulary as they were imported, and a tokenizer_config.json naming
+    the class, the languages and the special tokens (Marian has no <s>)."""
+    pair = source.sentencepiece
+    assert pair is not None and pair.target_vocab is None, "hf_refusal: one vocabulary only"
+    data = source.run_config.get("data") or {}
+    (directory / "source.spm").write_bytes(pair.source_model)
+    (directory / "target.spm").write_bytes(pair.target_model)
+    vocab = json.dumps(pair.vocab, ensure_ascii=False, indent=2)
+    (directory / "vocab.json").write_text(vocab + "\n", encoding="utf-8")
+    settings = {
+        "tokenizer_class": "MarianTokenizer",
+        "source_lang": data.get("src_lang"),
+        "target_lang": data.get("tgt_lang"),
+        "separate_vocabs": False,
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "model_max_length": source.config.max_len,
+    }
+    text = json.dumps(settings, indent=2, ensure_ascii=False)
+    (directory / "tokenizer_config.json").write_text(text + "\n", encoding="utf-8")
+
+
 def _portable_tokenizer_class(path: Path) -> None:
     """Name the tokenizer class by the name both transformers 4 and 5 know: version 5 writes its new
     `TokenizersBackend`, which version 4's AutoTokenizer cannot resolve; `PreTrainedTokenizerFast` is the
@@ -279,12 +282,15 @@ def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) 
         raise ExportError(f"cannot export {source.path} to transformers: {refusal}")
     marian = to_marian(source.model)
     marian.generation_config = generation_config(source)
-    tokenizer = fast_tokenizer(source)
+    tokenizer = fast_tokenizer(source) if source.sentencepiece is None else None
     size = human_size(tensor_bytes(marian.state_dict()))
     with staged_output(output, force=force, what=f"the transformers export of {size}") as staging:
         marian.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        _portable_tokenizer_class(staging / "tokenizer_config.json")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+            _portable_tokenizer_class(staging / "tokenizer_config.json")
+        else:  # an imported model: its SentencePiece files, read by MarianTokenizer
+            write_marian_tokenizer(source, staging)
         write_model_card(source, staging / "README.md", target="hf")
         difference = _check(source, staging)
     return Exported(Path(output), difference, "log-probabilities of the files loaded back, on a probe batch")

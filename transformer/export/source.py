@@ -20,7 +20,7 @@ from typing import Any
 import tokenizers
 import torch
 
-from data.sentencepiece_pair import SentencePieceSide
+from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
 from transformer.checkpoint import load_checkpoint
 from transformer.config import TransformerConfig
 from transformer.evaluation.restore import DATAMODULES, restore_model
@@ -30,6 +30,8 @@ from transformer.model import Seq2SeqTransformer
 __all__ = ["ExportError", "ExportSource", "check_output", "load_source", "staged_output", "write_failure"]
 
 SPECIAL_TOKENS = {"pad_id": "<pad>", "bos_id": "<s>", "eos_id": "</s>"}  # data.tokenization's specials
+# an imported Marian model's (data.sentencepiece_pair): no <s>, the decoder starts from the pad token
+MARIAN_SPECIAL_TOKENS = {"pad_id": "<pad>", "bos_id": "<pad>", "eos_id": "</s>"}
 
 
 class ExportError(ValueError):
@@ -42,13 +44,17 @@ class ExportSource:
 
     path: Path
     model: Seq2SeqTransformer
-    tokenizers: dict[str, str]  # {"joint": JSON} or {"src": JSON, "tgt": JSON} (`tokenizers` format)
+    # {"joint": JSON} or {"src": JSON, "tgt": JSON}: `tokenizers` BPE, or both sides of an imported model's
+    # SentencePiece pair (then `sentencepiece` holds the pair)
+    tokenizers: dict[str, str]
     decoding: dict[str, Any]  # the settings the run's test step decoded with
     hparams: dict[str, Any]
     run_config: dict[str, Any]
     scores: dict[str, float] = field(default_factory=dict)  # this checkpoint's own metrics, when known
     global_step: int | None = None
     epoch: int | None = None
+    sentencepiece: SentencePiecePair | None = None  # an imported (OPUS-MT) model's tokenizers, else None
+    imported_from: dict[str, Any] | None = None  # aiayn-import's provenance (source, transformers version)
 
     @property
     def config(self) -> TransformerConfig:
@@ -56,20 +62,27 @@ class ExportSource:
 
     @property
     def joint_vocabulary(self) -> bool:
+        if self.sentencepiece is not None:
+            return self.sentencepiece.target_vocab is None
         return "joint" in self.tokenizers
 
     @property
     def src_tokenizer_json(self) -> str:
-        return self.tokenizers["joint" if self.joint_vocabulary else "src"]
+        return self.tokenizers["joint" if "joint" in self.tokenizers else "src"]
 
     @property
     def tgt_tokenizer_json(self) -> str:
-        return self.tokenizers["joint" if self.joint_vocabulary else "tgt"]
+        return self.tokenizers["joint" if "joint" in self.tokenizers else "tgt"]
 
     def vocabulary(self, side: str) -> list[str]:
-        """The tokens of the "src" or "tgt" tokenizer in id order (id i = position i)."""
-        text = self.src_tokenizer_json if side == "src" else self.tgt_tokenizer_json
-        vocab = tokenizers.Tokenizer.from_str(text).get_vocab(with_added_tokens=True)
+        """The tokens of the "src" or "tgt" tokenizer in id order (position i holds the token of id i when the
+        ids run 0..n-1, which `load_source` checks)."""
+        pair = self.sentencepiece
+        if pair is not None:
+            vocab = pair.vocab if side == "src" or pair.target_vocab is None else pair.target_vocab
+        else:
+            text = self.src_tokenizer_json if side == "src" else self.tgt_tokenizer_json
+            vocab = tokenizers.Tokenizer.from_str(text).get_vocab(with_added_tokens=True)
         return [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
 
 
@@ -96,11 +109,8 @@ def load_source(path: str | Path) -> ExportSource:
             f"checkpoint {path} carries no tokenizer ({DATAMODULES['translation']} state 'tokenizers' "
             "with 'joint' or 'src' + 'tgt'): it was not written by train.py"
         )
-    if any(SentencePieceSide.is_json(str(text)) for text in saved.values()):
-        raise ExportError(
-            f"checkpoint {path} holds an imported model's SentencePiece tokenizers (aiayn-import): "
-            "exporting it again is not supported yet; the directory it came from is a transformers model"
-        )
+    pair = _sentencepiece_pair(path, saved)
+    imported_from = checkpoint.get("imported_from")
     source = ExportSource(
         path=path,
         model=restored.model,
@@ -111,14 +121,30 @@ def load_source(path: str | Path) -> ExportSource:
         scores=_own_scores(path, checkpoint),
         global_step=restored.global_step,
         epoch=restored.epoch,
+        sentencepiece=pair,
+        imported_from=dict(imported_from) if isinstance(imported_from, Mapping) else None,
     )
     _check_tokenizers(source)
     return source
 
 
+def _sentencepiece_pair(path: Path, saved: Mapping[str, Any]) -> SentencePiecePair | None:
+    """The SentencePiece pair of an imported model (both sides hold the same pair), or None for our BPE."""
+    kinds = {SentencePieceSide.is_json(str(text)) for text in saved.values()}
+    if kinds == {False}:
+        return None
+    if kinds != {True} or set(saved) != {"src", "tgt"}:
+        raise ExportError(f"checkpoint {path} mixes a SentencePiece tokenizer with a BPE one")
+    src, tgt = (SentencePieceSide.from_json(str(saved[side])).pair for side in ("src", "tgt"))
+    if src.to_state() != tgt.to_state():
+        raise ExportError(f"checkpoint {path}: its source and target SentencePiece tokenizers differ")
+    return src
+
+
 def _check_tokenizers(source: ExportSource) -> None:
     """Token ids only mean something under the tokenizer the model was trained with: sizes and specials."""
     config = source.config
+    specials = SPECIAL_TOKENS if source.sentencepiece is None else MARIAN_SPECIAL_TOKENS
     for side, size in (("src", config.src_vocab_size), ("tgt", config.tgt_vocab_size)):
         vocabulary = source.vocabulary(side)
         if len(vocabulary) != size:
@@ -126,12 +152,21 @@ def _check_tokenizers(source: ExportSource) -> None:
                 f"checkpoint {source.path}: its {side} tokenizer has {len(vocabulary)} tokens but the model "
                 f"{size} ({side}_vocab_size)"
             )
-        for key, token in SPECIAL_TOKENS.items():
+        if source.sentencepiece is not None and _ids(source.sentencepiece, side) != list(range(size)):
+            raise ExportError(
+                f"checkpoint {source.path}: the ids of its {side} vocabulary do not run 0..{size - 1}"
+            )
+        for key, token in specials.items():
             if vocabulary[getattr(config, key)] != token:
                 raise ExportError(
                     f"checkpoint {source.path}: {key}={getattr(config, key)} is "
                     f"{vocabulary[getattr(config, key)]!r} in its {side} tokenizer, expected {token!r}"
                 )
+
+
+def _ids(pair: SentencePiecePair, side: str) -> list[int]:
+    vocab = pair.vocab if side == "src" or pair.target_vocab is None else pair.target_vocab
+    return sorted(vocab.values())
 
 
 def _own_scores(path: Path, checkpoint: Mapping[str, Any]) -> dict[str, float]:

@@ -1,0 +1,313 @@
+"""aiayn-export of an imported OPUS-MT model: import, then export `--to hf` and `--to ctranslate2`, the same
+outputs again.
+
+A tiny OPUS-MT-shaped directory (`tests.pretrained`: SentencePiece models trained on Multi30k text, SiLU,
+`final_logits_bias`, the pad token as the decoder's start) is given weights trained here for ~100 steps
+(seconds) to copy German sentences (random weights repeat one token to the length limit or stop at once,
+which says little about a search; copying ends sentences at many lengths), then imported (`import_hf`) and
+exported both ways. The transformers export must be the original directory again for transformers'
+MarianTokenizer and MarianMTModel (weights bit for bit, token ids, `generate` with the directory's own
+generation settings) and give our searches' tokens; the CTranslate2 export, tokenized outside it with its
+SentencePiece model as its card says, must give our greedy and beam-4 tokens on the same
+Multi30k sentences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+transformers = pytest.importorskip("transformers")
+ctranslate2 = pytest.importorskip("ctranslate2")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide  # noqa: E402
+from tests.conftest import _data_dir  # noqa: E402
+from tests.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
+from transformer.export.cli import main  # noqa: E402
+from transformer.export.ctranslate2 import export_ctranslate2  # noqa: E402
+from transformer.export.hf import export_hf, import_hf  # noqa: E402
+from transformer.export.source import ExportError, ExportSource, load_source  # noqa: E402
+from transformer.search.decoding import beam_search, greedy_search  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N_SENTENCES = 100
+EOS = 0  # OPUS-MT's </s>; <pad> is the last id
+# Ours counts EOS in its length limit (forcing it as the 30th token); CTranslate2 stops after
+# max_decoding_length tokens without one, and transformers counts new tokens with EOS: the same tokens.
+LIMIT = {"max_len_a": 0, "max_len_b": 30}
+CT2_LIMIT = {"max_decoding_length": 29}
+
+
+def _quiet_marian_tokenizer(directory: Path) -> transformers.MarianTokenizer:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Recommended: pip install sacremoses" (a normalizer not used here)
+        return transformers.MarianTokenizer.from_pretrained(directory)
+
+
+def _train_to_copy(directory: Path, steps: int = 100) -> None:
+    """Replace the directory's random weights by ones trained with transformers to copy German Multi30k
+    sentences (truncated to 16 tokens): a `final_logits_bias` and a `<pad>` embedding (the decoder's start)
+    drawn at random first, so that leaving either out of an export would show."""
+    tokenizer = _quiet_marian_tokenizer(directory)
+    config = transformers.MarianConfig.from_pretrained(directory)
+    generation = transformers.GenerationConfig.from_pretrained(directory)
+    lines = multi30k_lines(_data_dir("MULTI30K_DIR"), "train.de.gz", 1984)
+    batch = tokenizer(lines, return_tensors="pt", padding=True, truncation=True, max_length=16)
+    labels = batch.input_ids.masked_fill(batch.attention_mask.eq(0), -100)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = transformers.MarianMTModel(config)
+        with torch.no_grad():
+            model.final_logits_bias.normal_(0.0, 0.5)
+            model.get_input_embeddings().weight[config.pad_token_id].normal_(0.0, 0.02)  # never updated
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for step in range(steps):
+            rows = slice((step * 32) % 1984, (step * 32) % 1984 + 32)
+            loss = model(
+                input_ids=batch.input_ids[rows],
+                attention_mask=batch.attention_mask[rows],
+                labels=labels[rows],
+            ).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.generation_config = generation
+    model.eval().save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The original OPUS-MT-shaped directory, its import, and the import exported both ways."""
+    root = tmp_path_factory.mktemp("imported-export")
+    opus = opus_mt_directory(root / "opus-mt-de-en", _data_dir("MULTI30K_DIR"))
+    _train_to_copy(opus)
+    ckpt = import_hf(opus, root / "imported")
+    source = load_source(ckpt)
+    hf = export_hf(source, root / "hf")
+    ct2 = export_ctranslate2(source, root / "ct2")
+    assert hf.max_abs_diff <= 1e-5 and ct2.max_abs_diff <= 1e-5  # the self-check, on the Marian layout
+    return {"root": root, "opus": opus, "ckpt": ckpt, "hf": hf.path, "ct2": ct2.path}
+
+
+@pytest.fixture(scope="module")
+def source(dirs: dict[str, Path]) -> ExportSource:
+    return load_source(dirs["ckpt"])
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    return multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.de.gz", N_SENTENCES)
+
+
+@pytest.fixture(scope="module")
+def src(source: ExportSource, sentences: list[str]) -> Tensor:
+    """(N, S) our encoding of the sentences (pieces, </s>; no start token), right-padded with <pad>."""
+    side = SentencePieceSide(source.sentencepiece, "src")
+    rows = [torch.tensor(ids) for ids in side.encode_batch(sentences)]
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=source.config.pad_id)
+
+
+def _hypotheses(tokens: Tensor) -> list[list[int]]:
+    """Rows of token ids up to and including the first EOS."""
+    return [row[: row.index(EOS) + 1] if EOS in row else row for row in tokens.tolist()]
+
+
+def _without_eos(rows: list[list[int]]) -> list[list[int]]:
+    return [[token for token in row if token != EOS] for row in rows]
+
+
+# --- transformers -----------------------------------------------------------------------------------------
+
+
+def test_hf_export_is_the_original_directory_again(dirs: dict[str, Path]) -> None:
+    """The same weights bit for bit, the same SentencePiece files and vocabulary, Marian's start token and
+    the original's beam size in its generation settings, and a card that says where the model came from."""
+    opus, hf = dirs["opus"], dirs["hf"]
+    theirs, ours = load_file(opus / "model.safetensors"), load_file(hf / "model.safetensors")
+    weights = [name for name in theirs if "embed_positions" not in name]  # the sinusoids Marian rebuilds
+    assert len(weights) > 50 and all(torch.equal(theirs[name], ours[name]) for name in weights)
+    for name in ("source.spm", "target.spm"):
+        assert (hf / name).read_bytes() == (opus / name).read_bytes()
+    vocab = json.loads((opus / "vocab.json").read_text(encoding="utf-8"))
+    assert json.loads((hf / "vocab.json").read_text(encoding="utf-8")) == vocab
+    settings = json.loads((hf / "tokenizer_config.json").read_text())
+    assert (settings["tokenizer_class"], settings["source_lang"], settings["target_lang"]) == (
+        "MarianTokenizer", "de", "en"
+    )  # fmt: skip
+    generation = transformers.GenerationConfig.from_pretrained(hf)
+    original = transformers.GenerationConfig.from_pretrained(opus)
+    assert generation.decoder_start_token_id == original.decoder_start_token_id == vocab["<pad>"]
+    assert generation.num_beams == original.num_beams == 4 and generation.suppress_tokens == [vocab["<pad>"]]
+    card = (hf / "README.md").read_text(encoding="utf-8")
+    assert f"imported from `{dirs['opus']}`" in card and "not trained" in card
+    assert transformers.__version__ in card and "SentencePiece" in card
+
+
+def test_hf_tokenizer_encodes_and_decodes_as_the_originals(
+    dirs: dict[str, Path], source: ExportSource, sentences: list[str], src: Tensor
+) -> None:
+    original, exported = _quiet_marian_tokenizer(dirs["opus"]), _quiet_marian_tokenizer(dirs["hf"])
+    ids = exported(sentences).input_ids
+    assert ids == original(sentences).input_ids
+    assert ids == [row[row.ne(source.config.pad_id)].tolist() for row in src]  # and as ours
+    assert sum(original.unk_token_id in row for row in ids) >= 1  # a piece missing from the vocabulary
+    english = multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.en.gz", N_SENTENCES)
+    targets = original(text_target=english).input_ids
+    assert exported(text_target=english).input_ids == targets
+    decoded = exported.batch_decode(targets, skip_special_tokens=True)
+    assert decoded == original.batch_decode(targets, skip_special_tokens=True)
+    assert decoded == [source.sentencepiece.decode(row) for row in targets]  # and as ours
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert type(transformers.AutoTokenizer.from_pretrained(dirs["hf"])).__name__ == "MarianTokenizer"
+
+
+def test_hf_generate_equals_the_original_and_ours(
+    dirs: dict[str, Path], source: ExportSource, sentences: list[str], src: Tensor
+) -> None:
+    """Greedy and beam 4 (length penalty 0: all three rank by the summed log-probability) token for token on
+    the sentences, text in and text out through MarianTokenizer; and with each directory's own generation
+    settings (beam 4, length penalty 1.0), the exported directory generates what the original does."""
+    tokenizer = _quiet_marian_tokenizer(dirs["hf"])
+    original = transformers.MarianMTModel.from_pretrained(dirs["opus"]).eval()
+    exported = transformers.MarianMTModel.from_pretrained(dirs["hf"]).eval()
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    pad = source.config.pad_id
+    with torch.no_grad():
+        for beam in (1, 4):
+            options = {"num_beams": beam, "length_penalty": 0.0, "max_new_tokens": 30, "do_sample": False}
+            theirs = original.generate(**batch, **options)
+            mine = exported.generate(**batch, **options)
+            assert torch.equal(mine, theirs) and theirs[:, 0].eq(pad).all()  # both start from <pad>
+            if beam == 1:
+                ours = greedy_search(source.model, src, **LIMIT)
+            else:
+                ours = beam_search(source.model, src, beam_size=4, length_penalty=0.0, **LIMIT)[0][:, 0]
+            rows = _hypotheses(ours)
+            assert _hypotheses(mine[:, 1:]) == rows, beam
+            assert sum(row[-1] == EOS and len(row) < 30 for row in rows) >= N_SENTENCES // 2  # real endings
+            assert len({tuple(row) for row in rows}) >= N_SENTENCES // 2  # not one output repeated
+            text = tokenizer.batch_decode(mine, skip_special_tokens=True)
+            assert text == [source.sentencepiece.decode(row) for row in rows]
+        defaults = exported.generate(**batch)  # generation_config.json: beam 4, length penalty 1.0
+        assert torch.equal(defaults, original.generate(**batch))
+
+
+def test_hf_card_usage_runs_as_printed(dirs: dict[str, Path], source: ExportSource) -> None:
+    """The card's example translates its sentence as the directory's generate does (its own settings)."""
+    code = (dirs["hf"] / "README.md").read_text(encoding="utf-8").split("```python\n")[1].split("```")[0]
+    code = code.replace("path/to/this/directory", str(dirs["hf"]))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(code, {})
+    tokenizer = _quiet_marian_tokenizer(dirs["hf"])
+    model = transformers.MarianMTModel.from_pretrained(dirs["hf"]).eval()
+    with torch.no_grad():
+        expected = tokenizer.batch_decode(
+            model.generate(**tokenizer(["Ein Hund läuft."], return_tensors="pt")), skip_special_tokens=True
+        )
+    assert printed.getvalue().strip() == str(expected)
+
+
+# --- CTranslate2 ------------------------------------------------------------------------------------------
+
+
+def _ct2_tokens(directory: Path, sentences: list[str]) -> list[list[str]]:
+    """Sources as the card says: pieces of the export's source.spm, no <s> and no </s> (the model adds it)."""
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / "source.spm"))
+    return [processor.encode(text, out_type=str) for text in sentences]
+
+
+def _ct2_translate(directory: Path, sentences: list[str], **options: object) -> list[list[int]]:
+    vocab = json.loads((directory / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    translator = ctranslate2.Translator(str(directory), device="cpu", compute_type="float32")
+    results = translator.translate_batch(
+        _ct2_tokens(directory, sentences), suppress_sequences=[["<pad>"]], **CT2_LIMIT, **options
+    )
+    return [[vocab.index(token) for token in result.hypotheses[0]] for result in results]
+
+
+def test_ctranslate2_config_follows_marian(dirs: dict[str, Path], source: ExportSource) -> None:
+    config = json.loads((dirs["ct2"] / "config.json").read_text())
+    assert not config["add_source_bos"] and config["add_source_eos"]  # sources: pieces, then </s>
+    assert (config["decoder_start_token"], config["eos_token"]) == ("<pad>", "</s>")
+    vocab = json.loads((dirs["ct2"] / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    assert vocab == source.vocabulary("src")  # <pad> kept (the decoder's start), at its id
+    for name in ("source.spm", "target.spm"):
+        assert (dirs["ct2"] / name).read_bytes() == (dirs["opus"] / name).read_bytes()
+
+
+def test_ctranslate2_greedy_and_beam_search_equal_ours(
+    dirs: dict[str, Path], source: ExportSource, sentences: list[str], src: Tensor
+) -> None:
+    """Greedy token for token; beam 4 with length penalty 0 token for token (the same ranking), with 0.6 on
+    most sentences (CTranslate2 divides by len ** alpha, ours by GNMT's formula), as for our own models."""
+    greedy = _hypotheses(greedy_search(source.model, src, **LIMIT))
+    assert sum(row[-1] == EOS and len(row) < 30 for row in greedy) >= N_SENTENCES // 2
+    assert _ct2_translate(dirs["ct2"], sentences, beam_size=1) == _without_eos(greedy)
+    for alpha, required in ((0.0, 1.0), (0.6, 0.75)):
+        ours = beam_search(source.model, src, beam_size=4, length_penalty=alpha, **LIMIT)[0][:, 0]
+        theirs = _ct2_translate(dirs["ct2"], sentences, beam_size=4, length_penalty=alpha)
+        mine = _without_eos(_hypotheses(ours))
+        agreement = sum(a == b for a, b in zip(mine, theirs)) / len(theirs)
+        assert agreement >= required, (alpha, agreement)
+
+
+def test_ctranslate2_card_usage_runs_as_printed(
+    dirs: dict[str, Path], source: ExportSource, sentences: list[str], src: Tensor
+) -> None:
+    """The card's example, run on a sentence of the test set: our beam search's text (its own settings)."""
+    decoding = source.decoding
+    assert decoding["beam_size"] == 4 and decoding["length_penalty"] == 1.0
+    ours = _hypotheses(beam_search(source.model, src, beam_size=4, length_penalty=1.0, **LIMIT)[0][:, 0])
+    theirs = _ct2_translate(dirs["ct2"], sentences[:20], beam_size=4, length_penalty=1.0)
+    # a sentence ours ends inside the limit and CTranslate2's length penalty (len ** alpha) ranks as ours
+    k = next(k for k, row in enumerate(ours[:20]) if row[-1] == EOS and theirs[k] == row[:-1])
+    code = (dirs["ct2"] / "README.md").read_text(encoding="utf-8").split("```python\n")[1].split("```")[0]
+    code = code.replace("path/to/this/directory", str(dirs["ct2"])).replace("Ein Hund läuft.", sentences[k])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {})
+    assert printed.getvalue().strip() == source.sentencepiece.decode(ours[k])
+
+
+# --- what still cannot be exported ------------------------------------------------------------------------
+
+
+def test_separate_vocabularies_are_refused_for_hf_only(
+    source: ExportSource, tmp_path: Path, sentences: list[str]
+) -> None:
+    """An imported model with a target vocabulary of its own (target_vocab.json): transformers refused with
+    one line and nothing written; CTranslate2 takes it, its output read with target.spm."""
+    pair = source.sentencepiece
+    separate = SentencePiecePair(pair.source_model, pair.target_model, pair.vocab, dict(pair.vocab))
+    changed = dataclasses.replace(source, sentencepiece=separate)
+    with pytest.raises(ExportError, match="separate source and target vocabularies"):
+        export_hf(changed, tmp_path / "hf")
+    assert not any(tmp_path.iterdir())
+    exported = export_ctranslate2(changed, tmp_path / "ct2")
+    assert exported.max_abs_diff <= 1e-5
+    card = (exported.path / "README.md").read_text(encoding="utf-8")  # pieces joined by the target's model
+    assert 'SentencePieceProcessor(model_file="path/to/this/directory/target.spm")' in card
+
+
+def test_cli_exports_an_imported_checkpoint(dirs: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """The command line on an imported checkpoint: status 0, one line with the measured difference."""
+    out = tmp_path / "hf"
+    assert main([str(dirs["ckpt"]), "--to", "hf", "--output", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "\n" not in line and float(line.rsplit("max |diff| ", 1)[1].rstrip(")")) <= 1e-5
+    assert (out / "source.spm").is_file() and (out / "model.safetensors").is_file()
