@@ -22,6 +22,7 @@ from torch import Tensor
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
 from transformer.disk import human_size, tensor_bytes
+from transformer.export.bert import BERT_MODEL_TYPES, import_bert
 from transformer.export.card import write_model_card
 from transformer.export.check import TOLERANCE, Exported, probe_batch, reference_log_probs
 from transformer.export.marian import (
@@ -116,14 +117,23 @@ IMPORTED_CHECKPOINT = "model.ckpt"  # the file `import_hf` writes in its output 
 
 
 def import_hf(
-    directory: str | Path, output: str | Path, *, source: str | None = None, force: bool = False
+    directory: str | Path,
+    output: str | Path,
+    *,
+    source: str | None = None,
+    force: bool = False,
+    num_classes: int | None = None,
 ) -> Path:
     """A transformers MarianMTModel directory (OPUS-MT's `save_pretrained` layout: config.json, weights,
     source.spm, target.spm, vocab.json) -> `output`/model.ckpt, a checkpoint of ours as train.py writes one:
     the weights (`from_marian`), the model config, the tokenizer pair (`data.sentencepiece_pair`), the
     decoding of its generation config (beam size) and where it came from. `source` names the origin (a hub
     id; default: the directory). Anything ours cannot represent is refused with an `ExportError` naming it,
-    before anything is written; the output directory appears only once complete (`staged_output`)."""
+    before anything is written; the output directory appears only once complete (`staged_output`).
+
+    A BERT-family directory (model_type bert / distilbert) becomes a classification checkpoint instead
+    (`transformer.export.bert.import_bert`); `num_classes` gives one without a classification head a new
+    head."""
     import transformers
 
     from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
@@ -131,7 +141,26 @@ def import_hf(
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise ExportError(f"{directory} has no config.json: not a transformers model directory")
-    config = transformers.AutoConfig.from_pretrained(directory)
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory)
+    except (ValueError, KeyError, OSError) as unreadable:  # an unknown model_type, a malformed file
+        reason = (
+            str(unreadable).strip().splitlines()[0] if str(unreadable).strip() else type(unreadable).__name__
+        )
+        raise ExportError(f"cannot import {directory}: its config.json cannot be read ({reason})") from None
+    model_type = getattr(config, "model_type", None)
+    if model_type in BERT_MODEL_TYPES:
+        return import_bert(
+            directory, output, config, source=source, force=force, num_classes=num_classes,
+            checkpoint_name=IMPORTED_CHECKPOINT,
+        )  # fmt: skip
+    if model_type != "marian":
+        raise ExportError(
+            f"cannot import {directory}: model_type={model_type!r}: only Marian (OPUS-MT) translation models "
+            f"and BERT-family classifiers ({', '.join(BERT_MODEL_TYPES)}) can be imported"
+        )
+    if num_classes is not None:
+        raise ExportError(f"--num-classes is for BERT-family classifiers; {directory} is a Marian model")
     refusal = marian_refusal(config)
     if refusal is not None:
         raise ExportError(f"cannot import {directory}: {refusal}")
