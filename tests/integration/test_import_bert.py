@@ -33,7 +33,7 @@ def test_evaluate_scores_an_imported_bert_as_transformers_does(tmp_path: Path) -
     out = tmp_path / "eval"
     result = run_script(
         "evaluate.py",
-        [f"ckpt_path={tmp_path / 'imported' / 'model.ckpt'}", f"data.data_dir={small}", "data.test_split=dev",
+        [f"ckpt_path={tmp_path / 'imported' / 'model.ckpt'}", f"data.data_dir={small}",
          f"hydra.run.dir={out}"],
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

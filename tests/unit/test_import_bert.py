@@ -111,6 +111,7 @@ def test_an_imported_bert_classifier_gives_transformers_logits(bert_dir: Path, s
     provenance = checkpoint["imported_from"]
     assert provenance["architecture"] == "BertForSequenceClassification" and provenance["new_head"] is False
     assert provenance["transformers"] == transformers.__version__
+    assert checkpoint["config"]["data"]["test_split"] == "dev"  # SST-2's labelled split, as configs/data/sst2
     tokenizer = tokenizer_from_json(checkpoint["ClassificationDataModule"]["tokenizers"]["joint"])
     assert isinstance(tokenizer, WordPieceTokenizer) and tokenizer.vocab_size == config.src_vocab_size
 

@@ -269,11 +269,14 @@ def import_bert(
         "ClassificationDataModule": {"tokenizers": {"joint": tokenizer.to_json()}},
         "config": {
             "model": {"_target_": "transformer.training.ClassificationTask"},
-            # SST-2 in the GLUE layout under data.data_dir (or other data: data.source=files, ...)
+            # SST-2 in the GLUE layout under data.data_dir, scored on dev as configs/data/sst2.yaml does
+            # (GLUE's test split is unlabeled); other data: data.source=files, ...
             "data": {
                 "_target_": "data.datamodules.ClassificationDataModule",
                 "source": "sst2",
                 "data_dir": None,
+                "val_split": "dev",
+                "test_split": "dev",
                 "max_len": ours.max_len,
             },
         },
