@@ -284,6 +284,35 @@ def test_ctranslate2_card_usage_runs_as_printed(
     assert printed.getvalue().strip() == source.sentencepiece.decode(ours[k])
 
 
+def test_the_self_check_catches_a_source_bos_on_an_imported_model(
+    source: ExportSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export's check runs on the Marian layout: CTranslate2 told to add a start token to the sources
+    (as for our own models) computes something else, and nothing is written."""
+    from transformer.export import ctranslate2 as ct2
+
+    original = ct2.to_ctranslate2_spec
+
+    def with_source_bos(changed: ExportSource):  # type: ignore[no-untyped-def]
+        spec = original(changed)
+        spec.config.add_source_bos = True  # prepends <pad> (bos_token), which Marian's sources never have
+        return spec
+
+    monkeypatch.setattr(ct2, "to_ctranslate2_spec", with_source_bos)
+    with pytest.raises(ExportError, match="log-probabilities differ"):
+        export_ctranslate2(source, tmp_path / "ct2")
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_card_of_an_imported_model_trained_further(source: ExportSource) -> None:
+    from transformer.export.card import model_card
+
+    assert "## Recipe" not in model_card(source, "hf", {})  # an import trained nothing here
+    card = model_card(dataclasses.replace(source, global_step=500), "hf", {})
+    assert "then trained further by this project" in card and "## Recipe" in card
+    assert "changed no weight" not in card
+
+
 # --- what still cannot be exported ------------------------------------------------------------------------
 
 

@@ -101,7 +101,7 @@ model's pieces, without `</s>` (the model adds it; Marian's sources have no `<s>
 model's target-language code goes first as one token (`[">>fra<<", *tokens]`). The decoder starts from
 `<pad>`, as Marian's; `suppress_sequences` keeps `<pad>` out of the output, as transformers'
 `generate` and this project's search do. Decoding drops `<unk>` and joins the pieces as transformers'
-MarianTokenizer does ({detokenizer}).""",
+MarianTokenizer does (with `{detokenizer}`).""",
 }
 
 
@@ -201,16 +201,20 @@ def _recipe_section(source: ExportSource) -> list[str]:
     ]
 
 
-def _provenance_section(imported: Mapping[str, Any]) -> list[str]:
-    """Where an imported model came from, as aiayn-import recorded it."""
+def _provenance_section(imported: Mapping[str, Any], trained: bool) -> list[str]:
+    """Where an imported model came from, as aiayn-import recorded it (`trained`: trained here since)."""
+    since = (
+        "then trained further by this project (below)"
+        if trained
+        else "this project changed no weight (the transformers export holds the same weights bit for bit)"
+    )
     return [
         "## Where it comes from",
         "",
         f"- source: `{imported.get('source')}` ({imported.get('architecture', 'MarianMTModel')})",
         f"- hub revision: {imported.get('revision') or 'not known (a local directory)'}",
         f"- read with transformers {imported.get('transformers')}",
-        "- training data, recipe and scores: the original model's (see its own model card); this project "
-        "changed no weight (the transformers export holds the same weights bit for bit)",
+        f"- training data, recipe and scores: the original model's (see its own model card); {since}",
         "",
     ]
 
@@ -273,7 +277,7 @@ def model_card(
     lines = [
         *_header(source, target, src_lang, tgt_lang),
         *_model_section(source),
-        *([] if source.imported_from is None else _provenance_section(source.imported_from)),
+        *([] if source.imported_from is None else _provenance_section(source.imported_from, trained)),
         *(_data_section(data) if trained else []),
         *(_recipe_section(source) if trained else []),
         *_scores_section(source, data),
