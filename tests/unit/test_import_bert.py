@@ -6,6 +6,7 @@ BertModel gets a new head, and what ours cannot represent is refused with one li
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -256,3 +257,20 @@ def test_a_from_scratch_bert_shaped_classifier_uses_the_options() -> None:
     hidden, _ = model.encode(src)
     pooled = torch.tanh(model.pooler[0](hidden[:, 0]))
     torch.testing.assert_close(model(src), model.head(pooled))
+
+
+def test_a_head_is_found_in_the_weights_when_the_config_names_no_architecture(
+    bert_dir: Path, sentences, tmp_path
+) -> None:
+    """Older hub configs (textattack's SST-2 models among them) have no `architectures`."""
+    source = tmp_path / "unnamed"
+    source.mkdir()
+    for path in bert_dir.iterdir():
+        (source / path.name).write_bytes(path.read_bytes())
+    settings = json.loads((source / "config.json").read_text())
+    del settings["architectures"]
+    (source / "config.json").write_text(json.dumps(settings))
+    checkpoint = _import(source, tmp_path / "imported")
+    assert checkpoint["imported_from"]["new_head"] is False
+    theirs = transformers.BertForSequenceClassification.from_pretrained(bert_dir).eval()
+    assert _logit_difference(restore_model(checkpoint).model, theirs, bert_dir, sentences[:50]) < TOLERANCE

@@ -184,43 +184,50 @@ def _architectures(config: Any) -> list[str]:
 
 
 def _classifier(directory: Path, config: Any, num_classes: int | None) -> tuple[Any, int, bool]:
-    """The transformers sequence classifier of `directory`: its own head, or (`num_classes` for a model
-    without one: BertModel, BertForMaskedLM, ...) a new head initialised as transformers initialises
-    one (seeded: the same weights on every import). Returns it (eval mode), its class count, whether new."""
+    """The transformers sequence classifier of `directory`: its own head when its weights have one, else
+    (`num_classes` for a model without one: BertModel, BertForMaskedLM, ...) a new head initialised as
+    transformers initialises one (seeded: the same weights on every import). Whether the head is there is
+    read from the weights, not from `architectures` (older hub configs name none). Returns the model
+    (eval mode), its class count and whether the head is new."""
     import transformers
 
-    headed = _HEADED[config.model_type]
-    has_head = headed in _architectures(config)
-    if has_head:
-        if config.num_labels < 2:
-            raise _refusal(
-                directory, f"num_labels={config.num_labels}: ours classifies into 2 or more classes"
-            )
-        if num_classes is not None and num_classes != config.num_labels:
+    cls = getattr(transformers, _HEADED[config.model_type])
+
+    def load(**settings: Any) -> tuple[Any, list[str]]:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model, info = cls.from_pretrained(directory, output_loading_info=True, **settings)
+        return model.eval(), sorted(info.get("missing_keys", []))
+
+    model, missing = load()
+    if not any(name.startswith("classifier.") for name in missing):
+        labels = model.config.num_labels
+        if labels < 2:
+            raise _refusal(directory, f"num_labels={labels}: ours classifies into 2 or more classes")
+        if num_classes is not None and num_classes != labels:
             raise _refusal(
                 directory,
-                f"it has a head for {config.num_labels} classes, not --num-classes {num_classes} "
-                "(leave --num-classes out)",
+                f"it has a head for {labels} classes, not --num-classes {num_classes} (leave it out)",
             )
-        num_classes = config.num_labels
-    elif num_classes is None:
+        if missing:
+            raise _refusal(directory, f"its weights lack {', '.join(missing[:3])}")
+        return model, labels, False
+    if num_classes is None:
         found = ", ".join(_architectures(config)) or "none named"
         raise _refusal(
             directory,
             f"it has no classification head (architectures: {found}): pass --num-classes N for a new one",
         )
-    elif num_classes < 2:
+    if num_classes < 2:
         raise _refusal(directory, f"--num-classes {num_classes}: a classifier needs 2 or more classes")
-    cls = getattr(transformers, headed)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model, info = cls.from_pretrained(directory, num_labels=num_classes, output_loading_info=True)
-    # a new head (and a pooler a BertModel was saved without) is initialised; nothing else may be
-    new = ("classifier.", "pre_classifier.", "bert.pooler.") if not has_head else ()
-    missing = sorted(name for name in info.get("missing_keys", []) if not name.startswith(new))
-    if missing:
-        raise _refusal(directory, f"its weights lack {', '.join(missing[:3])}")
-    return model.eval(), num_classes, not has_head
+    model, missing = load(num_labels=num_classes)
+    # the new head (and a pooler a BertModel was saved without) is initialised; nothing else may be
+    lacking = [
+        name for name in missing if not name.startswith(("classifier.", "pre_classifier.", "bert.pooler."))
+    ]
+    if lacking:
+        raise _refusal(directory, f"its weights lack {', '.join(lacking[:3])}")
+    return model, num_classes, True
 
 
 def _refusal(directory: Path, reason: str) -> ExportError:
