@@ -14,7 +14,6 @@ import os
 import pickle
 import subprocess
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from tests.conftest import REPO_ROOT, MaliciousPickle, run_script, snapshot
+from tests.driver import run_in_one_interpreter
 from tests.unit.test_reports import assert_png, assert_valid_markdown
 
 pytestmark = pytest.mark.slow
@@ -668,17 +668,24 @@ def _error_cases(root: Path, translation: Path, classification: Path) -> dict[st
 def error_runs(
     translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[subprocess.CompletedProcess[str], str, Path]]:
-    """All bad-input runs, two at a time (each is mostly interpreter start-up)."""
+    """All bad-input runs in one interpreter (tests/driver.py); EVALUATE_PROCESSES also as processes."""
     root = tmp_path_factory.mktemp("errors")
     cases = _error_cases(root, translation_run, classification_run)
-
-    def run(item: tuple[str, tuple[list[str], str]]) -> tuple[str, subprocess.CompletedProcess[str]]:
-        name, (args, _) = item
-        return name, _run("evaluate.py", [*args, f"hydra.run.dir={root / name}"], stdin="")
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(pool.map(run, cases.items()))
+    steps = [
+        {
+            "script": "evaluate.py",
+            "args": [*args, f"hydra.run.dir={root / name}"],
+            "subprocess": name in EVALUATE_PROCESSES,
+        }
+        for name, (args, _) in cases.items()
+    ]
+    env = {**os.environ, "PROJECT_ROOT": str(REPO_ROOT), "WANDB_MODE": "offline"}
+    results = dict(zip(cases, run_in_one_interpreter(steps, env=env), strict=True))
     return {name: (results[name], expected, root) for name, (_, expected) in cases.items()}
+
+
+# the exit status, stderr and "no traceback" of a real `python evaluate.py` (a pickle's payload never runs)
+EVALUATE_PROCESSES = ("missing", "malicious_raw_pickle")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ under `logs/` or `pretrained/`, and any value of `distill.teachers`, `backtransl
 run or file made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where
 the command says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a
 hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them
-run in one interpreter (`readme_driver.py`), so the libraries are imported once.
+run in one interpreter (`tests/driver.py`), so the libraries are imported once.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT, cli_env
+from tests.driver import run_in_one_interpreter
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +35,9 @@ EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "configs" / "experiment").glob
 HUB_ONLY = {"iwslt14_de_en", "wmt14_en_de_base"}  # corpora with no local layout: composed only
 SYNTHETIC_MODELS = ("distill.teachers", "backtranslate.model")  # docs/distillation.md's placeholders
 CANNOT_RUN_HERE = {"trainer=gpu", "trainer=ddp", "device=cuda", "hydra/launcher=slurm"}
+# what evaluate.py commands decode: untrained translations run to the length limit, and their decoding and
+# attention heatmaps were three quarters of this test's time
+EVAL_LENGTH = {"max_len_a": 0, "max_len_b": 8}
 COMMAND = re.compile(
     r"""(?:echo\s+(?P<stdin>"[^"]*"|'[^']*')\s*\|\s*)?python\s+(?P<script>train|evaluate)\.py\b(?P<rest>.*)"""
 )
@@ -176,6 +178,8 @@ def _plan(
         args.insert(0, "-m")
     if evaluating:
         tiny = [f"hydra.run.dir={tmp / 'eval' / str(index)}", f"hydra.sweep.dir={tmp / 'eval' / str(index)}"]
+        if command.dataset != "sst2":  # a 10-step model never ends a sentence: 8 tokens, not 1.2 * src + 10
+            tiny += [f"decode.{k}={v}" for k, v in EVAL_LENGTH.items() if not _sets(args, f"decode.{k}")]
     else:
         tiny = [  # one epoch of two steps, validated: sweeps get their objective
             "trainer.max_epochs=1",
@@ -202,6 +206,10 @@ def _plan(
             "subprocess": ddp,
         }
     ]
+
+
+def _sets(args: list[str], key: str) -> bool:
+    return any(a.lstrip("+").split("=", 1)[0] == key for a in args)
 
 
 def _compose_steps(command: Documented, args: list[str], multirun: bool) -> None:
@@ -312,27 +320,17 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         for step in command.steps:
             owners.append((command.where, len(steps)))
             steps.append(step)
-    plan, out = tmp / "plan.json", tmp / "results.json"
-    plan.write_text(json.dumps(steps))
     env = cli_env(WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.integration.readme_driver", str(plan), str(out)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    ran = json.loads(out.read_text()) if out.is_file() else []
-    assert len(ran) == len(steps), (
-        f"the driver stopped after {len(ran)} of {len(steps)}: {done.stderr[-3000:]}"
-    )
+    ran = run_in_one_interpreter(steps, timeout=1500, env=env)
     for i in range(fixture_steps):
-        assert ran[i]["status"] == 0, f"fixture run {steps[i]['args']} failed:\n{ran[i]['output'][-3000:]}"
+        assert ran[i].returncode == 0, f"fixture run {steps[i]['args']} failed:\n{ran[i].stderr[-3000:]}"
     by_command: dict[str, dict] = {}
     for where, i in owners:
         entry = by_command.setdefault(where, {"runs": []})
-        entry["runs"].append({**ran[i], "args": steps[i]["args"]})
+        result = ran[i]
+        entry["runs"].append(
+            {"status": result.returncode, "output": result.stdout + result.stderr, "args": steps[i]["args"]}
+        )
     return by_command
 
 

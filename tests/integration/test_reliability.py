@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from tests.conftest import REPO_ROOT, MaliciousPickle, cli_env, snapshot
+from tests.driver import run_in_one_interpreter
 from tests.integration.test_train import TINY as TRAIN_TINY
 from transformer.training import checkpoint_io
 from transformer.training.callbacks import NonFiniteLossGuard
@@ -695,10 +696,22 @@ def hostile_runs(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -
     root = tmp_path_factory.mktemp("hostile")
     cases = _hostile_cases(root, finished_run)
     before = snapshot(finished_run)
-    results = _parallel({name: (root / name, args) for name, (args, _) in cases.items()})
+    steps = [
+        {
+            "script": "train.py",
+            "args": _cmd(root / name, args)[2:],
+            "cwd": str(root),
+            "subprocess": name in HOSTILE_PROCESSES,
+        }
+        for name, (args, _) in cases.items()
+    ]
+    results = dict(zip(cases, run_in_one_interpreter(steps), strict=True))
     return {"root": root, "cases": cases, "results": results, "before": before, "run": finished_run}
 
 
+# each case runs in one interpreter (tests/driver.py), these also as a process of their own: the exit
+# status, stderr and "no traceback" of a real `python train.py` (Hydra's errors; a pickle's payload)
+HOSTILE_PROCESSES = ("unknown_key", "malicious_raw_pickle")
 HOSTILE = [
     "unknown_key",
     "unknown_top_key",
