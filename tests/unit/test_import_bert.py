@@ -274,3 +274,14 @@ def test_a_head_is_found_in_the_weights_when_the_config_names_no_architecture(
     assert checkpoint["imported_from"]["new_head"] is False
     theirs = transformers.BertForSequenceClassification.from_pretrained(bert_dir).eval()
     assert _logit_difference(restore_model(checkpoint).model, theirs, bert_dir, sentences[:50]) < TOLERANCE
+
+
+def test_a_training_config_may_choose_bert_s_pooler() -> None:
+    """train.py checks `model.*` against ClassificationTask's signature: the new poolings pass it."""
+    from transformer.cli.arguments import ArgumentError, check_arguments
+    from transformer.training.classification import ClassificationTask
+
+    for pooling in ("cls_tanh", "cls_relu"):
+        check_arguments(ClassificationTask, {"pooling": pooling}, "model")
+    with pytest.raises(ArgumentError, match="cls_tanh"):
+        check_arguments(ClassificationTask, {"pooling": "pooler"}, "model")

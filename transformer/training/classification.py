@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from transformer.config import TransformerConfig
+from transformer.encoder_only import Pooling
 from transformer.evaluation.restore import load_pretrained_encoder
 from transformer.losses import symmetric_kl
 from transformer.model import TransformerClassifier
@@ -38,7 +39,7 @@ class ClassificationTask(TaskBase):
         self,
         config: Mapping[str, Any],
         num_classes: int,
-        pooling: Literal["cls", "mean", "max"] = "cls",
+        pooling: Pooling = "cls",
         optimizer: OptimizerFactory | None = None,
         scheduler: SchedulerFactory | None = None,
         label_smoothing: float = 0.0,
