@@ -22,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT, cli_env
+from tests.driver import run_in_one_interpreter
 from tests.integration.test_train import TINY, _cli
 from transformer.evaluation.sweep_report import write_report
 
@@ -220,14 +221,19 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study_alone(tmp_path: Path) 
     study.optimize(lambda t: t.suggest_float("x", 0, 2), n_trials=1)
     before = (sweep_dir / "optuna.db").read_bytes()
     base = ["-m", "hparams_search=quickstart_optuna", *_tiny(), f"paths.log_dir={tmp_path / 'logs'}"]
-    for extra, message in [
+    cases = [
         (["hydra.sweeper.sampler._target_=optuna.samplers.Nope"], "sampler._target_=optuna.samplers.Nope"),
         (["model.config.dropout=interval(0.3,0.1)"], "model.config.dropout: interval(0.3, 0.1) is empty"),
         ([], "hydra.sweeper.study_name=quickstart_optuna: the study in sqlite:///"),  # other parameters
         (["hydra.sweeper.direction=minimize"], "has direction ['maximize'], this sweep ['minimize']"),
         (["hydra.sweeper.storage=notaurl://x"], "hydra.sweeper.storage=notaurl://x: expected a database URL"),
-    ]:  # fmt: skip
-        done = _cli([*base, *extra], cwd=tmp_path)
+    ]  # fmt: skip
+    # in one interpreter (tests/driver.py); the first also as a process: the real entry point's one line
+    steps = [
+        {"script": "train.py", "args": [*base, *extra], "cwd": str(tmp_path), "subprocess": i == 0}
+        for i, (extra, _) in enumerate(cases)
+    ]
+    for (extra, message), done in zip(cases, run_in_one_interpreter(steps), strict=True):
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
         assert len(errors) == 1 and message in errors[0], (extra, errors)
