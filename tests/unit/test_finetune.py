@@ -231,7 +231,7 @@ def test_init_from_refuses_another_task_shape_or_tokenizer(tmp_path) -> None:
     classifier = _save(_task(ClassificationTask), tmp_path / "classifier.ckpt")
     with pytest.raises(CheckpointError, match="is a classification checkpoint: a translation run starts"):
         load_pretrained_translation(Seq2SeqTransformer(TransformerConfig.from_dict(TINY)), classifier)
-    with pytest.raises(CheckpointError, match="not a masked-LM pretraining checkpoint"):
+    with pytest.raises(CheckpointError, match="is a translation checkpoint: a classification run starts"):
         _task(ClassificationTask, init_from=path).load_init_from()
 
 
@@ -284,3 +284,47 @@ def test_a_classification_checkpoint_is_refused_for_translation_in_one_line(tmp_
     classifier = _save(_task(ClassificationTask), tmp_path / "classifier.ckpt")
     with pytest.raises(ConfigError, match="is a classification checkpoint: a translation run starts from"):
         take_init_from(_cfg(classifier), None, set())
+
+
+# --- init_from of a classification checkpoint (trained here, or an imported BERT) ---------------------
+
+
+def _classifier_checkpoint(tmp_path, **kwargs) -> tuple[ClassificationTask, str]:
+    task = _task(ClassificationTask, pooling="max", **kwargs)
+    _trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
+        task, datamodule=CopyData(classify=True)
+    )
+    return task, _save(task, tmp_path / "classifier.ckpt")
+
+
+def test_a_classifier_starts_from_a_classification_checkpoint_with_its_head(tmp_path) -> None:
+    trained, path = _classifier_checkpoint(tmp_path)
+    fresh = _task(ClassificationTask, pooling="max", init_from=path)
+    assert fresh.load_init_from(TOKENIZERS) == len(trained.model.state_dict())
+    results = [
+        _trainer(tmp_path).validate(task, datamodule=CopyData(classify=True), verbose=False)[0]
+        for task in (trained, fresh)
+    ]
+    assert results[0]["val/loss"] == results[1]["val/loss"]
+    three = ClassificationTask({**TINY, "n_decoder_layers": 0}, num_classes=3, pooling="max", init_from=path)
+    head = {k: v.clone() for k, v in three.model.head.state_dict().items()}
+    assert three.load_init_from(TOKENIZERS) == len(trained.model.state_dict()) - 2  # a new head for 3 classes
+    assert all(torch.equal(three.model.head.state_dict()[k], v) for k, v in head.items())
+    assert torch.equal(
+        three.model.state_dict()["encoder.layers.0.norm1.weight"],
+        trained.model.state_dict()["encoder.layers.0.norm1.weight"],
+    )
+
+
+def test_a_classification_run_takes_the_checkpoints_config_pooling_and_tokenizer(tmp_path) -> None:
+    _, path = _classifier_checkpoint(tmp_path)
+    cfg = OmegaConf.create(
+        {"ckpt_path": None, "data": {"max_len": 16},
+         "model": {"_target_": "transformer.training.ClassificationTask", "init_from": path, "pooling": "cls",
+                   "config": {"d_model": 256, "dropout": 0.2}}}
+    )  # fmt: skip
+    assert take_init_from(cfg, None, set()) == TOKENIZERS
+    assert cfg.model.pooling == "max" and cfg.model.config.d_model == D and cfg.model.config.dropout == 0.2
+    cfg.model.pooling = "cls"
+    with pytest.raises(ConfigError, match=r"^model\.pooling=cls contradicts model\.init_from="):
+        take_init_from(cfg, None, {"model.pooling"})

@@ -1,6 +1,7 @@
-"""`model.init_from` of a translation run, before the data is read: the run takes the checkpoint's model
-config and tokenizer(s), in the checkpoint's languages; what contradicts them is refused with one line
-naming the key. (A classification run's `init_from`, a masked-LM encoder, is checked when it is loaded.)"""
+"""`model.init_from`, before the data is read: a run that fine-tunes a translation checkpoint, or a
+classification one (trained here, or an imported BERT), takes its model config (and pooling) and tokenizer(s),
+in its languages; what contradicts them is refused with one line naming the key. (A masked-LM checkpoint
+starts a classifier's encoder only: the run keeps its own config and tokenizer, checked when it is loaded.)"""
 
 from __future__ import annotations
 
@@ -25,20 +26,29 @@ def explicit_keys(overrides: Iterable[str]) -> set[str]:
     return {item.split("=", 1)[0].lstrip("+~") for item in overrides}
 
 
-def _is_translation(cfg: DictConfig) -> bool:
-    return str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1] == "TranslationTask"
+_KINDS = {"TranslationTask": "translation", "ClassificationTask": "classification"}
+
+
+def _kind(cfg: DictConfig) -> str | None:
+    return _KINDS.get(str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1])
+
+
+def _is_masked_lm(checkpoint: Mapping[str, Any]) -> bool:
+    hparams = checkpoint.get("hyper_parameters")
+    return isinstance(hparams, Mapping) and "mask_prob" in hparams
 
 
 def take_init_from(
     cfg: DictConfig, resumed: Mapping[str, Any] | None, explicit: Iterable[str]
 ) -> dict[str, str] | None:
-    """For a translation run with `model.init_from`: set `cfg.model.config` to the checkpoint's (resuming:
-    to the resumed run's, which took it at its start; `init_from` is not read again). A `model.config`
-    key given on the command line (`explicit`) that contradicts it, or `data.src_lang` / `data.tgt_lang`
-    other than the checkpoint's, is a ConfigError. Returns the checkpoint's tokenizer(s) for the datamodule
-    (None when resuming: the resumed checkpoint's are loaded with its datamodule state)."""
-    path = cfg.model.get("init_from")
-    if not path or not _is_translation(cfg):
+    """For a run with `model.init_from` of its own task: set `cfg.model.config` (and a classifier's
+    `pooling`) to the checkpoint's (resuming: to the resumed run's, which took it at its start; `init_from`
+    is not read again). A `model.config` key (or `model.pooling`) given on the command line (`explicit`)
+    that contradicts it, or `data.src_lang` / `data.tgt_lang` other than the checkpoint's, is a
+    ConfigError. Returns the checkpoint's tokenizer(s) for the datamodule (None when resuming: the resumed
+    checkpoint's are loaded with its datamodule state; None for a masked-LM checkpoint)."""
+    path, kind = cfg.model.get("init_from"), _kind(cfg)
+    if not path or kind is None:
         return None
     if resumed is not None:
         source, checkpoint = f"ckpt_path={cfg.ckpt_path}", resumed
@@ -48,10 +58,15 @@ def take_init_from(
             checkpoint = load_checkpoint(path)
         except CheckpointError as err:
             raise ConfigError(f"model.init_from: {err}") from None
-        _check_task(checkpoint, path)
+        if kind == "classification" and _is_masked_lm(checkpoint):
+            return None  # its encoder starts the classifier: the run's own config and tokenizer
+        _check_task(checkpoint, path, kind)
         _check_languages(cfg, checkpoint, path)
-    saved = dict(checkpoint["hyper_parameters"]["config"])
+    hparams = checkpoint["hyper_parameters"]
+    saved = dict(hparams["config"])
     _take_config(cfg, saved, source, set(explicit))
+    if kind == "classification" and hparams.get("pooling") is not None:
+        _take_pooling(cfg, hparams["pooling"], source, set(explicit))
     max_len = cfg.data.get("max_len")
     if isinstance(max_len, int) and isinstance(saved.get("max_len"), int) and max_len > saved["max_len"]:
         raise ConfigError(
@@ -60,28 +75,42 @@ def take_init_from(
         )
     if resumed is not None:
         return None
-    tokenizers = (checkpoint.get(DATAMODULES["translation"]) or {}).get("tokenizers")
+    tokenizers = (checkpoint.get(DATAMODULES[kind]) or {}).get("tokenizers")
     if not tokenizers:
         raise ConfigError(f"model.init_from={path} carries no tokenizer: its token ids cannot be read")
     return dict(tokenizers)
 
 
-def _check_task(checkpoint: Mapping[str, Any], path: str) -> None:
-    hparams = checkpoint.get("hyper_parameters")
-    if isinstance(hparams, Mapping) and "mask_prob" in hparams:
+def _check_task(checkpoint: Mapping[str, Any], path: str, kind: str) -> None:
+    if _is_masked_lm(checkpoint):
         raise ConfigError(
             f"model.init_from={path} is a masked-LM pretraining checkpoint: it starts a classifier "
             "(experiment=sst2), not a translation model"
         )
     try:
-        kind = task_of(checkpoint, path)
+        theirs = task_of(checkpoint, path)
     except CheckpointError as err:
         raise ConfigError(f"model.init_from: {err}") from None
-    if kind != "translation":
-        raise ConfigError(
-            f"model.init_from={path} is a {kind} checkpoint: a translation run starts from a translation "
-            "checkpoint (trained here, or imported with aiayn-import)"
+    if theirs != kind:
+        starts = (
+            "a translation checkpoint (trained here, or imported with aiayn-import)"
+            if kind == "translation"
+            else "a masked-LM (experiment=sst2_pretrain) or a classification checkpoint"
         )
+        raise ConfigError(
+            f"model.init_from={path} is a {theirs} checkpoint: a {kind} run starts from {starts}"
+        )
+
+
+def _take_pooling(cfg: DictConfig, saved: str, source: str, explicit: set[str]) -> None:
+    ours = cfg.model.get("pooling")
+    if "model.pooling" in explicit and ours != saved:
+        raise ConfigError(
+            f"model.pooling={ours} contradicts {source} ({saved}): its pooler's weights belong to it; "
+            "leave model.pooling unset"
+        )
+    with open_dict(cfg):
+        cfg.model.pooling = saved
 
 
 def _check_languages(cfg: DictConfig, checkpoint: Mapping[str, Any], path: str) -> None:

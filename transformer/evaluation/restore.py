@@ -23,6 +23,7 @@ __all__ = [
     "TASKS",
     "RestoredModel",
     "last_checkpoints",
+    "load_pretrained_classifier",
     "load_pretrained_encoder",
     "load_pretrained_translation",
     "lora_settings",
@@ -173,6 +174,16 @@ def load_pretrained_encoder(
             f"model.init_from={path} is not a masked-LM pretraining checkpoint (MaskedLMTask, "
             "`experiment=sst2_pretrain`); to continue a classification run use ckpt_path= instead"
         )
+    return _copy_encoder(model, checkpoint, path, tokenizers)
+
+
+def _copy_encoder(
+    model: TransformerClassifier,
+    checkpoint: Mapping[str, Any],
+    path: str | Path,
+    tokenizers: Mapping[str, str] | None,
+) -> int:
+    """`load_pretrained_encoder`'s copy, of the loaded masked-LM `checkpoint`."""
     if tokenizers is not None:
         saved = (checkpoint.get(DATAMODULES["classification"]) or {}).get("tokenizers")
         if saved != tokenizers:
@@ -196,6 +207,47 @@ def load_pretrained_encoder(
         )
     model.load_state_dict(weights, strict=False)
     return len(weights)
+
+
+def load_pretrained_classifier(
+    model: TransformerClassifier, path: str | Path, tokenizers: Mapping[str, str] | None = None
+) -> tuple[int, str]:
+    """`model.init_from` of a classification run: the encoder of a masked-LM checkpoint (the head stays
+    new), or every weight of a classification checkpoint (trained here, or an imported BERT), its head
+    too when it has as many classes (else the head stays new). Returns the number of tensors copied and
+    what they were ("encoder tensors", "tensors", "tensors (a new head)"). `tokenizers` as in
+    `load_pretrained_translation`."""
+    checkpoint = load_checkpoint(path)
+    if _is_masked_lm(checkpoint.get("hyper_parameters")):
+        return _copy_encoder(model, checkpoint, path, tokenizers), "encoder tensors"
+    restored = restore_model(checkpoint, path)
+    if restored.task != "classification":
+        raise CheckpointError(
+            f"model.init_from={path} is a {restored.task} checkpoint: a classification run starts from a "
+            "masked-LM (experiment=sst2_pretrain) or a classification checkpoint"
+        )
+    if tokenizers is not None and restored.datamodule_state.get("tokenizers") != tokenizers:
+        raise CheckpointError(
+            f"model.init_from={path} was trained with another tokenizer than this run's: token ids would "
+            "not match (a fine-tuning run takes the checkpoint's tokenizer)"
+        )
+    weights, expected = restored.model.state_dict(), model.state_dict()
+    head_fits = all(
+        key in weights and weights[key].shape == value.shape
+        for key, value in expected.items()
+        if key.startswith("head.")
+    )
+    if not head_fits:  # another number of classes: a new head
+        weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
+    wanted = {k: v for k, v in expected.items() if head_fits or not k.startswith("head.")}
+    mismatch = state_dict_mismatch(wanted, weights)
+    if mismatch:
+        raise CheckpointError(
+            f"model.init_from={path}: its weights do not fit model.config ({mismatch}); a fine-tuning run "
+            "takes the checkpoint's model config: leave model.config unset"
+        )
+    model.load_state_dict(weights, strict=head_fits)
+    return len(weights), "tensors" if head_fits else "tensors (a new head)"
 
 
 def load_pretrained_translation(

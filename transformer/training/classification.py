@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from transformer.config import TransformerConfig
 from transformer.encoder_only import Pooling
-from transformer.evaluation.restore import load_pretrained_encoder
+from transformer.evaluation.restore import load_pretrained_classifier
 from transformer.losses import symmetric_kl
 from transformer.model import TransformerClassifier
 from transformer.training.base import (
@@ -82,13 +82,15 @@ class ClassificationTask(TaskBase):
 
     def load_init_from(self, tokenizers: Mapping[str, str] | None = None) -> int:
         """Copy the encoder (embeddings + layers) of the `MaskedLMTask` checkpoint `init_from` into the
-        model; the head keeps its initialization. `tokenizers` (the datamodule's `state_dict()` entry)
-        must be the ones it was pretrained with. `train.py` calls this before a fresh fit, not on resume.
-        Returns the number of tensors copied (0 without `init_from`)."""
+        model, the head keeping its initialization; or every weight of a classification checkpoint
+        (trained here or an imported BERT, whose config and tokenizer train.py gave the run), its head too
+        when it has as many classes. `tokenizers` (the datamodule's `state_dict()` entry) must be the
+        checkpoint's. `train.py` calls this before a fresh fit, not on resume. Returns the number of
+        tensors copied (0 without `init_from`)."""
         if not self.hparams.init_from:
             return 0
-        loaded = load_pretrained_encoder(self.model, self.hparams.init_from, tokenizers)
-        log.info("Initialized %d encoder tensors from %s", loaded, self.hparams.init_from)
+        loaded, what = load_pretrained_classifier(self.model, self.hparams.init_from, tokenizers)
+        log.info("Initialized %d %s from %s", loaded, what, self.hparams.init_from)
         return loaded
 
     def forward(self, src: Tensor) -> Tensor:
