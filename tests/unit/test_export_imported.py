@@ -311,6 +311,15 @@ def test_the_card_of_an_imported_model_trained_further(source: ExportSource) -> 
     card = model_card(dataclasses.replace(source, global_step=500), "hf", {})
     assert "then trained further by this project" in card and "## Recipe" in card
     assert "changed no weight" not in card
+    # a fine-tuning run (model.init_from) names its start and how it trained; a run from scratch neither
+    lora = {"freeze": "none", "lora": {"rank": 2}}
+    run = {**source.run_config, "model": {"init_from": "pretrained/opus/model.ckpt"}, "finetune": lora}
+    card = model_card(dataclasses.replace(source, global_step=500, run_config=run), "hf", {})
+    assert '- `model.init_from`: "pretrained/opus/model.ckpt"' in card and '"rank": 2' in card
+    scratch = {**source.run_config, "finetune": lora}
+    assert "finetune" not in model_card(
+        dataclasses.replace(source, global_step=5, run_config=scratch), "hf", {}
+    )
 
 
 # --- what still cannot be exported ------------------------------------------------------------------------

@@ -20,7 +20,7 @@ __all__ = ["model_card", "write_model_card"]
 
 _DATA_KEYS = ("source", "data_dir", "src_lang", "tgt_lang", "train_split", "val_split", "test_split",
               "vocab_size", "joint_vocab", "max_len", "bpe_dropout")  # fmt: skip
-_RECIPE_KEYS = ("label_smoothing", "optimizer", "scheduler")
+_RECIPE_KEYS = ("init_from", "label_smoothing", "optimizer", "scheduler")  # init_from: a fine-tuning start
 _TRAINER_KEYS = ("max_epochs", "max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val")
 
 _USAGE = {
@@ -194,6 +194,11 @@ def _recipe_section(source: ExportSource) -> list[str]:
             for key in _RECIPE_KEYS
             if (value := _get(run, "model", key)) is not None
         ],
+        *(  # how a fine-tuning run (model.init_from) trained: all of it, frozen parts, LoRA adapters
+            [f"- `finetune`: {json.dumps(run.get('finetune'), default=str)}"]
+            if _get(run, "model", "init_from")
+            else []
+        ),
         f"- trainer: {json.dumps(trainer, default=str)}",
         f"- validation decoding: {_decoding_text({**validation, 'search': 'auto'})}; test decoding: "
         f"{_decoding_text(source.decoding)}",
