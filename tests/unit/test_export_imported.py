@@ -304,6 +304,30 @@ def test_the_self_check_catches_a_source_bos_on_an_imported_model(
     assert not any(tmp_path.iterdir())
 
 
+def test_the_self_check_catches_a_wrong_marian_tokenizer(
+    source: ExportSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transformers export also loads its MarianTokenizer back: with the SentencePiece models swapped
+    (German text cut by the English model) it encodes otherwise, and nothing is written."""
+    from transformer.export import hf
+
+    original = hf.write_marian_tokenizer
+
+    def swapped(changed: ExportSource, directory: Path) -> None:
+        original(changed, directory)
+        source_model, target_model = (
+            (directory / "source.spm").read_bytes(),
+            (directory / "target.spm").read_bytes(),
+        )
+        (directory / "source.spm").write_bytes(target_model)
+        (directory / "target.spm").write_bytes(source_model)
+
+    monkeypatch.setattr(hf, "write_marian_tokenizer", swapped)
+    with pytest.raises(ExportError, match="MarianTokenizer does not encode or decode as"):
+        export_hf(source, tmp_path / "hf")
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_card_of_an_imported_model_trained_further(source: ExportSource) -> None:
     from transformer.export.card import model_card
 

@@ -322,7 +322,36 @@ def export_hf(source: ExportSource, output: str | Path, *, force: bool = False) 
             write_marian_tokenizer(source, staging)
         write_model_card(source, staging / "README.md", target="hf")
         difference = _check(source, staging)
+        if tokenizer is None:
+            _check_marian_tokenizer(source, staging)
     return Exported(Path(output), difference, "log-probabilities of the files loaded back, on a probe batch")
+
+
+def _check_marian_tokenizer(source: ExportSource, directory: Path) -> None:
+    """MarianTokenizer, loaded back from the written files, must encode a text made of the vocabulary's own
+    pieces (drawn with a fixed seed) and decode the probe batch's targets as the checkpoint's tokenizer does;
+    otherwise the export fails."""
+    import warnings
+
+    from transformers import MarianTokenizer
+
+    pair = source.sentencepiece
+    assert pair is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Recommended: pip install sacremoses" (a normalizer not used)
+        tokenizer = MarianTokenizer.from_pretrained(directory)
+    pieces = [piece for piece in pair.vocab if piece not in ("</s>", "<unk>", "<pad>") and ">>" not in piece]
+    drawn = torch.randint(0, len(pieces), (32,), generator=torch.Generator().manual_seed(0)).tolist()
+    text = "".join(pieces[i] for i in drawn).replace("\u2581", " ").strip()
+    _, tgt = probe_batch(source.config)
+    targets = tgt.tolist()
+    if tokenizer(text).input_ids != pair.encode_source(text) or [
+        tokenizer.decode(row, skip_special_tokens=True) for row in targets
+    ] != [pair.decode(row) for row in targets]:
+        raise ExportError(
+            f"the exported MarianTokenizer does not encode or decode as {source.path}'s tokenizer: nothing "
+            "written"
+        )
 
 
 def _check(source: ExportSource, directory: Path) -> float:
