@@ -285,3 +285,18 @@ def test_a_training_config_may_choose_bert_s_pooler() -> None:
         check_arguments(ClassificationTask, {"pooling": pooling}, "model")
     with pytest.raises(ArgumentError, match="cls_tanh"):
         check_arguments(ClassificationTask, {"pooling": "pooler"}, "model")
+
+
+def test_a_distilbert_model_without_a_head_gets_a_new_one(sst2: Path, sentences, tmp_path) -> None:
+    """DistilBERT's head (pre_classifier, classifier) is new; the encoder is DistilBertModel's."""
+    source = bert_directory(tmp_path / "bare", sst2, model_type="distilbert", head=False)
+    restored = restore_model(_import(source, tmp_path / "imported", "--num-classes", "2"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    batch = tokenizer(sentences[:25], padding=True, return_tensors="pt")
+    bare = transformers.DistilBertModel.from_pretrained(source).eval()
+    with torch.no_grad():
+        hidden, padding = restored.model.encode(batch.input_ids)
+        expected = bare(**batch).last_hidden_state
+    keep = ~padding  # (B, S): the real tokens
+    assert (hidden - expected)[keep].abs().max().item() < TOLERANCE
+    assert restored.hparams["pooling"] == "cls_relu" and restored.model.head.out_features == 2
