@@ -328,3 +328,13 @@ def test_a_classification_run_takes_the_checkpoints_config_pooling_and_tokenizer
     cfg.model.pooling = "cls"
     with pytest.raises(ConfigError, match=r"^model\.pooling=cls contradicts model\.init_from="):
         take_init_from(cfg, None, {"model.pooling"})
+
+
+def test_adversarial_training_works_with_frozen_embeddings(tmp_path) -> None:
+    """The perturbation needs the gradient w.r.t. the looked-up embeddings, which a frozen table lacks."""
+    task = _task(ClassificationTask, adversarial=0.1, finetune={"freeze": "embeddings"})
+    before = task.model.src_embed.embedding.weight.clone()
+    _trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0).fit(
+        task, datamodule=CopyData(classify=True)
+    )
+    assert torch.equal(task.model.src_embed.embedding.weight, before)

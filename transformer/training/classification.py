@@ -116,6 +116,10 @@ class ClassificationTask(TaskBase):
         looked_up = []
 
         def perturb(module: nn.Module, args: Any, embeddings: Tensor) -> Tensor:
+            if torch.is_grad_enabled() and not embeddings.requires_grad:
+                # a frozen embedding (finetune.freeze, LoRA): the perturbation still needs the loss
+                # gradient with respect to the looked-up vectors
+                embeddings = embeddings.detach().requires_grad_()
             if perturbation is not None:
                 embeddings = embeddings + perturbation
             looked_up.append(embeddings)
