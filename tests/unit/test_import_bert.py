@@ -300,3 +300,37 @@ def test_a_distilbert_model_without_a_head_gets_a_new_one(sst2: Path, sentences,
     keep = ~padding  # (B, S): the real tokens
     assert (hidden - expected)[keep].abs().max().item() < TOLERANCE
     assert restored.hparams["pooling"] == "cls_relu" and restored.model.head.out_features == 2
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_the_embedding_options_give_the_same_vectors_packed_and_padded(positional: str) -> None:
+    """The packed path (a translation model's pack_tokens) scales and normalises as the padded one."""
+    from transformer.embedding import Embedder
+    from transformer.packing import TokenPacking
+    from transformer.positional import build_absolute_positional
+
+    torch.manual_seed(0)
+    embedder = Embedder(
+        torch.nn.Embedding(30, 16), build_absolute_positional(positional, 16, 12), 0.0,
+        scale=False, norm=True, norm_eps=1e-12,
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        embedder.norm.weight.normal_()
+        embedder.norm.bias.normal_()
+    tokens = torch.tensor([[3, 4, 5, 0, 0], [6, 7, 8, 9, 10]])
+    packing = TokenPacking(tokens.ne(0))
+    torch.testing.assert_close(embedder(tokens, packing=packing), embedder(tokens)[tokens.ne(0)])
+
+
+def test_a_translation_model_takes_the_options_too() -> None:
+    from transformer.model import Seq2SeqTransformer
+
+    config = TransformerConfig(
+        src_vocab_size=40, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
+        scale_embedding=False, embedding_norm=True, norm_eps=1e-6,
+    )  # fmt: skip
+    model = Seq2SeqTransformer(config)
+    assert model.src_embed.norm is not None and model.tgt_embed.norm is not None
+    assert model.src_embed.scale == model.tgt_embed.scale == 1.0
+    norms = [module for module in model.modules() if isinstance(module, torch.nn.LayerNorm)]
+    assert len(norms) == 2 + 2 + 3 and all(norm.eps == 1e-6 for norm in norms)  # embedders, encoder, decoder
