@@ -212,6 +212,10 @@ def test_other_architectures_and_missing_tokenizers_are_refused(bert_dir: Path, 
         assert main([str(tmp_path / name), "--output", str(out)]) == 1
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and fragment in err, err
+    transformers.MarianConfig(vocab_size=40).save_pretrained(tmp_path / "marian")
+    assert main([str(tmp_path / "marian"), "--output", str(out), "--num-classes", "2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "--num-classes is for BERT-family classifiers" in err and "\n" not in err, err
     no_tokenizer = tmp_path / "no-tokenizer"
     no_tokenizer.mkdir()
     for path in bert_dir.iterdir():
