@@ -21,6 +21,7 @@ from tests.pretrained import opus_mt_directory  # noqa: E402
 from tests.unit.test_configs import compose_train_cfg  # noqa: E402
 from transformer.cli import build, init_from  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
+from transformer.export.cli import main as export_main  # noqa: E402
 from transformer.export.import_cli import main as import_main  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -136,3 +137,5 @@ def test_lora_fine_tuning_of_the_import_then_evaluate(opus, tiny_multi30k, tmp_p
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert (tmp_path / "eval" / "hypotheses.txt").is_file()
+    # exported merged: the export compares the files loaded back with the restored (merged) model
+    assert export_main([metrics["last_ckpt_path"], "--to", "hf", "--output", str(tmp_path / "hf")]) == 0
