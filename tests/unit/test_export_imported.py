@@ -31,9 +31,9 @@ sentencepiece = pytest.importorskip("sentencepiece")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide  # noqa: E402
+from data.sentencepiece_pair import SentencePieceSide  # noqa: E402
 from tests.conftest import _data_dir  # noqa: E402
-from tests.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
+from tests.pretrained import multi30k_lines, opus_mt_directory, opus_mt_tokenizer_files  # noqa: E402
 from transformer.export.cli import main  # noqa: E402
 from transformer.export.ctranslate2 import export_ctranslate2  # noqa: E402
 from transformer.export.hf import export_hf, import_hf  # noqa: E402
@@ -346,24 +346,83 @@ def test_the_card_of_an_imported_model_trained_further(source: ExportSource) -> 
     )
 
 
-# --- what still cannot be exported ------------------------------------------------------------------------
+# --- separate source and target vocabularies --------------------------------------------------------------
 
 
-def test_separate_vocabularies_are_refused_for_hf_only(
-    source: ExportSource, tmp_path: Path, sentences: list[str]
-) -> None:
-    """An imported model with a target vocabulary of its own (target_vocab.json): transformers refused with
-    one line and nothing written; CTranslate2 takes it, its output read with target.spm."""
-    pair = source.sentencepiece
-    separate = SentencePiecePair(pair.source_model, pair.target_model, pair.vocab, dict(pair.vocab))
-    changed = dataclasses.replace(source, sentencepiece=separate)
-    with pytest.raises(ExportError, match="separate source and target vocabularies"):
-        export_hf(changed, tmp_path / "hf")
-    assert not any(tmp_path.iterdir())
-    exported = export_ctranslate2(changed, tmp_path / "ct2")
-    assert exported.max_abs_diff <= 1e-5
-    card = (exported.path / "README.md").read_text(encoding="utf-8")  # pieces joined by the target's model
+def _separate_vocabularies_directory(directory: Path) -> Path:
+    """An OPUS-MT-shaped directory whose source and target have vocabularies of their own (vocab.json with
+    the German pieces, target_vocab.json with the English ones, of different sizes; `separate_vocabs` in
+    tokenizer_config.json; embeddings not shared), random weights; the special ids the same on both sides."""
+    opus_mt_tokenizer_files(directory, _data_dir("MULTI30K_DIR"))
+    vocabularies = {}
+    for spm, name in (("source.spm", "vocab.json"), ("target.spm", "target_vocab.json")):
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / spm))
+        vocab = {"</s>": 0, "<unk>": 1, "<pad>": 2}
+        for i in range(1, processor.get_piece_size()):
+            vocab.setdefault(processor.id_to_piece(i), len(vocab))
+        (directory / name).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        vocabularies[name] = vocab
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**settings, "separate_vocabs": True}))
+    config = transformers.MarianConfig(
+        vocab_size=len(vocabularies["vocab.json"]), decoder_vocab_size=len(vocabularies["target_vocab.json"]),
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="swish", pad_token_id=2, eos_token_id=0,
+        bos_token_id=0, decoder_start_token_id=2, forced_eos_token_id=0, max_position_embeddings=128,
+        scale_embedding=True, share_encoder_decoder_embeddings=False,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        model = transformers.MarianMTModel(config).eval()
+        with torch.no_grad():
+            model.final_logits_bias.normal_()
+    model.save_pretrained(directory)
+    return directory
+
+
+def test_separate_vocabularies_export_both_ways(tmp_path: Path, sentences: list[str]) -> None:
+    """An imported model with a target vocabulary of its own: the transformers export is the original again
+    (both vocabularies, MarianTokenizer's ids and text, weights bit for bit, greedy `generate`), CTranslate2's
+    greedy search gives ours, its output read with the target SentencePiece model."""
+    opus = _separate_vocabularies_directory(tmp_path / "opus")
+    source = load_source(import_hf(opus, tmp_path / "imported"))
+    assert not source.joint_vocabulary and source.config.src_vocab_size != source.config.tgt_vocab_size
+    hf = export_hf(source, tmp_path / "hf").path
+    for name in ("vocab.json", "target_vocab.json"):
+        assert json.loads((hf / name).read_text(encoding="utf-8")) == json.loads((opus / name).read_text())
+    original, exported = _quiet_marian_tokenizer(opus), _quiet_marian_tokenizer(hf)
+    english = multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.en.gz", N_SENTENCES)
+    assert exported(sentences).input_ids == original(sentences).input_ids
+    targets = original(text_target=english).input_ids
+    assert exported(text_target=english).input_ids == targets
+    decoded = exported.batch_decode(targets, skip_special_tokens=True)
+    assert decoded == original.batch_decode(targets, skip_special_tokens=True)
+    assert decoded == [source.sentencepiece.decode(row) for row in targets]  # and as ours
+    theirs, ours = load_file(opus / "model.safetensors"), load_file(hf / "model.safetensors")
+    assert all(torch.equal(theirs[name], ours[name]) for name in theirs if "embed_positions" not in name)
+    batch = exported(sentences, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        options = {"num_beams": 1, "max_new_tokens": 30, "do_sample": False}
+        generated = transformers.MarianMTModel.from_pretrained(hf).eval().generate(**batch, **options)
+        assert torch.equal(
+            generated, transformers.MarianMTModel.from_pretrained(opus).eval().generate(**batch, **options)
+        )
+    mine = _hypotheses(greedy_search(source.model, batch.input_ids, **LIMIT))
+    assert _hypotheses(generated[:, 1:]) == mine
+
+    ct2 = export_ctranslate2(source, tmp_path / "ct2").path
+    target_vocab = json.loads((ct2 / "target_vocabulary.json").read_text(encoding="utf-8"))
+    assert target_vocab == source.vocabulary("tgt") != source.vocabulary("src")
+    translator = ctranslate2.Translator(str(ct2), device="cpu", compute_type="float32")
+    results = translator.translate_batch(
+        _ct2_tokens(ct2, sentences), beam_size=1, suppress_sequences=[["<pad>"]], **CT2_LIMIT
+    )
+    assert [[target_vocab.index(t) for t in r.hypotheses[0]] for r in results] == _without_eos(mine)
+    card = (ct2 / "README.md").read_text(encoding="utf-8")  # pieces joined by the target's model
     assert 'SentencePieceProcessor(model_file="path/to/this/directory/target.spm")' in card
+
+
+# --- the command line -----------------------------------------------------------------------------------
 
 
 def test_cli_exports_an_imported_checkpoint(dirs: dict[str, Path], tmp_path: Path, capsys) -> None:

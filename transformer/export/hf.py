@@ -50,12 +50,8 @@ def hf_refusal(source: ExportSource) -> str | None:
         return f"model.config.positional={config.positional}: transformers' Marian has sinusoids only"
     if config.activation not in ACTIVATIONS:
         return f"model.config.activation={config.activation}: transformers' Marian has no gated feed-forward"
-    if source.sentencepiece is not None and not source.joint_vocabulary:
-        return (
-            "separate source and target vocabularies (an imported model's target_vocab.json): not "
-            "exported to transformers yet (export with --to ctranslate2)"
-        )
-    if not source.joint_vocabulary:
+    # separate vocabularies: an imported model's MarianTokenizer has both (target_vocab.json), our BPE's not
+    if source.sentencepiece is None and not source.joint_vocabulary:
         return (
             "separate source and target tokenizers: a transformers translation pipeline encodes and decodes "
             "with one tokenizer (train with a joint vocabulary, or export with --to ctranslate2)"
@@ -271,20 +267,25 @@ def fast_tokenizer(source: ExportSource) -> PreTrainedTokenizerFast:
 
 def write_marian_tokenizer(source: ExportSource, directory: Path) -> None:
     """An imported model's SentencePiece pair as OPUS-MT ships it, for transformers' `MarianTokenizer`:
-    its two SentencePiece models and vocabulary as they were imported, and a tokenizer_config.json naming
-    the class, the languages and the special tokens (Marian has no <s>)."""
+    its two SentencePiece models and vocabulary (vocabularies: vocab.json and target_vocab.json) as they
+    were imported, and a tokenizer_config.json naming the class, the languages and the special tokens
+    (Marian has no <s>)."""
     pair = source.sentencepiece
-    assert pair is not None and pair.target_vocab is None, "hf_refusal: one vocabulary only"
+    assert pair is not None
     data = source.run_config.get("data") or {}
     (directory / "source.spm").write_bytes(pair.source_model)
     (directory / "target.spm").write_bytes(pair.target_model)
-    vocab = json.dumps(pair.vocab, ensure_ascii=False, indent=2)
-    (directory / "vocab.json").write_text(vocab + "\n", encoding="utf-8")
+    vocabularies = {"vocab.json": pair.vocab}
+    if pair.target_vocab is not None:
+        vocabularies["target_vocab.json"] = pair.target_vocab
+    for name, vocab in vocabularies.items():
+        text = json.dumps(vocab, ensure_ascii=False, indent=2)
+        (directory / name).write_text(text + "\n", encoding="utf-8")
     settings = {
         "tokenizer_class": "MarianTokenizer",
         "source_lang": data.get("src_lang"),
         "target_lang": data.get("tgt_lang"),
-        "separate_vocabs": False,
+        "separate_vocabs": pair.target_vocab is not None,
         "eos_token": "</s>",
         "unk_token": "<unk>",
         "pad_token": "<pad>",
