@@ -2,8 +2,9 @@
 
 `load_source` restores a translation checkpoint with the evaluation code (`transformer.evaluation.restore`,
 safe `weights_only=True` loading) and collects what a deployed model needs besides its weights: tokenizer
-JSON(s), decoding settings, scores. `staged_output` writes into a temporary directory beside the output and
-renames it into place at the end, so a failed export leaves nothing behind.
+JSON(s) (an imported OPUS-MT model's: its SentencePiece pair, `data.sentencepiece_pair`), decoding settings,
+scores, where an imported model came from. `staged_output` writes into a temporary directory beside the
+output and renames it into place at the end, so a failed export leaves nothing behind.
 """
 
 from __future__ import annotations
