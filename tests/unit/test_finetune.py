@@ -338,3 +338,21 @@ def test_adversarial_training_works_with_frozen_embeddings(tmp_path) -> None:
         task, datamodule=CopyData(classify=True)
     )
     assert torch.equal(task.model.src_embed.embedding.weight, before)
+
+
+def test_averaging_the_checkpoints_of_a_lora_run_is_refused(tmp_path) -> None:
+    """The mean of B A over checkpoints is not the product of the mean B and the mean A."""
+    from transformer.cli.checkpoint_setup import load_checkpoints
+
+    task = _task(finetune={"lora": {"rank": RANK}})
+    task.apply_finetune()
+    for step in (1, 2):
+        checkpoint = {
+            "state_dict": task.state_dict(),
+            "hyper_parameters": dict(task.hparams),
+            "global_step": step,
+        }
+        torch.save(checkpoint, tmp_path / f"epoch_{step}.ckpt")
+    cfg = OmegaConf.create({"average_last": 2})
+    with pytest.raises(ConfigError, match=r"^average_last=2: \S+ is a LoRA fine-tuning checkpoint"):
+        load_checkpoints(cfg, tmp_path)
