@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from tests.unit.test_tasks import TINY, CopyData, _trainer
 from transformer.checkpoint import CheckpointError
 from transformer.cli.errors import ConfigError
-from transformer.cli.init_from import take_init_from
+from transformer.cli.init_from import explicit_keys, take_init_from
 from transformer.config import TransformerConfig
 from transformer.evaluation.restore import load_pretrained_translation, restore_model
 from transformer.lora import LoraSettings, add_lora, merge_lora
@@ -356,3 +356,18 @@ def test_averaging_the_checkpoints_of_a_lora_run_is_refused(tmp_path) -> None:
     cfg = OmegaConf.create({"average_last": 2})
     with pytest.raises(ConfigError, match=r"^average_last=2: \S+ is a LoRA fine-tuning checkpoint"):
         load_checkpoints(cfg, tmp_path)
+
+
+def test_the_keys_given_on_the_command_line_are_read_from_hydras_overrides() -> None:
+    overrides = [
+        "experiment=multi30k_de_en",
+        "model.config.d_model=64",
+        "+model.config.x=1",
+        "~model.pooling",
+    ]
+    assert explicit_keys(overrides) == {
+        "experiment",
+        "model.config.d_model",
+        "model.config.x",
+        "model.pooling",
+    }
