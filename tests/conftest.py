@@ -91,11 +91,11 @@ def run_script(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`python SCRIPT ARGS...` as a user runs it (a script of the repository, or any path)."""
-    return subprocess.run(
+    from tests import forkserver
+
+    return forkserver.run(
         [sys.executable, str(REPO_ROOT / script), *args],
         input=stdin,
-        capture_output=True,
-        text=True,
         cwd=cwd,
         env=cli_env() if env is None else env,
         timeout=timeout,

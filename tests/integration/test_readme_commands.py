@@ -4,9 +4,9 @@ Each command runs as written, with tiny overrides appended: one epoch of two tra
 validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
 the hub download for commands without one), one Optuna trial, sweeps cut to two values a key, run
 directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths
-under `logs/` or `pretrained/`, and any value of `distill.teachers`, `backtranslate.model`,
-`backtranslate.monolingual`) become a checkpoint,
-run or file made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where
+under `logs/` or `pretrained/` (an OPUS-MT model: a tiny one imported here), and any value of
+`distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint, run or file
+made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where
 the command says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a
 hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them
 run in one interpreter (`tests/driver.py`), so the libraries are imported once.
@@ -27,6 +27,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT, cli_env
 from tests.driver import run_in_one_interpreter
+from tests.pretrained import opus_mt_directory
+from transformer.export import import_cli
 
 pytestmark = pytest.mark.slow
 
@@ -141,12 +143,20 @@ def _plan(
     # evaluate.py decodes a Multi30k de -> en run unless the command names the quickstart's (en -> de)
     quickstart = not evaluating or any(a.startswith("ckpt_path=<quickstart") for a in args)
     command.dataset = _dataset(args) or (None if quickstart else "multi30k")
-    # a run's path (logs/...) or an imported model's (pretrained/..., docs/pretrained.md: the import itself is
-    # tested in tests/integration/test_import.py) stands for a checkpoint made here
+    # a run's path (logs/...) stands for a checkpoint trained here; an OPUS-MT model's (pretrained/opus-mt-*)
+    # for a tiny OPUS-MT-shaped model imported here (tests/pretrained.py), other imports for the de -> en run
     placeholders = re.compile(r"PATH|<[^>]*>|\.\.\.|^logs/|^pretrained/")
     for i, arg in enumerate(args):
         key, _, value = arg.partition("=")
-        if key == "ckpt_path" and placeholders.search(value):
+        if (
+            key in ("ckpt_path", "model.init_from")
+            and value.startswith("pretrained/opus-mt")
+            and "opus" in fixtures
+        ):
+            args[i] = f"{key}={fixtures['opus']}"
+        elif key == "model.init_from" and placeholders.search(value):
+            args[i] = f"{key}={fixtures['multi30k'] / 'checkpoints' / 'last.ckpt'}"
+        elif key == "ckpt_path" and placeholders.search(value):
             run = fixtures["quickstart" if quickstart else "multi30k"]
             averaging = any(a.startswith("average_last=") for a in args)
             path = run if averaging else run / "checkpoints" / "last.ckpt"
@@ -311,6 +321,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                 ],
             }
         )
+        # an OPUS-MT model as aiayn-import makes it (SentencePiece models trained on the tiny copy)
+        opus = opus_mt_directory(tmp / "opus-mt-de-en", data["multi30k"])
+        assert import_cli.main([str(opus), "--output", str(tmp / "fixtures" / "opus")]) == 0
+        fixtures["opus"] = tmp / "fixtures" / "opus" / "model.ckpt"
     fixture_steps = len(steps)
     owners: list[tuple[str, int]] = []
     for index, command in enumerate(COMMANDS):

@@ -27,6 +27,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests import forkserver
 from tests.conftest import REPO_ROOT, MaliciousPickle, cli_env, snapshot
 from tests.driver import run_in_one_interpreter
 from tests.integration.test_train import TINY as TRAIN_TINY
@@ -155,9 +156,7 @@ def _cmd(run_dir: Path, args: list[str]) -> list[str]:
 
 
 def _cli(run_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        _cmd(run_dir, args), cwd=run_dir.parent, env=cli_env(), capture_output=True, text=True, timeout=600
-    )
+    return forkserver.run(_cmd(run_dir, args), cwd=run_dir.parent, env=cli_env(), timeout=600)
 
 
 def _parallel(jobs: dict[str, tuple[Path, list[str]]]) -> dict[str, subprocess.CompletedProcess[str]]:

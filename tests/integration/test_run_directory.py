@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
 from tests.integration.test_train import TINY
 from transformer.training.loggers import CSVLogger
@@ -31,9 +32,7 @@ RUN = [
 
 def _cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, str(REPO_ROOT / "train.py"), *RUN, f"hydra.run.dir={run_dir}", *args]
-    return subprocess.run(
-        command, cwd=run_dir.parent, env=cli_env(), capture_output=True, text=True, timeout=600
-    )
+    return forkserver.run(command, cwd=run_dir.parent, env=cli_env(), timeout=600)
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:

@@ -17,6 +17,7 @@ import lightning as L
 import pytest
 import torch
 
+from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
 from tests.unit.test_configs import compose_train_cfg
 from train import train
@@ -51,13 +52,8 @@ IN_PROCESS = ["tune_malloc=false"]  # leave the test process's allocator alone
 
 
 def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *args],
-        cwd=cwd,
-        env=cli_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return forkserver.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=cwd, env=cli_env(**env), timeout=600
     )
 
 

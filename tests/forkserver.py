@@ -1,0 +1,283 @@
+"""`python train.py ...` and `python evaluate.py ...` as forked children of a warm interpreter.
+
+Importing torch, Lightning, Hydra and the project is most of what a tiny training run in a test costs
+(about two thirds of one, measured with cProfile on the 2-core CI machine). `run(argv, ...)`, a drop-in
+for `subprocess.run(argv, capture_output=True, text=True, ...)`, hands a command of the form
+`[sys.executable, SCRIPT, *ARGS]` to a server process that imported those libraries once (`python -m
+tests.forkserver`, one per test process) and forks a child for it. The child is a real process, as the
+command line makes one: its own pid, exit status, stdout, stderr, working directory, environment, stdin,
+`sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators, atexit handlers run at its end; only the
+imports are skipped. Everything else runs as a plain subprocess: other command forms, scripts of another
+tree (they would get this tree's modules), and commands whose environment differs from the server's in a
+variable that is not on `RUNTIME_ENV` (variables libraries read when they are imported: `OMP_*`, `HF_*`,
+`CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every command a plain subprocess.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# read when a command runs, not when a library is imported: a difference here still forks
+RUNTIME_ENV = {"PROJECT_ROOT", "HYDRA_FULL_ERROR", "PYTHONUNBUFFERED", "MULTI30K_DIR", "SST2_DIR"}
+RUNTIME_PREFIXES = ("WANDB_",)
+
+
+# --- wire: one length-prefixed JSON message each way -----------------------------------------------
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    data = json.dumps(message).encode()
+    sock.sendall(struct.pack("!I", len(data)) + data)
+
+
+def _receive(sock: socket.socket) -> dict[str, Any] | None:
+    header = _exactly(sock, 4)
+    if header is None:
+        return None
+    data = _exactly(sock, struct.unpack("!I", header)[0])
+    return None if data is None else json.loads(data)
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# --- the server -----------------------------------------------------------------------------------
+
+
+def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
+    """In the forked child: become `python SCRIPT ARGS` and run it; never returns."""
+    status = 1
+    try:
+        for sock in closing:
+            sock.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for fd, path, flags in (
+            (0, request["stdin"], os.O_RDONLY),
+            (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
+            (2, request["stderr"], os.O_WRONLY | os.O_TRUNC),
+        ):
+            opened = os.open(path, flags)
+            os.dup2(opened, fd)
+            os.close(opened)
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False, buffering=1 if unbuffered else -1)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
+        sys.stdout.reconfigure(write_through=unbuffered)
+        sys.stderr.reconfigure(write_through=True)
+        os.chdir(request["cwd"])
+        script = os.path.abspath(os.path.join(request["cwd"], request["script"]))
+        sys.argv = [request["script"], *request["args"]]
+        sys.path[0] = os.path.dirname(script)
+        import random
+
+        import numpy
+
+        random.seed()
+        numpy.random.seed()
+        import runpy
+
+        try:
+            runpy.run_path(script, run_name="__main__")
+            status = 0
+        except SystemExit as exit_:
+            if exit_.code is None:
+                status = 0
+            elif isinstance(exit_.code, int):
+                status = exit_.code
+            else:
+                print(exit_.code, file=sys.stderr)  # as Python prints SystemExit("error: ...")
+                status = 1
+        except KeyboardInterrupt:
+            import traceback
+
+            traceback.print_exc()
+            status = 128 + signal.SIGINT
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            status = 1
+        import threading
+
+        threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter's exit: non-daemon threads end
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+
+
+def serve(path: str, parent: int) -> None:
+    """Accept commands on the UNIX socket `path` until the test process `parent` is gone."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py sets it, before torch is imported
+    import hydra  # noqa: F401
+    import lightning  # noqa: F401
+    import matplotlib  # noqa: F401
+    import torch  # noqa: F401
+
+    import transformer.cli.build
+    import transformer.cli.checkpoint_setup
+    import transformer.evaluation.reports
+    import transformer.training  # noqa: F401
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    waiting: list[socket.socket] = []  # connected, request not read yet
+    running: dict[int, socket.socket] = {}  # child pid -> its client
+    while os.getppid() == parent:
+        readable, _, _ = select.select([server, *waiting], [], [], 0.05)
+        for sock in readable:
+            if sock is server:
+                waiting.append(server.accept()[0])
+                continue
+            waiting.remove(sock)
+            request = _receive(sock)
+            if request is None:
+                sock.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                _child(request, [server, sock, *waiting, *running.values()])
+            _send(sock, {"pid": pid})
+            running[pid] = sock
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            sock = running.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            with contextlib.suppress(OSError):
+                _send(sock, {"returncode": code})
+            sock.close()
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+_server: dict[str, Any] = {}
+
+
+def _start() -> dict[str, Any] | None:
+    if os.environ.get("AIAYN_TEST_FORKSERVER", "1") == "0":
+        return None
+    if not _server:
+        from tests.conftest import REPO_ROOT, cli_env
+
+        folder = tempfile.mkdtemp(prefix="forkserver_")
+        path = os.path.join(folder, "socket")
+        env = cli_env()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.forkserver", path, str(os.getpid())],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        atexit.register(process.kill)
+        _server.update(process=process, path=path, env=env, folder=folder)
+    return _server
+
+
+def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[str, str]) -> bool:
+    if len(argv) < 2 or argv[0] != sys.executable or not argv[1].endswith(".py"):
+        return False
+    from tests.conftest import REPO_ROOT
+
+    if (cwd / argv[1]).resolve().parent != REPO_ROOT:  # another tree's script would get this tree's modules
+        return False
+    differing = {k for k in set(env) | set(server_env) if env.get(k) != server_env.get(k)}
+    return all(k in RUNTIME_ENV or k.startswith(RUNTIME_PREFIXES) for k in differing)
+
+
+def _connect(server: dict[str, Any], timeout: float) -> socket.socket:
+    """A connection to the server, waiting for it to start (its imports take seconds)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if server["process"].poll() is not None:
+            raise RuntimeError(f"the test fork server exited with status {server['process'].returncode}")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(server["path"])
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def run(
+    argv: list[str],
+    *,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(argv, cwd=, env=, input=, timeout=, capture_output=True, text=True)`."""
+    argv = [str(a) for a in argv]
+    env = dict(os.environ if env is None else env)
+    server = _start()
+    cwd = Path(cwd or os.getcwd()).resolve()
+    if server is None or not _forkable(argv, cwd, env, server["env"]):
+        return subprocess.run(
+            argv, cwd=cwd, env=env, input=input, timeout=timeout, capture_output=True, text=True
+        )
+    with tempfile.TemporaryDirectory(prefix="run_", dir=server["folder"]) as folder:
+        files = {name: os.path.join(folder, name) for name in ("stdin", "stdout", "stderr")}
+        for name, text in (("stdin", input or ""), ("stdout", ""), ("stderr", "")):
+            Path(files[name]).write_text(text, encoding="utf-8")
+        request = {
+            "script": argv[1],
+            "args": argv[2:],
+            "cwd": str(cwd),
+            "env": env,
+            **files,
+        }
+        sock = _connect(server, timeout=300)
+        try:
+            _send(sock, request)
+            pid = (_receive(sock) or {})["pid"]
+            sock.settimeout(timeout)
+            try:
+                answer = _receive(sock)
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(argv, timeout or 0) from None
+        finally:
+            sock.close()
+        if answer is None:
+            raise RuntimeError(f"the test fork server lost the command {argv}")
+        read = {name: Path(files[name]).read_text(encoding="utf-8", errors="replace") for name in files}
+    return subprocess.CompletedProcess(argv, answer["returncode"], read["stdout"], read["stderr"])
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]))
