@@ -4,7 +4,10 @@ before any work, and the function that translates one chunk of sentences with th
 
 Every refusal is one line naming the config key and the file: a missing or unreadable checkpoint, one of
 the other task, of the wrong language direction, with another tokenizer than its peers, or trained on
-other data than the student's (`data.source`).
+other data than the student's (`data.source`). A model imported by `aiayn-import` (OPUS-MT) teaches as one
+trained here: its own SentencePiece pair encodes the sources and decodes its translations, so the student
+gets text; its direction is checked (its tokenizer config's languages), its `data.source` is not (that
+only says how `evaluate.py` reads text), and it ensembles only with models of its vocabulary.
 """
 
 from __future__ import annotations
@@ -88,15 +91,19 @@ def load_translator(
     if not paths:
         raise ConfigError(f"{key} names no checkpoint")
     files = [Path(str(path)).expanduser() for path in paths]
-    restored = [_restore(key, path) for path in files]
-    for member, path in zip(restored, files):
-        _check_member(key, member, path, direction, data)
+    loaded = [_restore(key, path) for path in files]
+    restored = [member for member, _ in loaded]
+    for (member, imported), path in zip(loaded, files):
+        _check_member(key, member, path, direction, data, imported=imported)
     first_tokenizers = restored[0].datamodule_state.get("tokenizers")
-    for member, path in zip(restored[1:], files[1:]):
+    for (member, imported), path in zip(loaded[1:], files[1:]):
         if member.datamodule_state.get("tokenizers") != first_tokenizers:
+            hint = "train the teachers with the same data settings"
+            if imported or loaded[0][1]:  # an OPUS-MT vocabulary: only models started from it share it
+                hint = "ensemble an imported model only with models fine-tuned from it (model.init_from)"
             raise ConfigError(
                 f"{key}: {path} has another tokenizer than {files[0]}: an ensemble averages distributions "
-                "over one vocabulary (train the teachers with the same data settings)"
+                f"over one vocabulary ({hint})"
             )
     try:
         model = ensemble_of(restored, files, weights)
@@ -111,17 +118,27 @@ def load_translator(
     return Translator(key, files, model, datamodule, decoding, target, _digest(restored, weights))
 
 
-def _restore(key: str, path: Path) -> RestoredModel:
+def _restore(key: str, path: Path) -> tuple[RestoredModel, bool]:
+    """The checkpoint's model, and whether `aiayn-import` made it (an OPUS-MT model: `imported_from`)."""
     try:
-        return restore_model(load_checkpoint(path), path)
+        checkpoint = load_checkpoint(path)
+        return restore_model(checkpoint, path), bool(checkpoint.get("imported_from"))
     except CheckpointError as err:
         raise ConfigError(f"{key}: {err}") from None
 
 
 def _check_member(
-    key: str, member: RestoredModel, path: Path, direction: tuple[str, str], data: Mapping[str, Any]
+    key: str,
+    member: RestoredModel,
+    path: Path,
+    direction: tuple[str, str],
+    data: Mapping[str, Any],
+    *,
+    imported: bool = False,
 ) -> None:
-    """One checkpoint fits: a translation model of `direction`, trained on the student's kind of data."""
+    """One checkpoint fits: a translation model of `direction`, trained on the student's kind of data.
+    An imported model's data section only says how `evaluate.py` reads text (its languages are its
+    tokenizer config's): what it was trained on is not ours to compare, only its direction."""
     if member.task != "translation":
         raise ConfigError(
             f"{key}: {path} is a {member.task} checkpoint; it must translate (a translation run)"
@@ -129,10 +146,13 @@ def _check_member(
     saved = member.run_config.get("data") or {}
     src, tgt = saved.get("src_lang"), saved.get("tgt_lang")
     if (src, tgt) != direction:
+        unknown = " (its tokenizer_config.json names no source_lang / target_lang)"
         raise ConfigError(
             f"{key}: {path} translates {src} -> {tgt}, but this needs {direction[0]} -> {direction[1]} "
-            "(wrong language direction)"
+            f"(wrong language direction){unknown if imported and (src, tgt) == ('src', 'tgt') else ''}"
         )
+    if imported:
+        return
     for name in _SHARED_DATA:
         if name in saved and name in data and saved[name] != data[name]:
             raise ConfigError(
