@@ -2,8 +2,9 @@
 `tests.pretrained`): the teacher's own SentencePiece pair encodes the training sources and decodes its
 translations, so the distilled corpus is text, the student's own BPE tokenizer is trained on it, and it
 equals what transformers (MarianTokenizer in, `generate`, MarianTokenizer out) and `evaluate.py
-translate.input=` make of the same sentences with the same settings. An ensemble of the import with a
-teacher of another tokenizer, and an import of the wrong direction, are refused in one line before any work.
+translate.input=` make of the same sentences with the same settings. The import ensembles with a model
+fine-tuned from it (one vocabulary); with a teacher of another tokenizer, and of the wrong direction, it is
+refused in one line before any work.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.pretrained import opus_mt_directory  # noqa: E402
 from tests.unit.test_configs import compose_train_cfg  # noqa: E402
 from tests.unit.test_export_imported import _train_to_copy  # noqa: E402
 from train import train  # noqa: E402
-from transformer.cli.distill import corpus  # noqa: E402
+from transformer.cli.distill import corpus, synthetic  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
 from transformer.export.import_cli import main as import_main  # noqa: E402
 
@@ -167,3 +168,36 @@ def test_what_cannot_teach_this_student_is_refused_in_one_line(opus, student, mu
         assert expected in message and "\n" not in message, (name, message)
         assert not (cache / "synthetic").exists() and not (cache / "data").exists(), name
         assert not run.exists() or not any(run.iterdir()), name
+
+
+def test_an_import_ensembles_with_a_model_fine_tuned_from_it(opus, multi30k, tmp_path) -> None:
+    """Fine-tuning keeps the import's tokenizer (model.init_from), so the two share one vocabulary: their
+    ensemble teaches, and translates as `evaluate.py` decodes the same ensemble."""
+    imported = opus[1]
+    tuned = [
+        "experiment=multi30k_de_en", f"data.data_dir={multi30k}", f"model.init_from={imported}", *IN_PROCESS,
+        "logger=csv", "trainer.max_epochs=3", "test=false", "model.optimizer.lr=1e-2",
+        "model.scheduler.warmup_steps=1", "callbacks.rich_progress_bar=null",
+        "++trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}",
+    ]  # fmt: skip
+    fine_tuned = Path(train(compose_train_cfg(tuned, output_dir=tmp_path / "tuned"))["last_ckpt_path"])
+    base = [*STUDENT, f"data.data_dir={multi30k}", f"paths.cache_dir={tmp_path / 'cache'}"]
+    overrides = [*base, f"distill.teachers=[{imported},{fine_tuned}]"]
+    plan = synthetic.make_plan(compose_train_cfg(overrides, output_dir=tmp_path / "student"))
+    sources = plan.texts[:6]
+    ensemble = plan.translator.chunk_function(0)(0, sources)
+
+    first = tmp_path / "first.de"
+    first.write_text("".join(f"{line}\n" for line in sources), encoding="utf-8")
+    out = tmp_path / "translated.en"
+    done = run_script(
+        "evaluate.py",
+        [f"ckpt_path=[{imported},{fine_tuned}]", f"translate.input={first}", f"translate.output={out}",
+         *[f"decode.{setting}" for setting in DECODE], f"hydra.run.dir={tmp_path / 'eval'}"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _lines(out) == ensemble and all(ensemble)
+    alone = synthetic.make_plan(
+        compose_train_cfg([*base, f"distill.teachers=[{imported}]"], output_dir=tmp_path / "one")
+    )
+    assert alone.translator.chunk_function(0)(0, sources) != ensemble  # the fine-tuned member counts
