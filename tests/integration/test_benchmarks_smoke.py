@@ -31,6 +31,7 @@ IN_PROCESS = {
     "decode.decode_host": ["--smoke"],
     "decode.decode_host --cpu-time": ["--smoke", "--cpu-time", "--baseline", "HEAD", "--cuda-path"],
     "decode.bench_student": ["--smoke"],
+    "decode.bench_pretrained": ["--smoke", "--data-dir", DATA],  # ~10 s: a tiny Marian, imported, exported
     "decode.constraints_eval": ["--smoke"],
     "gpu.bench_gpu": ["--smoke", "--models", "ours,torch"],
     "gpu.gpu_profile": ["--smoke", "--models", "ours"],
