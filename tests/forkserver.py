@@ -3,14 +3,15 @@
 Importing torch, Lightning, Hydra and the project is most of what a tiny training run in a test costs
 (about two thirds of one, measured with cProfile on the 2-core CI machine). `run(argv, ...)`, a drop-in
 for `subprocess.run(argv, capture_output=True, text=True, ...)`, hands a command of the form
-`[sys.executable, SCRIPT, *ARGS]` to a server process that imported those libraries once (`python -m
-tests.forkserver`, one per test process) and forks a child for it. The child is a real process, as the
-command line makes one: its own pid, exit status, stdout, stderr, working directory, environment, stdin,
-`sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators, atexit handlers run at its end; only the
-imports are skipped. Everything else runs as a plain subprocess: other command forms, scripts of another
-tree (they would get this tree's modules), and commands whose environment differs from the server's in a
-variable that is not on `RUNTIME_ENV` (variables libraries read when they are imported: `OMP_*`, `HF_*`,
-`CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every command a plain subprocess.
+`[sys.executable, SCRIPT, *ARGS]` (or `-m transformer.MODULE`) to a server process that imported those
+libraries once (`python -m tests.forkserver`, one per test process) and forks a child for it. The child
+is a real process, as the command line makes one: its own pid, exit status, stdout, stderr, working
+directory, environment, stdin, `sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators, atexit
+handlers run at its end; only the imports are skipped. Everything else runs as a plain subprocess: other
+command forms, scripts of another tree (they would get this tree's modules), and commands whose
+environment differs from the server's in a variable that is not on `RUNTIME_ENV` (variables libraries
+read when they are imported: `OMP_*`, `HF_*`, `CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every
+command a plain subprocess.
 """
 
 from __future__ import annotations
@@ -90,9 +91,14 @@ def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
         sys.stdout.reconfigure(write_through=unbuffered)
         sys.stderr.reconfigure(write_through=True)
         os.chdir(request["cwd"])
-        script = os.path.abspath(os.path.join(request["cwd"], request["script"]))
-        sys.argv = [request["script"], *request["args"]]
-        sys.path[0] = os.path.dirname(script)
+        module = request.get("module")
+        if module:  # python -m MODULE: argv[0] becomes the module's file, sys.path[0] the directory
+            sys.argv = ["-m", *request["args"]]
+            sys.path[0] = request["cwd"]
+        else:
+            script = os.path.abspath(os.path.join(request["cwd"], request["script"]))
+            sys.argv = [request["script"], *request["args"]]
+            sys.path[0] = os.path.dirname(script)
         import random
 
         import numpy
@@ -102,7 +108,10 @@ def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
         import runpy
 
         try:
-            runpy.run_path(script, run_name="__main__")
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script, run_name="__main__")
             status = 0
         except SystemExit as exit_:
             if exit_.code is None:
@@ -204,12 +213,15 @@ def _start() -> dict[str, Any] | None:
 
 
 def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[str, str]) -> bool:
-    if len(argv) < 2 or argv[0] != sys.executable or not argv[1].endswith(".py"):
+    if len(argv) < 2 or argv[0] != sys.executable:
         return False
     from tests.conftest import REPO_ROOT
 
-    if (cwd / argv[1]).resolve().parent != REPO_ROOT:  # another tree's script would get this tree's modules
-        return False
+    if argv[1] == "-m":  # this tree's package, run from this tree
+        if len(argv) < 3 or not argv[2].startswith("transformer.") or cwd != REPO_ROOT:
+            return False
+    elif not argv[1].endswith(".py") or (cwd / argv[1]).resolve().parent != REPO_ROOT:
+        return False  # another tree's script would get this tree's modules
     differing = {k for k in set(env) | set(server_env) if env.get(k) != server_env.get(k)}
     return all(k in RUNTIME_ENV or k.startswith(RUNTIME_PREFIXES) for k in differing)
 
@@ -256,7 +268,8 @@ def run(
             Path(files[name]).write_text(text, encoding="utf-8")
         request = {
             "script": argv[1],
-            "args": argv[2:],
+            "module": argv[2] if argv[1] == "-m" else None,
+            "args": argv[3:] if argv[1] == "-m" else argv[2:],
             "cwd": str(cwd),
             "env": env,
             **files,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import forkserver
 from transformer.search.decoding import beam_search, greedy_search
 
 pytestmark = pytest.mark.slow
@@ -43,9 +44,7 @@ LIMIT = 40  # one length limit for every decoder: ours counts EOS in it, CTransl
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PROJECT_ROOT": str(REPO), "WANDB_MODE": "offline"}
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=900
-    )
+    return forkserver.run([sys.executable, *args], cwd=REPO, env=env, timeout=900)
 
 
 @pytest.fixture(scope="module")

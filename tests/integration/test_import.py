@@ -7,7 +7,6 @@ nothing written; `aiayn-export` of the imported checkpoint as a process.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
+from tests import forkserver  # noqa: E402
 from tests.conftest import REPO_ROOT, _data_dir, cli_env, run_script  # noqa: E402
 from tests.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
@@ -127,10 +127,9 @@ def test_aiayn_export_exports_the_imported_model(imported: Path, tmp_path) -> No
     measured difference; what the exports compute is tested in tests/unit/test_export_imported.py."""
     out = tmp_path / "ct2"
     argv = [str(imported), "--to", "ctranslate2", "--output", str(out)]
-    result = subprocess.run(
-        [sys.executable, "-m", "transformer.export.cli", *argv],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=cli_env(), timeout=600,
-    )  # fmt: skip
+    result = forkserver.run(
+        [sys.executable, "-m", "transformer.export.cli", *argv], cwd=REPO_ROOT, env=cli_env(), timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     line = result.stdout.strip()
     assert "\n" not in line and float(line.rsplit("max |diff| ", 1)[1].rstrip(")")) <= 1e-5, line
