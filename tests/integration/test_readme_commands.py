@@ -321,8 +321,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                 ],
             }
         )
-        # an OPUS-MT model as aiayn-import makes it (SentencePiece models trained on the tiny copy)
-        opus = opus_mt_directory(tmp / "opus-mt-de-en", data["multi30k"])
+        # an OPUS-MT model as aiayn-import makes it (SentencePiece models trained on Multi30k's first lines)
+        opus = opus_mt_directory(tmp / "opus-mt-de-en", Path(os.environ["MULTI30K_DIR"]))
         assert import_cli.main([str(opus), "--output", str(tmp / "fixtures" / "opus")]) == 0
         fixtures["opus"] = tmp / "fixtures" / "opus" / "model.ckpt"
     fixture_steps = len(steps)
