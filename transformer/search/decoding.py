@@ -55,10 +55,9 @@ class DecodingSettings(Mapping[str, Any]):
     (`transformer.search.graphed`); "compiled" is "static" with the step through `torch.compile` (a
     CUDA graph on CUDA: `transformer.search.static_cache.compile_step`). "auto" is "graphed" on CUDA and
     "dynamic" elsewhere, and "dynamic" wherever a search needs the growing cache (prefixes and
-    constraints, n-gram blocking). On an H200, "graphed" decoded 3.6-5.1x as fast as `generate` at its
-    first call (0.1-0.2 s to record its graphs); "compiled" as fast (3.1-4.5x), but after 14-27 s of
-    compiling; on the CPU "static" and "compiled" measured slower than "dynamic"
-    (benchmarks/README.md). Use "compiled" for corpus-sized jobs only where it measures faster.
+    constraints, n-gram blocking). "compiled" pays its compilation before the first sentence: use it for
+    corpus-sized jobs only where it measures faster (docs/gpu.md and benchmarks/README.md have the
+    measurements: GPU and CPU).
     """
 
     search: str = "auto"  # auto | greedy | beam | sample (auto: greedy for beam_size 1, else beam)
