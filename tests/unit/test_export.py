@@ -251,10 +251,13 @@ def test_raw_text_translation(trained: dict, hf_dir: Path) -> None:
     assert all(outputs)
 
 
-@pytest.mark.parametrize("tie", ["decoder", "none"])
-def test_hf_untied_embeddings(trained: dict, tie: str) -> None:
-    """Separate encoder / decoder embeddings and output projection keep their own weights in Marian."""
-    config = dataclasses.replace(trained["model"].config, tie_embeddings=tie)
+@pytest.mark.parametrize(
+    "change", [{"tie_embeddings": "decoder"}, {"tie_embeddings": "none"}, {"scale_embedding": False}]
+)
+def test_hf_untied_embeddings(trained: dict, change: dict) -> None:
+    """Separate encoder / decoder embeddings and output projection keep their own weights in Marian;
+    unscaled embeddings (`scale_embedding: false`) are Marian's `scale_embedding=False`."""
+    config = dataclasses.replace(trained["model"].config, **change)
     torch.manual_seed(1)
     model = Seq2SeqTransformer(config).eval()
     marian = to_marian(model)
@@ -322,6 +325,8 @@ def test_ctranslate2_beam_search_agrees_with_ours(trained: dict, ct2_dir: Path) 
         {"positional": "learned", "norm_first": True, "activation": "gelu"},
         {"positional": "rope", "norm_first": True, "activation": "swiglu", "tie_embeddings": "none"},
         {"activation": "silu", "output_bias": True},  # OPUS-MT's feed-forward and final_logits_bias
+        # BERT-style embeddings: unscaled, a LayerNorm on the sum (CTranslate2's layernorm_embedding)
+        {"positional": "learned", "scale_embedding": False, "embedding_norm": True, "norm_eps": 1e-12},
     ],
 )
 def test_ctranslate2_expresses_every_variant(trained: dict, tmp_path: Path, change: dict) -> None:
@@ -508,6 +513,8 @@ def test_refuses_a_masked_lm_checkpoint(trained: dict, tmp_path: Path, capsys) -
         ({"positional": "learned"}, "hf", "model.config.positional=learned"),
         ({"positional": "rope"}, "hf", "model.config.positional=rope"),
         ({"activation": "swiglu"}, "hf", "model.config.activation=swiglu"),
+        ({"embedding_norm": True}, "hf", "model.config.embedding_norm=true"),
+        ({"norm_eps": 1e-12}, "hf", "model.config.norm_eps=1e-12"),
     ],
 )
 def test_refuses_settings_the_target_cannot_express(

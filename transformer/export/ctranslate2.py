@@ -55,7 +55,6 @@ _ACTIVATIONS = {
     "silu": common_spec.Activation.SWISH,  # OPUS-MT's feed-forward
     "swiglu": common_spec.Activation.SWISH,  # silu(x W1) * (x W3): CTranslate2's ffn_glu
 }
-_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every norm of ours uses
 
 
 def _array(tensor: Tensor) -> np.ndarray:
@@ -111,6 +110,7 @@ def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpe
         "pre_norm": config.norm_first,  # pre-LN: a final norm per stack, as ours
         "activation": _ACTIVATIONS[config.activation],
         "ffn_glu": config.activation == "swiglu",
+        "layernorm_embedding": config.embedding_norm,  # on token + position embeddings, as ours
     }
     if config.positional == "rope":  # self-attention only (as ours), pairs (j, j + Dh/2): not interleaved
         common.update(rotary_dim=0, rotary_interleave=False)
@@ -118,6 +118,10 @@ def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpe
     decoder = transformer_spec.TransformerDecoderSpec(config.n_decoder_layers, config.n_heads, **common)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
+    encoder.scale_embeddings = decoder.scale_embeddings = config.scale_embedding
+    if config.embedding_norm:
+        _set_norm(encoder.layernorm_embedding, model.src_embed.norm)
+        _set_norm(decoder.layernorm_embedding, model.tgt_embed.norm)
     encoder.embeddings[0].weight = _array(model.src_embed.embedding.weight)
     if config.positional != "rope":
         encoder.position_encodings.encodings = _positions(model.src_embed)
@@ -151,7 +155,7 @@ def to_ctranslate2_spec(source: ExportSource) -> transformer_spec.TransformerSpe
     # our sources are <s> ... </s>; Marian's (bos_id == pad_id: the decoder starts from <pad>) ... </s>
     spec.config.add_source_bos = config.bos_id != config.pad_id
     spec.config.add_source_eos = True
-    spec.config.layer_norm_epsilon = _LAYER_NORM_EPS
+    spec.config.layer_norm_epsilon = config.norm_eps  # every LayerNorm of ours uses it
     spec.validate()
     return spec
 

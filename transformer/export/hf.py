@@ -48,6 +48,10 @@ def hf_refusal(source: ExportSource) -> str | None:
         return "model.config.norm_first=true (pre-LN): transformers' Marian is post-LN only"
     if config.positional != "sinusoidal":
         return f"model.config.positional={config.positional}: transformers' Marian has sinusoids only"
+    if config.embedding_norm:
+        return "model.config.embedding_norm=true: transformers' Marian has no LayerNorm on the embeddings"
+    if config.norm_eps != 1e-5:
+        return f"model.config.norm_eps={config.norm_eps}: transformers' Marian's LayerNorms use 1e-5"
     if config.activation not in ACTIVATIONS:
         return f"model.config.activation={config.activation}: transformers' Marian has no gated feed-forward"
     # separate vocabularies: an imported model's MarianTokenizer has both (target_vocab.json), our BPE's not

@@ -175,7 +175,7 @@ def marian_config_values(config: TransformerConfig) -> dict[str, Any]:
         "decoder_ffn_dim": config.d_ff,
         "activation_function": ACTIVATIONS[config.activation],
         "max_position_embeddings": config.max_len,
-        "scale_embedding": True,
+        "scale_embedding": config.scale_embedding,
     }
 
 
@@ -197,8 +197,6 @@ def marian_refusal(marian: Any) -> str | None:
                 f"{encoder_key}={getattr(marian, encoder_key)} but {decoder_key}="
                 f"{getattr(marian, decoder_key)}: ours has one value for both stacks"
             )
-    if not marian.scale_embedding:
-        return "scale_embedding=false: ours scales the embeddings by sqrt(d_model)"
     if marian.activation_function not in _FROM_MARIAN_ACTIVATIONS:
         return f"activation_function={marian.activation_function!r}: ours has relu, gelu and swish (silu)"
     if getattr(marian, "static_position_embeddings", False):
@@ -244,6 +242,7 @@ def config_from_marian(marian: Any) -> TransformerConfig:
         attention_dropout=float(marian.attention_dropout),
         activation=_FROM_MARIAN_ACTIVATIONS[marian.activation_function],  # type: ignore[arg-type]
         norm_first=False,
+        scale_embedding=bool(marian.scale_embedding),
         positional="sinusoidal",
         max_len=marian.max_position_embeddings,
         tie_embeddings=("all" if shared else "decoder") if tied else "none",
