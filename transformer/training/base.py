@@ -23,6 +23,7 @@ from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import checkpoint_layers, compile_layers
 from transformer.training.compiling import CompiledStep
 from transformer.training.finetune import FinetuneSettings, apply_finetune
+from transformer.training.lightning_private import should_update_logs
 from transformer.training.validation_schedule import max_steps_before_validation
 
 log = logging.getLogger(__name__)
@@ -303,7 +304,7 @@ class TaskBase(L.LightningModule):
         """Show `value` on the progress bar as `name` (`transformer.training.callbacks.RichProgressBar`),
         refreshed when the logs are written (every `log_every_n_steps`). Not `self.log(prog_bar=True)`:
         Lightning reads those back to the host after every batch, a wait for the device each step."""
-        if self.trainer._logger_connector.should_update_logs:
+        if should_update_logs(self.trainer):
             self.progress_values.set(name, value)
 
     def _log_throughput(self, n_real: Tensor, n_total: int, batch_size: int) -> None:

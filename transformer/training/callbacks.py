@@ -22,6 +22,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
 from transformer.training.averaging import EMAWeightAveraging
+from transformer.training.lightning_private import (
+    accumulating,
+    forget_launched_ranks,
+    replace_sigterm_broadcast,
+    val_batch_progress,
+)
 from transformer.training.loss_guard import NonFiniteLossError, NonFiniteLossGuard, at_log_write
 
 __all__ = [
@@ -96,7 +102,7 @@ class SaveOnSignal(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.fit_loop.epoch_loop._should_accumulate():  # mid-window: the summed gradient is not saved
+        if accumulating(trainer):  # mid-window: the summed gradient is not saved
             return  # (the same on every rank) so act at the window's optimizer step, where resuming is exact
         received = self.received is not None
         if trainer.world_size > 1:
@@ -126,7 +132,7 @@ class SaveOnSignal(L.Callback):
         # Mark the batch just validated as started but not processed: on resume Lightning then sees an
         # interrupted validation and runs it again from the start before training on (its progress
         # counters are the only thing that differs from a save right after the training step).
-        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+        progress = val_batch_progress(checkpoint)
         for counts in (progress["total"], progress["current"]):
             counts["processed"] = counts["completed"] = counts["started"] - 1
 
@@ -163,16 +169,9 @@ def _thin_lightnings_sigterm_broadcast(trainer: L.Trainer) -> None:
     training. Keep it at the batches after a log write (the same batches on every rank, so the
     collective still pairs up), where a SIGTERM that reached Lightning's handler before training still
     stops the run."""
-    loop = trainer.fit_loop.epoch_loop
-    broadcast = getattr(type(loop), "_broadcast_sigterm_tensor", None)
-    if broadcast is None or "_broadcast_sigterm_tensor" in vars(loop):
-        return
-
-    def at_log_writes() -> None:
-        if trainer.global_step and at_log_write(trainer):  # the step before this batch wrote the logs
-            broadcast(loop)
-
-    loop._broadcast_sigterm_tensor = at_log_writes
+    replace_sigterm_broadcast(
+        trainer, lambda: bool(trainer.global_step) and at_log_write(trainer)
+    )  # after a step that wrote the logs
 
 
 def _unwatch_the_other_ranks(trainer: L.Trainer) -> None:
@@ -181,9 +180,7 @@ def _unwatch_the_other_ranks(trainer: L.Trainer) -> None:
     SIGKILLs this process when another rank exits with a non-zero status, so that this process would end
     as 137 instead of 143 whenever it takes longer than the others to wind down (its loggers finishing).
     The thread watches the launcher's own list of processes, emptied here."""
-    children = getattr(trainer.strategy.launcher, "procs", None)
-    if children:
-        children.clear()
+    forget_launched_ranks(trainer)
 
 
 def _in_main_thread() -> bool:

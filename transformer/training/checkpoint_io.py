@@ -13,11 +13,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from transformer.disk import human_size, room_for, tensor_bytes, writing
+from transformer.training.lightning_private import PATH
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], path: PATH, storage_options: Any | None = None
     ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
@@ -42,7 +42,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_torch_save(checkpoint, path)
 
-    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def load_checkpoint(self, path: PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if "://" not in str(path):  # resuming after a kill: clear what the killed save left next to it
             remove_stale_temp_files(Path(path).parent)
         return super().load_checkpoint(path, *args, **kwargs)
