@@ -143,10 +143,14 @@ def fit_and_test(cfg: DictConfig, trainer: L.Trainer, task: Any, datamodule: Any
     }
 
 
+# the jobs of this command's sweep (one object per run of this file: `main()` below)
+JOBS = sweeps.SweepJobs()
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
-    job = sweeps.start_job(cfg, hydra_cfg) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    job = JOBS.start(cfg, hydra_cfg) if hydra_cfg.mode == RunMode.MULTIRUN else None
     try:
         metrics = train(cfg)
         objective = sweeps.objective(
@@ -186,7 +190,8 @@ def main() -> None:
     """`python train.py ...`: configs resolve paths against the repository root unless PROJECT_ROOT is set."""
     os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
     # each job of a sweep logged its error and traceback: the sweep ends in one line
-    errors.run(_hydra_main, PROJECT_ROOT / "configs", sweeps.failure_summary)
+    JOBS.clear()
+    errors.run(_hydra_main, PROJECT_ROOT / "configs", JOBS.failure_summary)
 
 
 if __name__ == "__main__":

@@ -70,21 +70,41 @@ class SweepJob:
             wandb.finish(exit_code=1 if self.error is not None else 0)
 
 
-JOBS: list[SweepJob] = []
+class SweepJobs(list[SweepJob]):
+    """The jobs of the sweep that runs in this command (Hydra's basic launcher runs them one after the
+    other in this process), in order: one object per command (train.py makes it), so that a process
+    that runs several commands (tests, notebooks) never mixes their jobs."""
 
+    def start(self, cfg: DictConfig, hydra_cfg: DictConfig) -> SweepJob:
+        """Record the sweep job that runs now; in a sweep every job is its own wandb run, grouped under
+        the sweep directory's name (the study name for `hparams_search`) unless `logger.wandb.group` is
+        set. A trial of the Optuna sweeper gets the callback that reports to its trial (and prunes it)."""
+        wandb = (cfg.get("logger") or {}).get("wandb")
+        if wandb is not None and not wandb.get("group"):
+            with open_dict(wandb):
+                wandb.group = Path(hydra_cfg.sweep.dir).name
+        add_trial_callback(cfg, hydra_cfg.sweeper)
+        job = SweepJob(hydra_cfg.job.num, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir))
+        self.append(job)
+        return job
 
-def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> SweepJob:
-    """Record the sweep job that runs now; in a sweep every job is its own wandb run, grouped under the
-    sweep directory's name (the study name for `hparams_search`) unless `logger.wandb.group` is set. A
-    trial of the Optuna sweeper gets the callback that reports to its trial (and prunes it)."""
-    wandb = (cfg.get("logger") or {}).get("wandb")
-    if wandb is not None and not wandb.get("group"):
-        with open_dict(wandb):
-            wandb.group = Path(hydra_cfg.sweep.dir).name
-    add_trial_callback(cfg, hydra_cfg.sweeper)
-    job = SweepJob(hydra_cfg.job.num, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir))
-    JOBS.append(job)
-    return job
+    def failure_summary(self, err: BaseException) -> str | None:
+        """One line on a sweep that stopped with `err`: how many jobs failed, the first one's error, where
+        the logs are. None outside a sweep."""
+        if not self:  # jobs in other processes (submitit): the sweeper's own line, if it has one
+            return first_line(err) if getattr(err, "user_facing", False) else None
+        failed = [job for job in self if job.error is not None]
+        if not failed:
+            return f"the sweep failed after {len(self)} jobs: {type(err).__name__}: {first_line(err)}"
+        first = failed[0]
+        logs = first.output_dir.parent / "*" / "train.log"
+        if len(failed) == len(self):
+            what = f"every job of the sweep failed ({len(failed)} of {len(self)})"
+        else:
+            what = f"{len(failed)} of the sweep's {len(self)} jobs failed"
+        which = "the first, job" if len(failed) > 1 else "job"
+        overrides = " ".join(first.overrides) or "no overrides"
+        return f"{what}; {which} {first.num} ({overrides}): {first.error}; logs: {logs}"
 
 
 TRIAL_CALLBACK = "transformer.training.optuna_trial.OptunaTrialReporter"
@@ -111,22 +131,3 @@ def add_trial_callback(cfg: DictConfig, sweeper: DictConfig) -> None:
             cfg.callbacks = {}
         with open_dict(cfg.callbacks):
             cfg.callbacks.optuna_trial = node
-
-
-def failure_summary(err: BaseException) -> str | None:
-    """One line on a sweep that stopped with `err`: how many jobs failed, the first one's error, where
-    the logs are. None outside a sweep."""
-    if not JOBS:  # jobs in other processes (submitit): the sweeper's own line, if it has one
-        return first_line(err) if getattr(err, "user_facing", False) else None
-    failed = [job for job in JOBS if job.error is not None]
-    if not failed:
-        return f"the sweep failed after {len(JOBS)} jobs: {type(err).__name__}: {first_line(err)}"
-    first = failed[0]
-    logs = first.output_dir.parent / "*" / "train.log"
-    if len(failed) == len(JOBS):
-        what = f"every job of the sweep failed ({len(failed)} of {len(JOBS)})"
-    else:
-        what = f"{len(failed)} of the sweep's {len(JOBS)} jobs failed"
-    which = "the first, job" if len(failed) > 1 else "job"
-    overrides = " ".join(first.overrides) or "no overrides"
-    return f"{what}; {which} {first.num} ({overrides}): {first.error}; logs: {logs}"
