@@ -106,6 +106,11 @@ class TokenBudgetDataModule(TokenizedDataModule):
     def predict_dataloader(self) -> DataLoader:
         """Batches (src, src_padding_mask, id) of `predict_texts`, by default the test split's sources."""
         texts = self.predict_texts if self.predict_texts is not None else self.sources(self.splits["test"])
+        return self.text_dataloader(texts)
+
+    def text_dataloader(self, texts: Sequence[str]) -> DataLoader:
+        """Batches (src, src_padding_mask, id) of source `texts` (id: the index in `texts`), in the
+        evaluation token budget; what evaluate.py translates and distillation's teachers decode."""
         if not texts:
             raise sources.DataError("nothing to predict: predict_texts is empty")
         ids = self.src_tokenizer.encode_batch(list(texts))

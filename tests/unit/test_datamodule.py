@@ -114,6 +114,13 @@ def test_predict_raw_texts() -> None:
     assert all(set(b) == {"src", "src_padding_mask", "id"} for b in batches)
     decoded = {i: dm.src_tokenizer.decode(row) for b in batches for i, row in zip(b["id"].tolist(), b["src"])}
     assert [decoded[i] for i in range(3)] == dm.predict_texts
+    # text_dataloader(texts): the same batches without setting the datamodule's state
+    texts, dm.predict_texts = dm.predict_texts, None
+    again = list(dm.text_dataloader(texts))
+    assert len(again) == len(batches)
+    for a, b in zip(again, batches):
+        assert torch.equal(a["src"], b["src"]) and torch.equal(a["id"], b["id"])
+    assert dm.predict_texts is None
 
 
 def test_bad_arguments() -> None:

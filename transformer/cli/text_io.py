@@ -133,9 +133,8 @@ def _translator(
 
     def translate(items: list[Any]) -> list[Translation]:
         entries = [item if isinstance(item, Entry) else Entry(0, item, TargetRequest()) for item in items]
-        datamodule.predict_texts = [entry.src for entry in entries]
         outputs: list[Translation] = [Translation([]) for _ in entries]
-        for batch in on_device(datamodule.predict_dataloader(), device):
+        for batch in on_device(datamodule.text_dataloader([entry.src for entry in entries]), device):
             mine = [entries[i] for i in batch["id"].tolist()]
             requests = [entry.request for entry in mine]
             flagged = _unsatisfiable(config, batch["src"], decoding, mine, name)

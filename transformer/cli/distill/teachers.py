@@ -59,13 +59,12 @@ class Translator:
         tokenizer = self.datamodule.tgt_tokenizer
 
         def translate(index: int, texts: Sequence[str]) -> list[str]:
-            self.datamodule.predict_texts = list(texts)
             generator = None
             if self.decoding.sampling:
                 generator = torch.Generator(self.device).manual_seed(seed * 1_000_003 + index)
             outputs = [""] * len(texts)
             with torch.no_grad():
-                for batch in on_device(self.datamodule.predict_dataloader(), self.device):
+                for batch in on_device(self.datamodule.text_dataloader(texts), self.device):
                     tokens = decode(self.model, batch["src"], self.decoding, generator)  # (B, L)
                     texts_out = tokenizer.decode_batch(tokens.tolist())
                     for i, text in zip(batch["id"].tolist(), texts_out):
