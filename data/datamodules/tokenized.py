@@ -102,7 +102,7 @@ class TokenizedDataModule(L.LightningDataModule):
         self.bpe_dropout = bpe_dropout
         self.tokenizer_sample_size = tokenizer_sample_size
         self._check_settings()
-        self.predict_texts: list[str] | None = None  # what predict_dataloader decodes (None: the test sources)
+        self.predict_texts: list[str] | None = None  # predict_dataloader decodes these (None: test sources)
         self._raw: dict[str, datasets.Dataset] = {}
         self._tokenized: dict[str, datasets.Dataset] = {}
         self._tokenizers: dict[str, BPETokenizer] = {}  # "src" and "tgt" (same object when joint)
