@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from tests.forkserver import exit_status
+
 
 def _run_here(script: str, args: list[str], stdin: str, cwd: str | None) -> tuple[int, str, str]:
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -42,11 +44,7 @@ def _run_here(script: str, args: list[str], stdin: str, cwd: str | None) -> tupl
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_:
-                if isinstance(exit_.code, str):
-                    print(exit_.code, file=sys.stderr)  # what Python prints for SystemExit("error: ...")
-                    status = 1
-                else:
-                    status = exit_.code or 0
+                status = exit_status(exit_)
             except BaseException:
                 import traceback
 

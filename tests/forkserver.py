@@ -65,6 +65,17 @@ def _exactly(sock: socket.socket, n: int) -> bytes | None:
 # --- the server -----------------------------------------------------------------------------------
 
 
+def exit_status(exit_: SystemExit) -> int:
+    """The exit status Python gives `raise SystemExit(code)` at the top of a script; a code that is not
+    an integer (`SystemExit("error: ...")`) is printed on stderr first, as Python prints it."""
+    if exit_.code is None:
+        return 0
+    if isinstance(exit_.code, int):
+        return exit_.code
+    print(exit_.code, file=sys.stderr)
+    return 1
+
+
 def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
     """In the forked child: become `python SCRIPT ARGS` and run it; never returns."""
     status = 1
@@ -114,13 +125,7 @@ def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
                 runpy.run_path(script, run_name="__main__")
             status = 0
         except SystemExit as exit_:
-            if exit_.code is None:
-                status = 0
-            elif isinstance(exit_.code, int):
-                status = exit_.code
-            else:
-                print(exit_.code, file=sys.stderr)  # as Python prints SystemExit("error: ...")
-                status = 1
+            status = exit_status(exit_)
         except KeyboardInterrupt:
             import traceback
 

@@ -41,7 +41,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: no spinning under load
 
 import argparse
-import contextlib
 import datetime
 import gzip
 import json
@@ -57,7 +56,7 @@ import torch
 from torch import Tensor
 
 from benchmarks.common.machine import cpu_name
-from benchmarks.common.results import RESULTS_DIR, ResultsLog
+from benchmarks.common.results import RESULTS_DIR, logged_stdout
 from benchmarks.common.timing import interleaved, paired_ratio
 from benchmarks.decode.deploy import ct2_translator
 
@@ -367,22 +366,13 @@ def main(argv: list[str] | None = None) -> None:
     args.beams = [int(beam) for beam in str(args.beams).split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
-    log = ResultsLog(sys.stdout)
-    path = None
-    try:
-        with contextlib.redirect_stdout(log):
-            if args.results_dir:
-                day = datetime.date.today().isoformat()
-                path = Path(args.results_dir) / f"{day}_opus_mt_decode_cpu.txt"
-                log.open(
-                    path, f"python -m benchmarks.decode.bench_pretrained {' '.join(argv or sys.argv[1:])}"
-                )
-            with tempfile.TemporaryDirectory() as tmp:
-                measure(args, Path(tmp))
-    finally:
-        log.close()
-    if path is not None:
-        print(f"written to {path}")
+    with logged_stdout() as log:
+        if args.results_dir:
+            day = datetime.date.today().isoformat()
+            path = Path(args.results_dir) / f"{day}_opus_mt_decode_cpu.txt"
+            log.open(path, f"python -m benchmarks.decode.bench_pretrained {' '.join(argv or sys.argv[1:])}")
+        with tempfile.TemporaryDirectory() as tmp:
+            measure(args, Path(tmp))
 
 
 if __name__ == "__main__":

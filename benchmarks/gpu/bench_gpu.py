@@ -38,7 +38,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: no spinning under load
 
 import argparse
-import contextlib
 import datetime
 import json
 import re
@@ -50,7 +49,7 @@ from typing import Any
 import torch
 
 from benchmarks.common.machine import gpu_bf16_peak_tflops
-from benchmarks.common.results import RESULTS_DIR, ResultsLog
+from benchmarks.common.results import RESULTS_DIR, logged_stdout
 from benchmarks.common.shapes import SMOKE, WMT_BASE, wmt_batches
 from benchmarks.gpu.decoding import METHOD_KEYS, MODES, DecodingBench
 from benchmarks.gpu.training import FLOPS_FORMULA, run_training_case, time_limit
@@ -407,19 +406,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # why each recompilation and graph break happened, on stderr (the "frames" column counts them)
     torch._logging.set_logs(recompiles=True, graph_breaks=True)
-    log = ResultsLog(sys.stdout)
-    path = None
-    try:
-        with contextlib.redirect_stdout(log):
-            info = describe(args, torch.device(args.device))
-            if args.results_dir:
-                path = results_path(args.results_dir, info)
-                log.open(path, f"python -m benchmarks.gpu.bench_gpu {' '.join(argv or sys.argv[1:])}")
-            run(args, info)
-    finally:
-        log.close()
-    if path is not None:
-        print(f"written to {path}")
+    with logged_stdout() as log:
+        info = describe(args, torch.device(args.device))
+        if args.results_dir:
+            path = results_path(args.results_dir, info)
+            log.open(path, f"python -m benchmarks.gpu.bench_gpu {' '.join(argv or sys.argv[1:])}")
+        run(args, info)
 
 
 if __name__ == "__main__":

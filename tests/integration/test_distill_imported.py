@@ -46,6 +46,19 @@ STUDENT = [
 ]
 
 
+def _evaluate_translations(ckpt_path: str, sources: list[str], tmp_path: Path) -> list[str]:
+    """evaluate.py's translations of `sources` (a file in, a file out) with the distillation's settings."""
+    first, out = tmp_path / "first.de", tmp_path / "translated.en"
+    first.write_text("".join(f"{line}\n" for line in sources), encoding="utf-8")
+    done = run_script(
+        "evaluate.py",
+        [f"ckpt_path={ckpt_path}", f"translate.input={first}", f"translate.output={out}",
+         *[f"decode.{setting}" for setting in DECODE], f"hydra.run.dir={tmp_path / 'eval'}"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _lines(out)
+
+
 @pytest.fixture(scope="module")
 def multi30k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first PAIRS pairs of each Multi30k de-en split."""
@@ -114,16 +127,7 @@ def test_the_distilled_corpus_is_the_imported_models_text(opus, student, multi30
     assert not any("▁" in line or "</s>" in line for line in distilled)  # decoded text, not pieces
 
     # evaluate.py on the imported checkpoint, translating a file, with the same decoding settings
-    first = tmp_path / "first.de"
-    first.write_text("".join(f"{line}\n" for line in sources[:6]), encoding="utf-8")
-    out = tmp_path / "translated.en"
-    done = run_script(
-        "evaluate.py",
-        [f"ckpt_path={imported}", f"translate.input={first}", f"translate.output={out}",
-         *[f"decode.{setting}" for setting in DECODE], f"hydra.run.dir={tmp_path / 'eval'}"],
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert _lines(out) == distilled[:6]
+    assert _evaluate_translations(str(imported), sources[:6], tmp_path) == distilled[:6]
 
     # the student trained a BPE tokenizer of its own on that text (the teacher's SentencePiece stays there)
     checkpoint = torch.load(student["last_ckpt_path"], map_location="cpu", weights_only=True)
@@ -187,16 +191,8 @@ def test_an_import_ensembles_with_a_model_fine_tuned_from_it(opus, multi30k, tmp
     sources = plan.texts[:6]
     ensemble = plan.translator.chunk_function(0)(0, sources)
 
-    first = tmp_path / "first.de"
-    first.write_text("".join(f"{line}\n" for line in sources), encoding="utf-8")
-    out = tmp_path / "translated.en"
-    done = run_script(
-        "evaluate.py",
-        [f"ckpt_path=[{imported},{fine_tuned}]", f"translate.input={first}", f"translate.output={out}",
-         *[f"decode.{setting}" for setting in DECODE], f"hydra.run.dir={tmp_path / 'eval'}"],
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert _lines(out) == ensemble and all(ensemble)
+    assert all(ensemble)
+    assert _evaluate_translations(f"[{imported},{fine_tuned}]", sources, tmp_path) == ensemble
     alone = synthetic.make_plan(
         compose_train_cfg([*base, f"distill.teachers=[{imported}]"], output_dir=tmp_path / "one")
     )

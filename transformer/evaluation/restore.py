@@ -226,11 +226,7 @@ def load_pretrained_classifier(
             f"model.init_from={path} is a {restored.task} checkpoint: a classification run starts from a "
             "masked-LM (experiment=sst2_pretrain) or a classification checkpoint"
         )
-    if tokenizers is not None and restored.datamodule_state.get("tokenizers") != tokenizers:
-        raise CheckpointError(
-            f"model.init_from={path} was trained with another tokenizer than this run's: token ids would "
-            "not match (a fine-tuning run takes the checkpoint's tokenizer)"
-        )
+    _check_tokenizers(restored, path, tokenizers)
     weights, expected = restored.model.state_dict(), model.state_dict()
     head_fits = all(
         key in weights and weights[key].shape == value.shape
@@ -240,12 +236,7 @@ def load_pretrained_classifier(
     if not head_fits:  # another number of classes: a new head
         weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
     wanted = {k: v for k, v in expected.items() if head_fits or not k.startswith("head.")}
-    mismatch = state_dict_mismatch(wanted, weights)
-    if mismatch:
-        raise CheckpointError(
-            f"model.init_from={path}: its weights do not fit model.config ({mismatch}); a fine-tuning run "
-            "takes the checkpoint's model config: leave model.config unset"
-        )
+    _check_fits(wanted, weights, path)
     model.load_state_dict(weights, strict=head_fits)
     return len(weights), "tensors" if head_fits else "tensors (a new head)"
 
@@ -269,20 +260,33 @@ def load_pretrained_translation(
             f"model.init_from={path} is a {restored.task} checkpoint: a translation run starts from a "
             "translation checkpoint (trained here, or imported with aiayn-import)"
         )
+    _check_tokenizers(restored, path, tokenizers)
+    weights = restored.model.state_dict()
+    _check_fits(model.state_dict(), weights, path)
+    model.load_state_dict(weights)
+    return len(weights)
+
+
+def _check_tokenizers(
+    restored: RestoredModel, path: str | Path, tokenizers: Mapping[str, str] | None
+) -> None:
+    """`model.init_from`'s checkpoint must have the run's tokenizers (when given): token ids mean
+    something only under them."""
     if tokenizers is not None and restored.datamodule_state.get("tokenizers") != tokenizers:
         raise CheckpointError(
             f"model.init_from={path} was trained with another tokenizer than this run's: token ids would "
             "not match (a fine-tuning run takes the checkpoint's tokenizer)"
         )
-    weights = restored.model.state_dict()
-    mismatch = state_dict_mismatch(model.state_dict(), weights)
+
+
+def _check_fits(expected: Mapping[str, Any], weights: Mapping[str, Any], path: str | Path) -> None:
+    """`model.init_from`'s weights must have the names and shapes the run's model expects."""
+    mismatch = state_dict_mismatch(expected, weights)
     if mismatch:
         raise CheckpointError(
             f"model.init_from={path}: its weights do not fit model.config ({mismatch}); a fine-tuning run "
             "takes the checkpoint's model config: leave model.config unset"
         )
-    model.load_state_dict(weights)
-    return len(weights)
 
 
 def last_checkpoints(directory: str | Path, n: int) -> list[Path]:

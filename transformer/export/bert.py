@@ -25,9 +25,8 @@ import torch
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.disk import human_size, tensor_bytes
 from transformer.encoder_only import TransformerClassifier
-from transformer.export.source import ExportError, staged_output
+from transformer.export.source import ExportError, write_imported
 
 __all__ = ["BERT_MODEL_TYPES", "bert_refusal", "config_from_bert", "import_bert", "weights_from_bert"]
 
@@ -242,9 +241,8 @@ def import_bert(
     source: str | None,
     force: bool,
     num_classes: int | None,
-    checkpoint_name: str,
 ) -> Path:
-    """A BERT-family directory -> `output`/`checkpoint_name`, a ClassificationTask checkpoint of ours:
+    """A BERT-family directory -> `output`/model.ckpt, a ClassificationTask checkpoint of ours:
     the weights (`weights_from_bert`), the model config, its WordPiece tokenizer (`data.wordpiece`), a
     data section for evaluation on SST-2 (`data.data_dir` names the files) and where it came from.
     Refusals name the setting, before anything is written."""
@@ -299,7 +297,4 @@ def import_bert(
         "global_step": 0,
         "epoch": 0,
     }
-    size = human_size(tensor_bytes(model.state_dict()))
-    with staged_output(output, force=force, what=f"the imported checkpoint of {size}") as staging:
-        torch.save(checkpoint, staging / checkpoint_name)
-    return Path(output) / checkpoint_name
+    return write_imported(checkpoint, output, force=force)

@@ -35,7 +35,7 @@ from transformer.export.marian import (
     marian_weights,
     weights_from_marian,
 )
-from transformer.export.source import ExportError, ExportSource, staged_output
+from transformer.export.source import ExportError, ExportSource, staged_output, write_imported
 from transformer.model import Seq2SeqTransformer
 
 __all__ = ["export_hf", "from_marian", "hf_refusal", "import_hf", "marian_permutation", "to_marian"]
@@ -113,9 +113,6 @@ def from_marian(marian: MarianMTModel) -> Seq2SeqTransformer:
     return model
 
 
-IMPORTED_CHECKPOINT = "model.ckpt"  # the file `import_hf` writes in its output directory
-
-
 def import_hf(
     directory: str | Path,
     output: str | Path,
@@ -150,10 +147,7 @@ def import_hf(
         raise ExportError(f"cannot import {directory}: its config.json cannot be read ({reason})") from None
     model_type = getattr(config, "model_type", None)
     if model_type in BERT_MODEL_TYPES:
-        return import_bert(
-            directory, output, config, source=source, force=force, num_classes=num_classes,
-            checkpoint_name=IMPORTED_CHECKPOINT,
-        )  # fmt: skip
+        return import_bert(directory, output, config, source=source, force=force, num_classes=num_classes)
     if model_type != "marian":
         raise ExportError(
             f"cannot import {directory}: model_type={model_type!r}: only Marian (OPUS-MT) translation models "
@@ -212,10 +206,7 @@ def import_hf(
         "global_step": 0,
         "epoch": 0,
     }
-    size = human_size(tensor_bytes(model.state_dict()))
-    with staged_output(output, force=force, what=f"the imported checkpoint of {size}") as staging:
-        torch.save(checkpoint, staging / IMPORTED_CHECKPOINT)
-    return Path(output) / IMPORTED_CHECKPOINT
+    return write_imported(checkpoint, output, force=force)
 
 
 def _languages(directory: Path) -> dict[str, str]:

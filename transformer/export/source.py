@@ -24,11 +24,23 @@ import torch
 from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
 from transformer.checkpoint import load_checkpoint
 from transformer.config import TransformerConfig
+from transformer.disk import human_size, tensor_bytes
 from transformer.evaluation.restore import DATAMODULES, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding
 from transformer.model import Seq2SeqTransformer
 
-__all__ = ["ExportError", "ExportSource", "check_output", "load_source", "staged_output", "write_failure"]
+__all__ = [
+    "IMPORTED_CHECKPOINT",
+    "ExportError",
+    "ExportSource",
+    "check_output",
+    "load_source",
+    "staged_output",
+    "write_failure",
+    "write_imported",
+]
+
+IMPORTED_CHECKPOINT = "model.ckpt"  # the file aiayn-import writes in its output directory
 
 SPECIAL_TOKENS = {"pad_id": "<pad>", "bos_id": "<s>", "eos_id": "</s>"}  # data.tokenization's specials
 # an imported Marian model's (data.sentencepiece_pair): no <s>, the decoder starts from the pad token
@@ -230,6 +242,15 @@ def staged_output(output: str | Path, *, force: bool = False, what: str = "the e
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(output)
+
+
+def write_imported(checkpoint: Mapping[str, Any], output: str | Path, *, force: bool = False) -> Path:
+    """`output`/model.ckpt holding `checkpoint` (an imported model: Marian or BERT-family), written whole
+    or not at all (`staged_output`); returns its path."""
+    size = human_size(tensor_bytes(checkpoint["state_dict"]))
+    with staged_output(output, force=force, what=f"the imported checkpoint of {size}") as staging:
+        torch.save(checkpoint, staging / IMPORTED_CHECKPOINT)
+    return Path(output) / IMPORTED_CHECKPOINT
 
 
 def _remove_empty(directories: list[Path]) -> None:
