@@ -417,8 +417,8 @@ def test_every_search_composes_into_a_valid_optuna_sweep(fresh_hydra, tmp_path: 
     assert sweeper.max_failure_rate == 1.0 and cfg.hydra.mode.name == "MULTIRUN"
     assert "${now:" in OmegaConf.to_container(cfg.hydra.sweep)["subdir"]
     assert sorted(c._target_ for c in cfg.hydra.callbacks.values()) == [
-        "transformer.cli.sweep_callbacks.ResumeOptunaStudy",
-        "transformer.cli.sweep_callbacks.SweepEndLines",  # every sweep's (configs/hydra/default.yaml)
+        "transformer.cli.sweeps.ResumeOptunaStudy",
+        "transformer.cli.sweeps.SweepEndLines",  # every sweep's (configs/hydra/default.yaml)
     ]
     assert cfg.callbacks.non_finite_loss.action == "stop"  # a diverged trial fails, not scored
     space = parse_space(OmegaConf.to_container(sweeper.params) if sweeper.params else None, [])

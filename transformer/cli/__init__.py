@@ -1,6 +1,6 @@
 """The command-line edge: the parts `train.py` and `evaluate.py` are made of. One error path (`errors`),
 config checks that name the key at fault (`arguments`, `checks`), building components from the config
-(`build`), sweeps (`sweeps`, `sweep_callbacks`), process-wide switches (`process`), what the start
+(`build`), sweeps and their Hydra callbacks (`sweeps`), process-wide switches (`process`), what the start
 prints (`console`), the final metrics (`results`), the set-up of a run on saved checkpoints
 (`checkpoint_setup`: evaluate.py, distillation's teachers) and evaluate.py's text streams (`text_io`);
 distillation and back-translation in their own package (`distill`), which only the entry points import.

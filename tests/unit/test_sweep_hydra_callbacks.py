@@ -1,4 +1,4 @@
-"""transformer.cli.sweep_callbacks: the Optuna sweep callback on configs composed as the CLI does (the
+"""The Hydra callbacks of a sweep (transformer.cli.sweeps) on configs composed as the CLI does (the
 sweeper's resume and seed offset: tests/unit/test_sweep_space.py)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from tests.conftest import REPO_ROOT
-from transformer.cli.sweep_callbacks import ResumeOptunaStudy, SweepEndLines, sqlite_path
+from transformer.cli.sweeps import ResumeOptunaStudy, SweepEndLines
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -28,17 +28,12 @@ def _compose(overrides: list[str]) -> DictConfig:
     return cfg
 
 
-@pytest.mark.parametrize(
-    ("url", "path"),
-    [
-        ("sqlite:////abs/dir/optuna.db", Path("/abs/dir/optuna.db")),
-        ("sqlite:///rel/optuna.db?timeout=30", Path("rel/optuna.db")),
-        ("sqlite:///:memory:", None),
-        ("postgresql://user@host/db", None),
-    ],
-)
-def test_sqlite_path(url: str, path: Path | None) -> None:
-    assert sqlite_path(url) == path
+def test_configs_of_earlier_versions_still_find_the_callbacks() -> None:
+    """The callbacks moved from `transformer.cli.sweep_callbacks` into `transformer.cli.sweeps` (issue 52);
+    a config that names the old module gets the same classes."""
+    for name in ("ResumeOptunaStudy", "SweepEndLines"):
+        old = hydra.utils.get_class(f"transformer.cli.sweep_callbacks.{name}")
+        assert old is hydra.utils.get_class(f"transformer.cli.sweeps.{name}")
 
 
 def test_every_job_of_a_run_gets_the_runs_start_time(tmp_path: Path, monkeypatch) -> None:
