@@ -28,6 +28,7 @@ from transformer.disk import write_text
 from transformer.evaluation.n_best import write_n_best
 from transformer.evaluation.plots import read_learning_curves
 from transformer.evaluation.reports import (
+    ReportInputs,
     ReportOptions,
     write_classification_outputs,
     write_translation_outputs,
@@ -108,14 +109,18 @@ def score_and_write(
     out_dir = Path(cfg.paths.output_dir)
     training_run = checkpoint_setup.training_run_dir(restored, path)
     tokenizer = datamodule.src_tokenizer
-    outputs = {
-        "info": info,
-        "model": restored.model,
-        "encode_source": lambda text: tokenizer.encode(text)[: datamodule.max_len],
-        "curves": read_learning_curves(training_run) if training_run and cfg.report.learning_curves else {},
-        "curves_source": str(training_run) if training_run else None,
-        "options": options,
-    }
+    inputs = ReportInputs(
+        info=info,
+        model=restored.model,
+        encode_source=lambda text: tokenizer.encode(text)[: datamodule.max_len],
+        id_to_token=checkpoint_setup.id_to_token(
+            datamodule.tgt_tokenizer if restored.task == "translation" else tokenizer
+        ),
+        source_id_to_token=checkpoint_setup.id_to_token(tokenizer),
+        curves=read_learning_curves(training_run) if training_run and cfg.report.learning_curves else {},
+        curves_source=str(training_run) if training_run else None,
+        options=options,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     if restored.task == "translation":
         result = score_translation(
@@ -127,14 +132,7 @@ def score_and_write(
             decoding=decoding,
             label_smoothing=restored.hparams.get("label_smoothing", 0.0),
         )
-        files = write_translation_outputs(
-            out_dir,
-            result,
-            decoding=decoding,
-            id_to_token=checkpoint_setup.id_to_token(datamodule.tgt_tokenizer),
-            source_id_to_token=checkpoint_setup.id_to_token(tokenizer),
-            **outputs,
-        )
+        files = write_translation_outputs(out_dir, result, inputs, decoding=decoding)
         if result.n_best:
             files["nbest"] = write_n_best(out_dir / "nbest.txt", result.n_best)
         if decoding is not None and decoding.alignments:
@@ -150,8 +148,7 @@ def score_and_write(
             class_names=datamodule.class_names,
             label_smoothing=restored.hparams.get("label_smoothing", 0.0),
         )
-        id_to_token = checkpoint_setup.id_to_token(tokenizer)
-        files = write_classification_outputs(out_dir, result, texts=texts, id_to_token=id_to_token, **outputs)
+        files = write_classification_outputs(out_dir, result, inputs, texts=texts)
     return dict(result.metrics), files
 
 

@@ -36,7 +36,7 @@ from transformer import disk
 from transformer.cli import errors
 from transformer.config import TransformerConfig
 from transformer.evaluation.report_sections import ReportOptions
-from transformer.evaluation.reports import write_translation_outputs
+from transformer.evaluation.reports import ReportInputs, write_translation_outputs
 from transformer.evaluation.scoring import TranslationResult
 from transformer.export.source import staged_output
 from transformer.model import Seq2SeqTransformer
@@ -369,14 +369,16 @@ def test_evaluation_outputs_remove_the_file_that_did_not_fit(tmp_path: Path, ful
         lambda: write_translation_outputs(
             tmp_path,
             result,
-            info={},
+            ReportInputs(
+                info={},
+                model=Seq2SeqTransformer(config),
+                encode_source=lambda text: [1, 5, 6, 2],
+                id_to_token=lambda i: f"w{i}",
+                curves={},
+                curves_source=None,
+                options=ReportOptions(attention_examples=1),
+            ),
             decoding={},
-            model=Seq2SeqTransformer(config),
-            encode_source=lambda text: [1, 5, 6, 2],
-            id_to_token=lambda i: f"w{i}",
-            curves={},
-            curves_source=None,
-            options=ReportOptions(attention_examples=1),
         )
     )
     line = disk.disk_full_line(err)

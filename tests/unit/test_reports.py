@@ -23,6 +23,7 @@ from transformer.evaluation.plots import (
 )
 from transformer.evaluation.reports import (
     MarkdownReport,
+    ReportInputs,
     ReportOptions,
     markdown_table,
     write_classification_outputs,
@@ -199,14 +200,16 @@ def test_translation_outputs(tmp_path: Path) -> None:
     files = write_translation_outputs(
         out,
         result,
-        info={"task": "translation", "checkpoint": "/x/epoch_003.ckpt", "split": "test"},
+        ReportInputs(
+            info={"task": "translation", "checkpoint": "/x/epoch_003.ckpt", "split": "test"},
+            model=Seq2SeqTransformer(_tiny_config()),
+            encode_source=_encode,
+            id_to_token=_token,
+            curves=read_learning_curves(tmp_path / "run"),
+            curves_source=str(tmp_path / "run"),
+            options=ReportOptions(attention_examples=2, length_buckets=[3, 5]),
+        ),
         decoding={"search": "auto", "beam_size": 1},
-        model=Seq2SeqTransformer(_tiny_config()),
-        encode_source=_encode,
-        id_to_token=_token,
-        curves=read_learning_curves(tmp_path / "run"),
-        curves_source=str(tmp_path / "run"),
-        options=ReportOptions(attention_examples=2, length_buckets=[3, 5]),
     )
     assert (out / "hypotheses.txt").read_text().splitlines() == hypotheses
     metrics = json.loads((out / "metrics.json").read_text())
@@ -236,14 +239,16 @@ def test_translation_outputs_without_report(tmp_path: Path) -> None:
     files = write_translation_outputs(
         tmp_path,
         result,
-        info={},
+        ReportInputs(
+            info={},
+            model=Seq2SeqTransformer(_tiny_config()),
+            encode_source=_encode,
+            id_to_token=_token,
+            curves={},
+            curves_source=None,
+            options=ReportOptions(enabled=False),
+        ),
         decoding={},
-        model=Seq2SeqTransformer(_tiny_config()),
-        encode_source=_encode,
-        id_to_token=_token,
-        curves={},
-        curves_source=None,
-        options=ReportOptions(enabled=False),
     )
     assert sorted(files) == ["hypotheses", "metrics", "predictions"]
     assert not (tmp_path / "report.md").exists()
@@ -265,14 +270,16 @@ def test_classification_outputs(tmp_path: Path) -> None:
     files = write_classification_outputs(
         tmp_path,
         result,
-        info={"task": "classification", "checkpoint": "c.ckpt"},
+        ReportInputs(
+            info={"task": "classification", "checkpoint": "c.ckpt"},
+            model=TransformerClassifier(_tiny_config(n_decoder_layers=0, tie_embeddings="none"), 2),
+            encode_source=_encode,
+            id_to_token=_token,
+            curves={},
+            curves_source=None,
+            options=ReportOptions(samples=3, attention_examples=1, attention_layers=[0, -1]),
+        ),
         texts=["1 2", "3 4 5", "6", "7 8"],
-        model=TransformerClassifier(_tiny_config(n_decoder_layers=0, tie_embeddings="none"), 2),
-        encode_source=_encode,
-        id_to_token=_token,
-        curves={},
-        curves_source=None,
-        options=ReportOptions(samples=3, attention_examples=1, attention_layers=[0, -1]),
     )
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["test/acc"] == 0.5
@@ -294,14 +301,16 @@ def test_classification_outputs(tmp_path: Path) -> None:
         write_classification_outputs(
             tmp_path / "again",
             result,
-            info={},
+            ReportInputs(
+                info={},
+                model=TransformerClassifier(_tiny_config(n_decoder_layers=0, tie_embeddings="none"), 2),
+                encode_source=_encode,
+                id_to_token=_token,
+                curves={},
+                curves_source=None,
+                options=ReportOptions(attention_layers=[5]),
+            ),
             texts=["1", "2", "3", "4"],
-            model=TransformerClassifier(_tiny_config(n_decoder_layers=0, tie_embeddings="none"), 2),
-            encode_source=_encode,
-            id_to_token=_token,
-            curves={},
-            curves_source=None,
-            options=ReportOptions(attention_layers=[5]),
         )
 
 

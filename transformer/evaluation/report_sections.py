@@ -1,10 +1,10 @@
-"""report.md of `evaluate.py`: what goes into it (`ReportOptions`) and its sections for each task, with
-the figures of `transformer.evaluation.plots`."""
+"""report.md of `evaluate.py`: what goes into it (`ReportOptions`), what it draws on besides the scores
+(`ReportInputs`) and its sections for each task, with the figures of `transformer.evaluation.plots`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from transformer.evaluation.scoring import (
     attention_maps,
 )
 
-__all__ = ["ReportOptions", "write_classification_report", "write_translation_report"]
+__all__ = ["ReportInputs", "ReportOptions", "write_classification_report", "write_translation_report"]
 
 
 @dataclass
@@ -64,6 +64,27 @@ class ReportOptions:
             or list(buckets) != sorted(set(buckets))
         ):
             raise ValueError(f"length_buckets must be increasing word counts >= 1, got {buckets!r}")
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What the outputs draw on besides the scores: the run's description (`info`: the checkpoint, the
+    data, the split; metrics.json and the report's first table), the model whose attention is drawn, how
+    a source text becomes ids and ids become tokens (`source_id_to_token` for a separate source
+    vocabulary; None: `id_to_token`), the training run's learning curves and where they came from, and
+    what report.md holds (`options`)."""
+
+    info: Mapping[str, Any]
+    model: nn.Module
+    encode_source: Callable[[str], list[int]]
+    id_to_token: Callable[[int], str]
+    source_id_to_token: Callable[[int], str] | None = None
+    curves: Curves = field(default_factory=dict)
+    curves_source: str | None = None
+    options: ReportOptions = field(default_factory=ReportOptions)
+
+    def source_token(self, token_id: int) -> str:
+        return (self.source_id_to_token or self.id_to_token)(token_id)
 
 
 # --- sections of both tasks ---------------------------------------------------------------------------
@@ -151,16 +172,14 @@ def _finish_report(
     report: MarkdownReport,
     files: dict[str, Path],
     out_dir: Path,
-    model: nn.Module,
     examples: Sequence[_AttentionExample],
-    options: ReportOptions,
-    curves: Curves,
-    curves_source: str | None,
+    inputs: ReportInputs,
 ) -> dict[str, Path]:
     """Attention maps and learning curves (both tasks end with them), then report.md; adds their files."""
-    for k, path in enumerate(_attention_section(report, out_dir, model, examples, options)):
+    attention = _attention_section(report, out_dir, inputs.model, examples, inputs.options)
+    for k, path in enumerate(attention):
         files[f"attention_{k}"] = path
-    _curves_section(report, out_dir, curves, curves_source)
+    _curves_section(report, out_dir, inputs.curves, inputs.curves_source)
     if (out_dir / "learning_curves.png").is_file():
         files["learning_curves"] = out_dir / "learning_curves.png"
     files["report"] = report.write(out_dir / "report.md")
@@ -174,27 +193,18 @@ def write_translation_report(
     out_dir: Path,
     result: TranslationResult,
     buckets: Sequence[LengthBucket],
-    *,
-    info: Mapping[str, Any],
+    inputs: ReportInputs,
     decoding: Mapping[str, Any],
-    model: nn.Module,
-    encode_source: Callable[[str], list[int]],
-    id_to_token: Callable[[int], str],
-    source_id_to_token: Callable[[int], str],
-    curves: Curves,
-    curves_source: str | None,
-    options: ReportOptions,
 ) -> dict[str, Path]:
     """report.md and its PNGs for a translation result; returns the files written, by kind."""
-    report = _start_report(info)
+    report = _start_report(inputs.info)
     report.heading("Decoding")
     report.table(["setting", "value"], [[k, v] for k, v in decoding.items()])
     _metrics_section(report, result.metrics)
     report.code("\n".join(f"{name}: {signature}" for name, signature in result.signatures.items()))
     files = _bleu_by_length_section(report, out_dir, buckets)
-    _sentences_sections(report, result, options.samples)
-    examples = _translation_examples(result, model, encode_source, id_to_token, source_id_to_token, options)
-    return _finish_report(report, files, out_dir, model, examples, options, curves, curves_source)
+    _sentences_sections(report, result, inputs.options.samples)
+    return _finish_report(report, files, out_dir, _translation_examples(result, inputs), inputs)
 
 
 def _bleu_by_length_section(
@@ -248,25 +258,19 @@ def _sentences_table(report: MarkdownReport, result: TranslationResult, chosen: 
         )
 
 
-def _translation_examples(
-    result: TranslationResult,
-    model: nn.Module,
-    encode_source: Callable[[str], list[int]],
-    id_to_token: Callable[[int], str],
-    source_id_to_token: Callable[[int], str],
-    options: ReportOptions,
-) -> list[_AttentionExample]:
+def _translation_examples(result: TranslationResult, inputs: ReportInputs) -> list[_AttentionExample]:
     """Short sentences with the decoder inputs that produced their hypotheses."""
-    src_ids = [encode_source(source) for source in result.sources]
+    src_ids = [inputs.encode_source(source) for source in result.sources]
+    config, options = inputs.model.config, inputs.options
     chosen = _pick_examples(
         [len(ids) for ids in src_ids], options.attention_examples, options.max_attention_tokens
     )
     examples = []
     for i in chosen:
-        hyp = result.hypothesis_ids[i] or [model.config.eos_id]
-        tgt_in = [model.config.bos_id, *hyp[:-1]]  # what the decoder read while producing `hyp`
-        source_tokens = [source_id_to_token(t) for t in src_ids[i]]
-        examples.append((i, src_ids[i], source_tokens, tgt_in, [id_to_token(t) for t in hyp]))
+        hyp = result.hypothesis_ids[i] or [config.eos_id]
+        tgt_in = [config.bos_id, *hyp[:-1]]  # what the decoder read while producing `hyp`
+        source_tokens = [inputs.source_token(t) for t in src_ids[i]]
+        examples.append((i, src_ids[i], source_tokens, tgt_in, [inputs.id_to_token(t) for t in hyp]))
     return examples
 
 
@@ -274,20 +278,10 @@ def _translation_examples(
 
 
 def write_classification_report(
-    out_dir: Path,
-    result: ClassificationResult,
-    *,
-    info: Mapping[str, Any],
-    texts: Sequence[str],
-    model: nn.Module,
-    encode_source: Callable[[str], list[int]],
-    id_to_token: Callable[[int], str],
-    curves: Curves,
-    curves_source: str | None,
-    options: ReportOptions,
+    out_dir: Path, result: ClassificationResult, inputs: ReportInputs, texts: Sequence[str]
 ) -> dict[str, Path]:
     """report.md and its PNGs for a classification result; returns the files written, by kind."""
-    report = _start_report(info)
+    report = _start_report(inputs.info)
     _metrics_section(report, result.metrics)
     report.text("ece: expected calibration error of the top-class confidence (15 equal-width bins, L1).")
     report.heading("Per class")
@@ -301,15 +295,15 @@ def write_classification_report(
     report.heading("Confusion matrix")
     path = save_confusion_matrix(result.confusion, result.class_names, out_dir / "confusion_matrix.png")
     report.image(path, "confusion matrix (rows: gold, columns: predicted)", out_dir)
+    options = inputs.options
     _mistakes_section(report, result, texts, options.samples)
 
-    src_ids = [encode_source(text) for text in texts]
+    src_ids = [inputs.encode_source(text) for text in texts]
     chosen = _pick_examples(
         [len(ids) for ids in src_ids], options.attention_examples, options.max_attention_tokens
     )
-    examples = [(i, src_ids[i], [id_to_token(t) for t in src_ids[i]], None, None) for i in chosen]
-    files = {"confusion_matrix": path}
-    return _finish_report(report, files, out_dir, model, examples, options, curves, curves_source)
+    examples = [(i, src_ids[i], [inputs.id_to_token(t) for t in src_ids[i]], None, None) for i in chosen]
+    return _finish_report(report, {"confusion_matrix": path}, out_dir, examples, inputs)
 
 
 def _mistakes_section(

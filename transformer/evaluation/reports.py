@@ -11,16 +11,14 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from transformer.disk import human_size, write_text, writing
 from transformer.evaluation.markdown import MarkdownReport, markdown_table, one_line
-from transformer.evaluation.plots import Curves
 from transformer.evaluation.report_sections import (
+    ReportInputs,
     ReportOptions,
     write_classification_report,
     write_translation_report,
@@ -34,6 +32,7 @@ from transformer.evaluation.scoring import (
 
 __all__ = [
     "MarkdownReport",
+    "ReportInputs",
     "ReportOptions",
     "markdown_table",
     "write_classification_outputs",
@@ -71,44 +70,18 @@ def _finite(metrics: Mapping[str, float]) -> dict[str, float | None]:
 
 
 def write_translation_outputs(
-    out_dir: str | Path,
-    result: TranslationResult,
-    *,
-    info: Mapping[str, Any],
-    decoding: Mapping[str, Any],
-    model: nn.Module,
-    encode_source: Callable[[str], list[int]],
-    id_to_token: Callable[[int], str],
-    curves: Curves,
-    curves_source: str | None,
-    options: ReportOptions,
-    source_id_to_token: Callable[[int], str] | None = None,
+    out_dir: str | Path, result: TranslationResult, inputs: ReportInputs, *, decoding: Mapping[str, Any]
 ) -> dict[str, Path]:
-    """metrics.json, hypotheses.txt, predictions.tsv and (options.enabled) report.md + PNGs.
-
-    `id_to_token` names target tokens, `source_id_to_token` source ones (default: the same, as with
-    a joint vocabulary).
-    """
+    """metrics.json, hypotheses.txt, predictions.tsv and (inputs.options.enabled) report.md + PNGs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    buckets = bleu_by_length(result.sources, result.hypotheses, result.references, options.length_buckets)
-    files = _write_translation_files(out_dir, result, buckets, info, decoding)
-    if options.enabled:
+    buckets = bleu_by_length(
+        result.sources, result.hypotheses, result.references, inputs.options.length_buckets
+    )
+    files = _write_translation_files(out_dir, result, buckets, inputs.info, decoding)
+    if inputs.options.enabled:
         with writing(out_dir / "report.md", "the report"):  # its figures name themselves
-            files |= write_translation_report(
-                out_dir,
-                result,
-                buckets,
-                info=info,
-                decoding=decoding,
-                model=model,
-                encode_source=encode_source,
-                id_to_token=id_to_token,
-                source_id_to_token=source_id_to_token or id_to_token,
-                curves=curves,
-                curves_source=curves_source,
-                options=options,
-            )
+            files |= write_translation_report(out_dir, result, buckets, inputs, decoding)
     return files
 
 
@@ -150,36 +123,15 @@ def _write_translation_files(
 
 
 def write_classification_outputs(
-    out_dir: str | Path,
-    result: ClassificationResult,
-    *,
-    info: Mapping[str, Any],
-    texts: Sequence[str],
-    model: nn.Module,
-    encode_source: Callable[[str], list[int]],
-    id_to_token: Callable[[int], str],
-    curves: Curves,
-    curves_source: str | None,
-    options: ReportOptions,
+    out_dir: str | Path, result: ClassificationResult, inputs: ReportInputs, *, texts: Sequence[str]
 ) -> dict[str, Path]:
-    """metrics.json, predictions.tsv and (options.enabled) report.md + PNGs."""
+    """metrics.json, predictions.tsv and (inputs.options.enabled) report.md + PNGs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = _write_classification_files(out_dir, result, texts, info)
-    if options.enabled:
+    files = _write_classification_files(out_dir, result, texts, inputs.info)
+    if inputs.options.enabled:
         with writing(out_dir / "report.md", "the report"):  # its figures name themselves
-            files |= write_classification_report(
-                out_dir,
-                result,
-                info=info,
-                texts=texts,
-                model=model,
-                encode_source=encode_source,
-                id_to_token=id_to_token,
-                curves=curves,
-                curves_source=curves_source,
-                options=options,
-            )
+            files |= write_classification_report(out_dir, result, inputs, texts)
     return files
 
 
