@@ -38,7 +38,8 @@ HUB_ONLY = {"iwslt14_de_en", "wmt14_en_de_base"}  # corpora with no local layout
 SYNTHETIC_MODELS = ("distill.teachers", "backtranslate.model")  # docs/distillation.md's placeholders
 CANNOT_RUN_HERE = {"trainer=gpu", "trainer=ddp", "device=cuda", "hydra/launcher=slurm"}
 # what evaluate.py commands decode: untrained translations run to the length limit, and their decoding and
-# attention heatmaps were three quarters of this test's time
+# attention heatmaps were three quarters of this test's time; a training run's validation and test
+# translations likewise (a quarter of a tiny run)
 EVAL_LENGTH = {"max_len_a": 0, "max_len_b": 8}
 COMMAND = re.compile(
     r"""(?:echo\s+(?P<stdin>"[^"]*"|'[^']*')\s*\|\s*)?python\s+(?P<script>train|evaluate)\.py\b(?P<rest>.*)"""
@@ -203,6 +204,12 @@ def _plan(
         ]
         if any(a.startswith("hparams_search=") for a in args):
             tiny.append("hydra.sweeper.n_trials=1")
+        if command.dataset != "sst2" and not any(a.startswith("model=") for a in args):  # translation
+            tiny += [
+                f"model.decoding.{k}={v}"
+                for k, v in EVAL_LENGTH.items()
+                if not _sets(args, f"model.decoding.{k}")
+            ]
         for key in SYNTHETIC_MODELS:  # a 10-step teacher: translations of 1 to 3 tokens, none empty
             if any(a.startswith(f"{key}=") for a in args):
                 group = key.split(".")[0]
