@@ -281,6 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.tokenize_pairs = min(args.tokenize_pairs, 10_000)
     if args.smoke:
         args.sizes, args.baseline, args.ddp_size, args.steps, args.sst2_dir = [2_000], None, 0, 1, None
+        args.baseline_sizes = []  # no baseline: its default sizes built a 1M-pair corpus for nothing
         args.tokenize_pairs = min(args.tokenize_pairs, 2_000)
     return args
 
