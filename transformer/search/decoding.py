@@ -330,11 +330,7 @@ def beam_search(
     token. A sentence with fewer than n_best finished hypotheses (possible only for tiny max lengths)
     gets pad_id rows scored -inf. `min_len` and `no_repeat_ngram_size` as in `DecodingSettings`.
     """
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best!r}")
-    settings = DecodingSettings(
+    settings = DecodingSettings(  # checks beam_size and n_best (`_check_settings`)
         search="beam",
         beam_size=beam_size,
         length_penalty=length_penalty,
