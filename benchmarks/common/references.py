@@ -2,8 +2,9 @@
 
 - `TorchReference`: torch.nn.Transformer between the same kind of embeddings as ours (scaled, sinusoidal
   positions, dropout) with a tied output projection, given the masks ours uses.
-- `MarianReference`: transformers.MarianMTModel built from an equivalent `MarianConfig` (random init, no
-  download): post-LN, ReLU, sinusoidal positions, scaled embeddings, one tied 10k vocabulary, SDPA.
+- `MarianReference`: transformers.MarianMTModel built from the `MarianConfig` our export writes for the
+  same config (`transformer.export.hf.marian_config`; random init, no download): post-LN, sinusoidal
+  positions, scaled embeddings, tied vocabulary as the config says, SDPA.
 - `marian_generate`: its `generate` at a fixed length, the decoding reference; `mean_length` of outputs.
 - `make_batches`: random padded batches; `Batch` carries the non-pad token count.
 - `matmul_flops`: the FLOPs of the matmuls of one training step, padded or packed.
@@ -88,42 +89,14 @@ class TorchReference(nn.Module):
         return self.output_projection(hidden)  # (B, T, V)
 
 
-def marian_config(config: TransformerConfig) -> object:
-    """A `transformers.MarianConfig` with the same architecture as `config` (post-LN, ReLU, tied vocab)."""
-    from transformers import MarianConfig
-
-    return MarianConfig(
-        vocab_size=config.src_vocab_size,
-        decoder_vocab_size=config.tgt_vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.n_encoder_layers,
-        decoder_layers=config.n_decoder_layers,
-        encoder_attention_heads=config.n_heads,
-        decoder_attention_heads=config.n_heads,
-        encoder_ffn_dim=config.d_ff,
-        decoder_ffn_dim=config.d_ff,
-        activation_function="relu",
-        dropout=config.dropout,  # residual and embedding dropout
-        activation_dropout=config.dropout,  # FFN hidden dropout, as ours and torch's
-        attention_dropout=config.attention_dropout,
-        max_position_embeddings=config.max_len,
-        scale_embedding=True,  # embeddings * sqrt(D), as the paper
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        decoder_start_token_id=BOS,
-        forced_eos_token_id=EOS,
-    )
-
-
 class MarianReference(nn.Module):
     """transformers.MarianMTModel (SDPA attention, random init) behind our forward(src, tgt_in) -> logits."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         from transformers import MarianMTModel
+
+        from transformer.export.hf import marian_config  # the export's own mapping
 
         self.config = config
         self.marian = MarianMTModel._from_config(marian_config(config), attn_implementation="sdpa")

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
+from transformer.config import TransformerConfig
 from transformer.disk import human_size, tensor_bytes
 from transformer.export.bert import BERT_MODEL_TYPES, import_bert
 from transformer.export.card import write_model_card
@@ -38,7 +39,15 @@ from transformer.export.marian import (
 from transformer.export.source import ExportError, ExportSource, staged_output, write_imported
 from transformer.model import Seq2SeqTransformer
 
-__all__ = ["export_hf", "from_marian", "hf_refusal", "import_hf", "marian_permutation", "to_marian"]
+__all__ = [
+    "export_hf",
+    "from_marian",
+    "hf_refusal",
+    "import_hf",
+    "marian_config",
+    "marian_permutation",
+    "to_marian",
+]
 
 
 def hf_refusal(source: ExportSource) -> str | None:
@@ -63,8 +72,9 @@ def hf_refusal(source: ExportSource) -> str | None:
     return None
 
 
-def _marian_config(model: Seq2SeqTransformer) -> MarianConfig:
-    config = model.config
+def marian_config(config: TransformerConfig) -> MarianConfig:
+    """The `MarianConfig` of a model with `config`: architecture, dropout and generation ids (also the
+    benchmarks' transformers reference, `benchmarks.common.references`)."""
     return MarianConfig(
         **marian_config_values(config),
         dropout=config.dropout,
@@ -86,7 +96,7 @@ def _marian_state_dict(model: Seq2SeqTransformer) -> dict[str, Tensor]:
 
 def to_marian(model: Seq2SeqTransformer) -> MarianMTModel:
     """A `MarianMTModel` (eval mode) computing exactly what `model` computes (post-LN, sinusoidal)."""
-    marian = MarianMTModel(_marian_config(model)).eval()
+    marian = MarianMTModel(marian_config(model.config)).eval()
     weights = _marian_state_dict(model)
     missing, unexpected = marian.load_state_dict(weights, strict=False)
     if set(missing) - set(MARIAN_BUFFERS) or unexpected:  # Marian rebuilds its sinusoid tables itself
