@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from transformer.checkpoint import files_in_hint, load_checkpoint
 from transformer.cli.errors import ConfigError
 from transformer.cli.process import local_rank
-from transformer.training.compiling import compile_unavailable, is_compile_mode
+from transformer.training.compiling import compile_unavailable, fused_loss_conflict, is_compile_mode
 from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue, earlier_logs
 
 log = logging.getLogger("train")
@@ -77,7 +77,8 @@ def check_trainer_keys(cfg: DictConfig) -> None:
 
 def check_compile(cfg: DictConfig) -> None:
     """`model.compile` is true, false or layers, `model.activation_checkpointing` true or false,
-    `model.low_precision_residual` true, false or auto, and
+    `model.low_precision_residual` true, false or auto, `model.fused_loss` true or false (and false with a
+    compiled step), and
     torch.compile can run on the run's device (a supported Python; inductor's C++ compiler on the CPU,
     Triton on CUDA)."""
     value = OmegaConf.select(cfg, "model.activation_checkpointing", default=None)
@@ -86,12 +87,17 @@ def check_compile(cfg: DictConfig) -> None:
     value = OmegaConf.select(cfg, "model.low_precision_residual", default=None)
     if value is not None and not (isinstance(value, bool) or value == "auto"):
         raise ConfigError(f"`model.low_precision_residual` must be true, false or auto, got {value!r}")
+    fused_loss = OmegaConf.select(cfg, "model.fused_loss", default=None)
+    if fused_loss is not None and not isinstance(fused_loss, bool):
+        raise ConfigError(f"`model.fused_loss` must be true or false, got {fused_loss!r}")
     compile_mode = OmegaConf.select(cfg, "model.compile", default=None)
     if compile_mode is not None and not is_compile_mode(compile_mode):
         raise ConfigError(
             f"`model.compile` must be true (the training step), layers (each encoder / decoder layer) or "
             f"false, got {compile_mode!r}"
         )
+    if fused_loss and (conflict := fused_loss_conflict(compile_mode)):
+        raise ConfigError(conflict)
     if not compile_mode:
         return
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))

@@ -31,6 +31,7 @@ __all__ = [
     "CompiledStep",
     "check_compile_mode",
     "compile_unavailable",
+    "fused_loss_conflict",
     "is_compile_mode",
     "pad_length",
 ]
@@ -65,6 +66,22 @@ def check_compile_mode(value: object) -> None:
     """Raise ValueError unless `value` is a `model.compile` setting."""
     if not is_compile_mode(value):
         raise ValueError(f"compile must be true, false or 'layers', got {value!r}")
+
+
+def fused_loss_conflict(compile: object) -> str | None:
+    """Why `model.fused_loss=true` is refused with the `model.compile` setting `compile`, None when it is
+    not (compile false). The fused loss is a custom autograd Function looping over row chunks in Python:
+    not what to trace, and the compiled step fuses the projection and the loss itself."""
+    if not compile:
+        return None
+    if compile == "layers":
+        why = "the fused loss is tested on the eager step only, not around compiled layers"
+    else:
+        why = "the compiled step fuses the output projection and the loss itself"
+    return (
+        f"model.fused_loss=true does not go with model.compile={str(compile).lower()}: {why} "
+        "(set model.fused_loss=false or model.compile=false)"
+    )
 
 
 def _graphs_compiled() -> int:

@@ -13,7 +13,7 @@ from torch import Tensor
 from transformer.config import TransformerConfig
 from transformer.evaluation.restore import load_pretrained_translation
 from transformer.evaluation.scoring import corpus_scores
-from transformer.losses import TokenLoss, label_smoothed_cross_entropy
+from transformer.losses import TokenLoss, label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
 from transformer.search.decoding import DecodingSettings, decode
 from transformer.stacks import compile_layers
@@ -24,7 +24,7 @@ from transformer.training.base import (
     TokenMeans,
     plain,
 )
-from transformer.training.compiling import CompiledStep, check_compile_mode, pad_length
+from transformer.training.compiling import CompiledStep, check_compile_mode, fused_loss_conflict, pad_length
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,8 @@ class TranslationTask(TaskBase):
     With `compile=True` the training forward and loss run as one `torch.compile`d graph over the padded
     batch (`_padded_token_loss`, `transformer.training.compiling`); with `compile="layers"` the same padded
     step runs eagerly around compiled encoder and decoder layers (`compile_layers`). Validation and test
-    stay eager.
+    stay eager. With `fused_loss=True` an eager training step forms the output projection and the loss in
+    one pass (`_projected_loss`).
     """
 
     best_metric = ("bleu", "max")
@@ -54,10 +55,15 @@ class TranslationTask(TaskBase):
         compile: bool | str = False,
         activation_checkpointing: bool = False,
         low_precision_residual: bool | str = "auto",
+        fused_loss: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, run_config)
         check_compile_mode(compile)
+        if not isinstance(fused_loss, bool):
+            raise ValueError(f"fused_loss must be true or false, got {fused_loss!r}")
+        if fused_loss and (conflict := fused_loss_conflict(compile)):
+            raise ValueError(conflict)
         config = plain(config)
         # plain dicts in the hyperparameters (checkpoints hold plain data); test defaults to validation's
         decoding = dict(DecodingSettings.from_values(plain(decoding), prefix="decoding."))
@@ -109,9 +115,32 @@ class TranslationTask(TaskBase):
 
     def _padded_token_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> TokenLoss:
         """The loss over the padded (B, T) layout (pads ignored by the loss): fixed shapes, what compiles."""
-        logits = self.model(src, tgt_in)  # (B, T, V)
+        hidden = self.model(src, tgt_in, return_hidden=True)  # (B, T, D)
+        return self._projected_loss(hidden, tgt_out)
+
+    def _projected_loss(self, hidden: Tensor, target: Tensor) -> TokenLoss:
+        """The output projection of hidden (..., D) and the label-smoothed loss against target (...).
+
+        In a training step with `fused_loss` (never compiled: `__init__` refuses it with `compile`) both
+        run as one, chunk by chunk with the gradients formed in the forward pass, so the (..., V) logits
+        and their gradient are never whole (`linear_label_smoothed_cross_entropy`); the weight's gradient
+        reaches the output projection's parameter, shared with the embeddings when they are tied.
+        Validation and test (no gradient) project, then take the loss.
+        """
+        projection = self.model.output_projection
+        smoothing = self.hparams.label_smoothing
+        if self.hparams.fused_loss and self.training and torch.is_grad_enabled():
+            return linear_label_smoothed_cross_entropy(
+                hidden,
+                projection.weight,
+                projection.bias,
+                target,
+                ignore_index=self.pad_id,
+                label_smoothing=smoothing,
+            )
+        logits = projection(hidden)  # (..., V)
         return label_smoothed_cross_entropy(
-            logits, tgt_out, ignore_index=self.pad_id, label_smoothing=self.hparams.label_smoothing
+            logits, target, ignore_index=self.pad_id, label_smoothing=smoothing
         )
 
     def _token_loss(self, batch: Mapping[str, Tensor]) -> TokenLoss:
@@ -127,10 +156,7 @@ class TranslationTask(TaskBase):
         keep = tgt_out.ne(self.pad_id)  # (B, T)
         # only the non-pad positions: the layers, the (D x V) projection and the softmax skip the padding
         hidden = self.model(batch["src"], batch["tgt_in"], return_hidden=True, positions=keep)  # (N, D)
-        logits = self.model.output_projection(hidden)  # (N, V)
-        return label_smoothed_cross_entropy(
-            logits, tgt_out[keep], ignore_index=self.pad_id, label_smoothing=self.hparams.label_smoothing
-        )
+        return self._projected_loss(hidden, tgt_out[keep])
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         out = self._token_loss(batch)
