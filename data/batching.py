@@ -288,23 +288,53 @@ def _source_batch(examples: Sequence[Mapping[str, Any]], pad_id: int) -> dict[st
     }
 
 
+def host_packing(keep: Tensor) -> tuple[Tensor, Tensor, int]:
+    """keep (B, L) bool on the host -> the kept positions of the flattened B * L (N,) long, the cumulative
+    row lengths (B + 1,) int32 (what variable-length attention kernels take) and the longest row."""
+    lengths = keep.sum(dim=1)  # (B,)
+    cu_seqlens = torch.zeros(keep.size(0) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = lengths.cumsum(0)
+    return keep.reshape(-1).nonzero().squeeze(1), cu_seqlens, int(lengths.max()) if keep.numel() else 0
+
+
+def _prefix(tokens: Tensor, pad_id: int) -> Tensor:
+    """(B, T) bool: every position up to each row's last non-pad token (a causal decoder's inputs; the
+    model's `transformer.packing.prefix_mask`, which data/ may not import)."""
+    positions = torch.arange(1, tokens.size(1) + 1)  # (T,)
+    return positions <= (tokens.ne(pad_id) * positions).amax(dim=1, keepdim=True)  # (B, T)
+
+
 class TranslationCollator:
     """Examples {"src_ids", "tgt_ids": [BOS .. EOS], "id"} -> src, tgt_in, tgt_out, masks, id.
 
-    Examples without "tgt_ids" (prediction on raw text) give only src, src_padding_mask and id.
+    Examples without "tgt_ids" (prediction on raw text) give only src, src_padding_mask and id. With
+    `packing`, a training batch also holds "packing": for the source's non-pad tokens and the targets'
+    prefixes, the kept positions, cumulative lengths and longest row (`host_packing`), which the model's
+    packed path takes instead of finding them on the device (`transformer.packing.BatchPacking`).
     """
 
-    def __init__(self, pad_id: int = PAD_ID) -> None:
+    def __init__(self, pad_id: int = PAD_ID, packing: bool = False) -> None:
         self.pad_id = pad_id
+        self.packing = packing
 
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
-        batch = _source_batch(examples, self.pad_id)
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        batch: dict[str, Any] = _source_batch(examples, self.pad_id)
         if "tgt_ids" in examples[0]:
             # Teacher forcing: the decoder reads [BOS y1..yn] and predicts [y1..yn EOS].
             tgt_in = pad_sequences([ex["tgt_ids"][:-1] for ex in examples], self.pad_id)  # (B, T)
             tgt_out = pad_sequences([ex["tgt_ids"][1:] for ex in examples], self.pad_id)  # (B, T)
             batch.update(tgt_in=tgt_in, tgt_out=tgt_out, tgt_padding_mask=tgt_in == self.pad_id)
+            if self.packing:
+                batch["packing"] = self._packing(batch["src_padding_mask"], tgt_in)
         return batch
+
+    def _packing(self, src_padding_mask: Tensor, tgt_in: Tensor) -> dict[str, Tensor | int]:
+        packing: dict[str, Tensor | int] = {}
+        for side, keep in (("src", ~src_padding_mask), ("tgt", _prefix(tgt_in, self.pad_id))):
+            index, cu_seqlens, max_len = host_packing(keep)
+            packing.update({f"{side}_index": index, f"{side}_cu_seqlens": cu_seqlens})
+            packing[f"{side}_max_len"] = max_len
+        return packing
 
 
 class ClassificationCollator:

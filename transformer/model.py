@@ -16,7 +16,7 @@ from transformer.config import TransformerConfig
 from transformer.embedding import Embedder, build_positional, build_rotary, init_weights
 from transformer.encoder_only import TransformerClassifier, TransformerMaskedLM
 from transformer.kv_cache import DecoderCache
-from transformer.packing import TokenPacking, prefix_mask
+from transformer.packing import BatchPacking, TokenPacking, prefix_mask
 from transformer.stacks import Decoder, Encoder, build_decoder, build_encoder
 
 __all__ = [
@@ -106,7 +106,13 @@ class Seq2SeqTransformer(nn.Module):
         return hidden if return_hidden else self.output_projection(hidden)
 
     def forward(
-        self, src: Tensor, tgt_in: Tensor, *, return_hidden: bool = False, positions: Tensor | None = None
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        *,
+        return_hidden: bool = False,
+        positions: Tensor | None = None,
+        packing: BatchPacking | None = None,
     ) -> Tensor:
         """src (B, S), tgt_in (B, T) long -> logits (B, T, V), or the final hidden states (B, T, D).
 
@@ -114,7 +120,14 @@ class Seq2SeqTransformer(nn.Module):
         `positions` (B, T) bool: only the outputs at those positions, (N, V) or (N, D) in row-major
         order (= the full output[positions]), without building the padded (B, T, ...) tensor; for a
         loss, positions = tgt_out != pad.
+        `packing`, built on the host (the collator's): the packed path on any device with nothing read
+        back; the outputs are those at `packing.target`'s positions, (N, V) or (N, D) (for a loss, the
+        targets are `packing.target.pack(tgt_out)`, pads among them ignored); `positions` must be None.
         """
+        if packing is not None:
+            if positions is not None:
+                raise ValueError("forward takes positions or packing, not both (packing names the outputs)")
+            return self._forward_packed(src, tgt_in, return_hidden, None, packing)
         if self._packs(src, tgt_in):
             return self._forward_packed(src, tgt_in, return_hidden, positions)
         src_padding_mask = self.padding_mask(src)
@@ -147,23 +160,37 @@ class Seq2SeqTransformer(nn.Module):
             src.eq(self.config.pad_id).any() or tgt_in.eq(self.config.pad_id).any()
         )
 
-    def _encode_packed(self, src: Tensor, src_padding_mask: Tensor) -> tuple[Tensor, TokenPacking]:
-        """src (B, S) -> memory (M, D) of the M non-pad tokens, and their packing."""
-        packing = TokenPacking(~src_padding_mask)
+    def _encode_packed(
+        self, src: Tensor, src_padding_mask: Tensor, packing: TokenPacking | None = None
+    ) -> tuple[Tensor, TokenPacking]:
+        """src (B, S) -> memory (M, D) of the M non-pad tokens, and their packing (found if not given)."""
+        packing = TokenPacking(~src_padding_mask) if packing is None else packing
         embedded = self.src_embed(src, packing=packing)  # (M, D)
         return self.encoder.forward_packed(embedded, packing, src_padding_mask, rotary=self.rotary), packing
 
     def _forward_packed(
-        self, src: Tensor, tgt_in: Tensor, return_hidden: bool, positions: Tensor | None
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        return_hidden: bool,
+        positions: Tensor | None,
+        batch_packing: BatchPacking | None = None,
     ) -> Tensor:
-        """`forward` with every stack on packed tokens: the decoder runs over each target's prefix."""
+        """`forward` with every stack on packed tokens: the decoder runs over each target's prefix. With
+        `batch_packing` the outputs stay packed, (N', ...) at its target positions."""
         src_padding_mask = self.padding_mask(src)
-        memory, src_packing = self._encode_packed(src, src_padding_mask)  # (M, D)
-        packing = TokenPacking(prefix_mask(tgt_in, self.config.pad_id))
+        if batch_packing is not None:
+            memory, src_packing = self._encode_packed(src, src_padding_mask, batch_packing.source)  # (M, D)
+            packing = batch_packing.target
+        else:
+            memory, src_packing = self._encode_packed(src, src_padding_mask)  # (M, D)
+            packing = TokenPacking(prefix_mask(tgt_in, self.config.pad_id))
         embedded = self.tgt_embed(tgt_in, packing=packing)  # (N', D)
         hidden = self.decoder.forward_packed(
             embedded, packing, memory, src_packing, src_padding_mask, rotary=self.rotary
         )  # (N', D) over each target's prefix
+        if batch_packing is not None:
+            return hidden if return_hidden else self.output_projection(hidden)  # (N', ...)
         if positions is None:
             return packing.unpack(hidden if return_hidden else self.output_projection(hidden))  # (B, T, ...)
         if not torch.equal(packing.keep, positions):  # usually positions == the prefixes

@@ -1,0 +1,194 @@
+"""Packing built on the host (#50 item 3): the collator's kept positions and cumulative lengths equal what
+`TokenPacking` finds on the device; a training-style forward, loss and backward that takes them gives the
+padded path's loss and gradients and reads nothing back (no nonzero, item, equal or boolean-mask index)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from data.batching import TranslationCollator
+from tests.tiny import tiny_seq2seq
+from transformer.losses import label_smoothed_cross_entropy
+from transformer.model import Seq2SeqTransformer
+from transformer.packing import BatchPacking, TokenPacking, prefix_mask
+
+PAD, VOCAB = 0, 40
+
+
+def _examples(seed: int, batch: int = 7, longest: int = 11) -> list[dict[str, Any]]:
+    """Random translation examples: sources of 1 .. longest tokens (one-token rows included), targets
+    [BOS, 0 .. longest - 2 tokens, EOS] (so tgt_in is never empty); no pad id inside a sentence."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, VOCAB, (n,), generator=generator).tolist()
+
+    examples = []
+    for row in range(batch):
+        n_src = 1 if row == 0 else int(torch.randint(1, longest + 1, (1,), generator=generator))
+        n_tgt = 0 if row == 1 else int(torch.randint(0, longest - 1, (1,), generator=generator))
+        examples.append({"id": row, "src_ids": ids(n_src), "tgt_ids": [1, *ids(n_tgt), 2]})
+    return examples
+
+
+def _batch(seed: int, **kwargs: Any) -> dict[str, Any]:
+    return TranslationCollator(PAD, packing=True)(_examples(seed, **kwargs))
+
+
+def _assert_same_packing(host: TokenPacking, device: TokenPacking) -> None:
+    assert (host.batch, host.length) == (device.batch, device.length)
+    assert torch.equal(host.keep, device.keep) and torch.equal(host.index, device.index)
+    assert torch.equal(host.positions, device.positions)
+    lengths = device.keep.sum(dim=1)  # (B,)
+    assert host.cu_seqlens is not None and host.cu_seqlens.dtype == torch.int32
+    assert torch.equal(host.cu_seqlens, F.pad(lengths.cumsum(0), (1, 0)).int())
+    assert host.max_len == int(lengths.max()) and isinstance(host.max_len, int)
+    rows = torch.randn(host.batch, host.length, 3)
+    assert torch.equal(host.pack(rows), device.pack(rows))
+    assert torch.equal(host.unpack(host.pack(rows)), device.unpack(device.pack(rows)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_packing_equals_the_device_packing(seed: int) -> None:
+    batch = _batch(seed, batch=1 + seed, longest=2 + 3 * seed)
+    packing = BatchPacking.from_collated(batch["packing"], batch["src"], batch["tgt_in"])
+    _assert_same_packing(packing.source, TokenPacking(batch["src"].ne(PAD)))
+    _assert_same_packing(packing.target, TokenPacking(prefix_mask(batch["tgt_in"], PAD)))
+    # for a loss: the target packing holds every non-pad target, so tgt_out at it has them all
+    assert torch.equal(packing.target.pack(batch["tgt_out"]), batch["tgt_out"][batch["tgt_out"].ne(PAD)])
+
+
+def test_the_collator_adds_packing_only_when_asked() -> None:
+    examples = _examples(0)
+    plain, packed = TranslationCollator(PAD)(examples), TranslationCollator(PAD, packing=True)(examples)
+    assert "packing" not in plain and set(packed) == {*plain, "packing"}
+    assert all(torch.equal(plain[key], packed[key]) for key in plain)
+    assert set(packed["packing"]) == {
+        f"{side}_{name}" for side in ("src", "tgt") for name in ("index", "cu_seqlens", "max_len")
+    }
+    assert "packing" not in TranslationCollator(PAD, packing=True)([{"id": 0, "src_ids": [4, 5]}])
+
+
+def _model(dropout: float = 0.0, **overrides: Any) -> Seq2SeqTransformer:
+    return tiny_seq2seq(1, vocab=VOCAB, layers=2, dropout=dropout, **overrides).train()
+
+
+def _padded_step(model: Seq2SeqTransformer, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    model.pack_tokens = False
+    logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
+    return _loss_and_grads(model, logits, batch["tgt_out"])
+
+
+def _host_packed_step(model: Seq2SeqTransformer, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    """What the translation task's step does with a collated packing (`_token_loss`)."""
+    model.pack_tokens = False  # the GPU's setting: the packing is taken because it is given
+    packing = BatchPacking.from_collated(batch["packing"], batch["src"], batch["tgt_in"])
+    logits = model(batch["src"], batch["tgt_in"], packing=packing)  # (N, V)
+    return _loss_and_grads(model, logits, packing.target.pack(batch["tgt_out"]))
+
+
+def _device_packed_step(model: Seq2SeqTransformer, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    """The CPU's packed step today: the packing found on the device."""
+    model.pack_tokens = True
+    keep = batch["tgt_out"].ne(PAD)
+    logits = model(batch["src"], batch["tgt_in"], positions=keep)  # (N, V)
+    return _loss_and_grads(model, logits, batch["tgt_out"][keep])
+
+
+def _loss_and_grads(
+    model: Seq2SeqTransformer, logits: Tensor, target: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = label_smoothed_cross_entropy(logits, target, ignore_index=PAD, label_smoothing=0.1).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_step(got: tuple[Tensor, dict[str, Tensor]], want: tuple[Tensor, dict[str, Tensor]]) -> None:
+    (loss, grads), (want_loss, want_grads) = got, want
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=0)
+    assert grads.keys() == want_grads.keys()
+    for name, grad in grads.items():
+        # 1e-6 relative to the gradient's size (an element near 0 has no meaningful relative error)
+        scale = want_grads[name].abs().max().item()
+        torch.testing.assert_close(grad, want_grads[name], rtol=1e-6, atol=1e-6 * scale, msg=name)
+
+
+CONFIGS = {
+    "sinusoidal-tied": {},
+    "untied": {"tie_embeddings": "none"},
+    "learned": {"positional": "learned"},
+    "rope-prenorm": {"positional": "rope", "norm_first": True},
+}
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+def test_host_packed_step_equals_the_padded_step(overrides: dict[str, Any]) -> None:
+    model, batch = _model(**overrides), _batch(3)
+    assert batch["src"].eq(PAD).any() and batch["tgt_in"].eq(PAD).any()
+    _assert_same_step(_host_packed_step(model, batch), _padded_step(model, batch))
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+def test_host_packed_step_with_dropout_equals_the_device_packed_step(overrides: dict[str, Any]) -> None:
+    """With dropout the padded path draws other masks, but the two packed paths draw the same ones."""
+    model, batch = _model(dropout=0.2, **overrides), _batch(4)
+    torch.manual_seed(7)
+    host = _host_packed_step(model, batch)
+    torch.manual_seed(7)
+    _assert_same_step(host, _device_packed_step(model, batch))
+    torch.manual_seed(8)
+    assert not torch.equal(_host_packed_step(model, batch)[0], host[0])  # dropout is on
+
+
+def test_forward_takes_positions_or_packing_not_both() -> None:
+    model, batch = _model(), _batch(0)
+    packing = BatchPacking.from_collated(batch["packing"], batch["src"], batch["tgt_in"])
+    with pytest.raises(ValueError, match="positions or packing"):
+        model(batch["src"], batch["tgt_in"], positions=packing.target.keep, packing=packing)
+
+
+# --- no host read ----------------------------------------------------------------------------------
+
+_HOST_READS = {
+    "aten::nonzero",
+    "aten::_local_scalar_dense",
+    "aten::equal",
+    "aten::is_nonzero",
+    "aten::masked_select",
+}
+
+
+class _HostReads(TorchDispatchMode):
+    """The aten ops of a pass that read device data back to the host (a sync on CUDA)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._schema.name
+        bool_index = name == "aten::index" and any(
+            isinstance(i, Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else [])
+        )  # x[mask]: a nonzero inside the kernel
+        if name in _HOST_READS or bool_index:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"positional": "rope"}], ids=["sinusoidal", "rope"])
+def test_host_packed_step_reads_nothing_back(overrides: dict[str, Any]) -> None:
+    model, batch = _model(**overrides), _batch(5)
+    counter = _HostReads()
+    with counter:
+        _host_packed_step(model, batch)
+    assert counter.reads == []
+    with counter:  # the counter sees the device packing's reads
+        _device_packed_step(model, batch)
+    assert "aten::nonzero" in counter.reads and "aten::index" in counter.reads
