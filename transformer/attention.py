@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.kernels import RotaryLike, attend, check_masks, make_causal_mask
+from transformer.kernels import RotaryLike, attend, check_masks, make_causal_mask, use_varlen, varlen_attend
 from transformer.kv_cache import KVCache
 from transformer.packing import TokenPacking
 
@@ -227,27 +227,41 @@ class MultiHeadAttention(nn.Module):
         """Attention between packed tokens: query (N, E) of a (B, T) batch, key = value (M, E) of (B, S).
 
         The same numbers as `forward(..., need_weights=False)` on the padded batch at the kept query
-        positions, but the projections run on the N + M kept tokens only; the attention itself runs in
-        the padded (B, H, T, S) layout. `key is query` means self-attention (one fused projection).
-        key_padding_mask (B, S) True = pad; `is_causal` masks later keys. Returns (N, E).
+        positions, but the projections run on the N + M kept tokens only. The attention runs on them too,
+        with torch's variable-length kernel, where `use_varlen` says it can; otherwise in the padded
+        (B, H, T, S) layout. `key is query` means self-attention (one fused projection).
+        key_padding_mask (B, S) True = pad; `is_causal` masks later keys (the query rows are prefixes).
+        Returns (N, E).
         """
         if self.bias_k is not None or self.add_zero_attn or not self._qkv_same_embed_dim:
             raise ValueError("forward_packed supports neither add_bias_kv, add_zero_attn nor kdim/vdim")
         d = self.embed_dim
+        dropout_p = self.dropout if self.training else 0.0
         if key is query:
-            qkv = query_packing.unpack(self._linear(query, slice(None), None))  # (N, 3D) -> (B, T, 3D)
+            qkv = self._linear(query, slice(None), None)  # (N, 3D)
+            kv = None
+        else:
+            qkv = self._linear(query, slice(0, d), None)  # (N, D)
+            kv = self._linear(key, slice(d, None), None)  # (M, 2D)
+        query_lengths = (query_packing.cu_seqlens, query_packing.max_len)
+        key_lengths = (key_packing.cu_seqlens, key_packing.max_len)
+        if use_varlen(qkv, self.head_dim, dropout_p, rotary is not None, query_lengths, key_lengths):
+            heads = (-1, self.num_heads, self.head_dim)
+            projected = qkv.split(d, dim=-1) if kv is None else (qkv, *kv.split(d, dim=-1))
+            q, k, v = (t.view(heads) for t in projected)  # (N, H, Dh), 2 x (M, H, Dh)
+            out = varlen_attend(q, k, v, query_lengths, key_lengths, is_causal=is_causal)  # (N, H, Dh)
+            return self.out_proj(out.reshape(-1, d))  # (N, D)
+        if kv is None:
+            qkv = query_packing.unpack(qkv)  # (N, 3D) -> (B, T, 3D)
             q, k, v = (self._split_heads(t) for t in qkv.split(d, dim=-1))  # 3 x (B, H, T, Dh)
         else:
-            q = self._split_heads(
-                query_packing.unpack(self._linear(query, slice(0, d), None))
-            )  # (B, H, T, Dh)
-            kv = key_packing.unpack(self._linear(key, slice(d, None), None))  # (M, 2D) -> (B, S, 2D)
+            q = self._split_heads(query_packing.unpack(qkv))  # (N, D) -> (B, H, T, Dh)
+            kv = key_packing.unpack(kv)  # (M, 2D) -> (B, S, 2D)
             k, v = (self._split_heads(t) for t in kv.split(d, dim=-1))  # 2 x (B, H, S, Dh)
         if rotary is not None:
             q, k = rotary(q, 0), rotary(k, 0)
         batch, q_len, k_len = query_packing.batch, query_packing.length, key_packing.length
         check_masks(None, key_padding_mask, batch, self.num_heads, q_len, k_len)
-        dropout_p = self.dropout if self.training else 0.0
         out, _ = attend(
             q, k, v, None, key_padding_mask, is_causal=is_causal, need_weights=False, dropout_p=dropout_p
         )  # (B, H, T, Dh)

@@ -3,7 +3,8 @@
 The layers read like the paper and hand their attention calls to one of three paths:
 - `PaddedPath`: (B, L, D) batches with padding masks; optionally returns the per-head weights.
 - `PackedPath`: the (N, D) non-pad tokens of a batch (`transformer.packing`); position-wise layers
-  skip the padding, attention runs in the padded layout (`MultiHeadAttention.forward_packed`).
+  skip the padding, attention runs on them with torch's variable-length kernel where `kernels.use_varlen`
+  allows, else in the padded layout (`MultiHeadAttention.forward_packed`).
 - `CachedPath`: incremental decoding over `KVCache`s (`transformer.kv_cache`), optionally in the beam
   layout, where g consecutive decoder rows share one memory row and one self-attention cache row.
 Each call returns (output, per-head attention weights or None). `encoder_path` / `decoder_path` pick

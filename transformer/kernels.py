@@ -2,11 +2,15 @@
 
 Owns the mask conventions (`make_causal_mask`, the shape checks, the one helper that turns the torch-style
 masks into what the kernel takes) and `attend`, which picks `F.scaled_dot_product_attention` or the
-softmax written out (when the weights are returned) and gives fully masked query rows zeros, not NaN.
+softmax written out (when the weights are returned) and gives fully masked query rows zeros, not NaN; and
+`use_varlen` / `varlen_attend`, attention over packed tokens with torch's variable-length kernel.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -19,6 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = [
     "RotaryLike",
+    "VarlenLengths",
     "additive_mask",
     "attend",
     "attention_backends",
@@ -27,7 +32,11 @@ __all__ = [
     "compile_options",
     "make_causal_mask",
     "merge_masks",
+    "use_varlen",
+    "varlen_attend",
 ]
+
+log = logging.getLogger(__name__)
 
 # rotary(x: (B, H, L, Dh), offset: int) -> (B, H, L, Dh); offset = positions already in the cache.
 RotaryLike = Callable[[Tensor, int], Tensor]
@@ -301,3 +310,93 @@ def _attend_explicit(
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return torch.matmul(weights, v), weights  # (B, H, T, Dh), (B, H, T, S)
+
+
+# Variable-length attention: torch.nn.attention.varlen.varlen_attn (torch >= 2.10) runs Flash Attention over
+# packed (N, H, Dh) tokens with cumulative sequence lengths, so no pad token is attended or stored. Per its
+# source (torch 2.13) it calls aten._flash_attention_forward / _backward: CUDA only (NVIDIA sm80+ per its
+# tutorial), float16 / bfloat16, attention dropout fixed at 0. Causality was `is_causal=True` in torch 2.10
+# and is `window_size=(-1, 0)` since pytorch#172245 (January 2026); the call below takes whichever the
+# installed signature has. Everywhere else packed attention unpacks to the padded layout (`attend`).
+try:
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:  # torch < 2.10
+    _varlen_attn = None
+_VARLEN_DEVICES = frozenset({"cuda"})
+_VARLEN_DTYPES = frozenset({torch.float16, torch.bfloat16})
+_VARLEN_MAX_HEAD_DIM = 256  # Flash Attention's limit
+
+VarlenLengths = tuple[Tensor, int]  # (cu_seqlens (B + 1,) int32 on the device, the longest row)
+
+
+def use_varlen(
+    x: Tensor,
+    head_dim: int,
+    dropout_p: float,
+    rotary: bool,
+    query_lengths: VarlenLengths | tuple[None, None],
+    key_lengths: VarlenLengths | tuple[None, None],
+) -> bool:
+    """Whether attention over packed tokens x (N, ...) runs as `varlen_attend` (the one place this is
+    chosen): the installed torch has the kernel for x's device and dtype, the head dim fits it, there is no
+    attention dropout (the kernel has none) nor rotary positions (applied in the padded layout), and both
+    sides' cumulative lengths were built on the host (`TokenPacking.from_index`). Logged once per case."""
+    lengths_known = query_lengths[0] is not None and key_lengths[0] is not None
+    kernel = _varlen_attn is not None and _device_has_varlen(x.device) and x.dtype in _VARLEN_DTYPES
+    chosen = kernel and lengths_known and dropout_p == 0.0 and not rotary and head_dim % 8 == 0
+    chosen = chosen and head_dim <= _VARLEN_MAX_HEAD_DIM
+    _log_packed_attention(x.device.type, x.dtype, chosen, kernel, lengths_known)
+    return chosen
+
+
+def _device_has_varlen(device: torch.device) -> bool:
+    """A device varlen_attn runs on: CUDA with Flash Attention built in and compute capability >= 8.0
+    (asked of the driver once per device, not read from the device's memory)."""
+    if device.type not in _VARLEN_DEVICES:
+        return False
+    return device.type != "cuda" or _cuda_has_flash(device.index)
+
+
+@functools.cache
+def _cuda_has_flash(index: int | None) -> bool:
+    flash = torch.backends.cuda.is_flash_attention_available()
+    return flash and torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+@functools.cache
+def _log_packed_attention(
+    device: str, dtype: torch.dtype, chosen: bool, kernel: bool, lengths_known: bool
+) -> None:
+    if chosen:
+        log.info("packed attention on %s (%s): torch's variable-length kernel (varlen_attn)", device, dtype)
+        return
+    why = (
+        "no cumulative lengths from the host" if kernel and not lengths_known
+        else "attention dropout, rotary positions or the head dim" if kernel
+        else f"torch {torch.__version__} has no varlen_attn for it"
+    )  # fmt: skip
+    log.info("packed attention on %s (%s): the padded layout with masks (%s)", device, dtype, why)
+
+
+def varlen_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    query_lengths: VarlenLengths,
+    key_lengths: VarlenLengths,
+    *,
+    is_causal: bool,
+) -> Tensor:
+    """softmax(QK^T / sqrt(Dh)) V within each sequence: q (N, H, Dh), k and v (M, H, Dh) packed, row b's
+    queries q[cu_q[b]:cu_q[b+1]] attending to keys k[cu_k[b]:cu_k[b+1]] (`is_causal`: key j <= query i,
+    for self-attention over prefixes) -> (N, H, Dh). Only `use_varlen` decides that this runs."""
+    assert _varlen_attn is not None, "use_varlen checks it"
+    (cu_q, max_q), (cu_k, max_k) = query_lengths, key_lengths
+    if _takes_window_size(_varlen_attn):
+        return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0) if is_causal else (-1, -1))
+    return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=is_causal)  # torch 2.10
+
+
+@functools.cache
+def _takes_window_size(kernel: Callable[..., Tensor]) -> bool:
+    return "window_size" in inspect.signature(kernel).parameters

@@ -3,7 +3,8 @@
 Embeddings scaled by sqrt(D) plus positions (`transformer.embedding`), the encoder and decoder stacks
 (`transformer.stacks`) and a linear projection to the target vocabulary. Full-sequence passes skip the
 padding (`transformer.packing`): position-wise layers run on the non-pad tokens only, attention on the
-padded layout; the numbers at real positions do not change. The encoder-only models live in
+padded layout or, with a host-built packing on CUDA, torch's variable-length kernel; the numbers at real
+positions do not change. The encoder-only models live in
 `transformer.encoder_only` and are importable from here too.
 """
 

@@ -3,6 +3,7 @@
 `TokenPacking` gathers the kept tokens of a padded (B, L) batch into one (N, ...) tensor and scatters them
 back; `prefix_mask` says which target positions a causal decoder needs. Projections, feed-forward,
 LayerNorm and dropout then run on N rows instead of B * L; attention (`MultiHeadAttention.forward_packed`)
+runs torch's variable-length kernel on the packed tokens where it can (`transformer.kernels.use_varlen`), or
 unpacks to the padded layout, where the masks keep pads out, so real positions get the same numbers.
 `Seq2SeqTransformer.pack_tokens` decides when the path is taken (on the CPU by default, where it is
 measured faster); a `BatchPacking` built on the host (the collator's) takes it on any device.

@@ -1,9 +1,12 @@
 """Packing built on the host (#50 item 3): the collator's kept positions and cumulative lengths equal what
 `TokenPacking` finds on the device; a training-style forward, loss and backward that takes them gives the
-padded path's loss and gradients and reads nothing back (no nonzero, item, equal or boolean-mask index)."""
+padded path's loss and gradients and reads nothing back (no nonzero, item, equal or boolean-mask index);
+packed attention picks torch's variable-length kernel in one place (`kernels.use_varlen`) and falls back to
+the padded layout, and the kernel's call gets the right layout (a stand-in with plain masked attention)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from data.batching import TranslationCollator
 from tests.tiny import tiny_seq2seq
+from transformer import kernels
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
 from transformer.packing import BatchPacking, TokenPacking, prefix_mask
@@ -192,3 +196,108 @@ def test_host_packed_step_reads_nothing_back(overrides: dict[str, Any]) -> None:
     with counter:  # the counter sees the device packing's reads
         _device_packed_step(model, batch)
     assert "aten::nonzero" in counter.reads and "aten::index" in counter.reads
+
+
+# --- the choice of packed attention and the variable-length kernel's wiring -------------------------
+
+
+def test_the_cpu_falls_back_to_the_padded_layout() -> None:
+    x = torch.randn(5, 16)
+    lengths = (torch.tensor([0, 5], dtype=torch.int32), 5)
+    assert not kernels.use_varlen(x, 4, 0.0, False, lengths, lengths)  # no CPU kernel in any torch
+
+
+def test_use_varlen_needs_kernel_lengths_no_dropout_no_rotary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "_varlen_attn", _reference_varlen_attn)
+    monkeypatch.setattr(kernels, "_VARLEN_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(kernels, "_VARLEN_DTYPES", frozenset({torch.float32}))
+    x, known, unknown = torch.randn(5, 16), (torch.tensor([0, 5], dtype=torch.int32), 5), (None, None)
+    assert kernels.use_varlen(x, 8, 0.0, False, known, known)
+    assert not kernels.use_varlen(x.double(), 8, 0.0, False, known, known)  # dtype
+    assert not kernels.use_varlen(x, 8, 0.1, False, known, known)  # attention dropout
+    assert not kernels.use_varlen(x, 8, 0.0, True, known, known)  # rotary
+    assert not kernels.use_varlen(x, 8, 0.0, False, known, unknown)  # a packing found on the device
+    assert not kernels.use_varlen(x, 6, 0.0, False, known, known)  # head dim
+    monkeypatch.setattr(kernels, "_varlen_attn", None)  # a torch without the kernel
+    assert not kernels.use_varlen(x, 8, 0.0, False, known, known)
+
+
+def _reference_varlen_attn(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu_seq_q: Tensor,
+    cu_seq_k: Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+) -> Tensor:
+    """torch's `varlen_attn` (2.13's signature) written out: plain softmax attention per sequence."""
+    assert query.dim() == key.dim() == value.dim() == 3 and key.shape == value.shape
+    assert cu_seq_q.dtype == cu_seq_k.dtype == torch.int32 and cu_seq_q.shape == cu_seq_k.shape
+    assert isinstance(max_q, int) and isinstance(max_k, int) and window_size in ((-1, -1), (-1, 0))
+    assert int(cu_seq_q[-1]) == query.size(0) and int(cu_seq_k[-1]) == key.size(0)
+    out = []
+    for b in range(cu_seq_q.numel() - 1):
+        q = query[int(cu_seq_q[b]) : int(cu_seq_q[b + 1])].transpose(0, 1)  # (H, Tb, Dh)
+        k = key[int(cu_seq_k[b]) : int(cu_seq_k[b + 1])].transpose(0, 1)  # (H, Sb, Dh)
+        v = value[int(cu_seq_k[b]) : int(cu_seq_k[b + 1])].transpose(0, 1)
+        assert q.size(1) <= max_q and k.size(1) <= max_k
+        scores = q @ k.transpose(1, 2) / math.sqrt(q.size(-1))  # (H, Tb, Sb)
+        if window_size == (-1, 0):
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        out.append((scores.softmax(dim=-1) @ v).transpose(0, 1))  # (Tb, H, Dh)
+    return torch.cat(out)  # (N, H, Dh)
+
+
+def _torch_2_10_varlen_attn(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu_seq_q: Tensor,
+    cu_seq_k: Tensor,
+    max_q: int,
+    max_k: int,
+    is_causal: bool = False,
+) -> Tensor:
+    """The same, with torch 2.10's way of asking for causality."""
+    window = (-1, 0) if is_causal else (-1, -1)
+    return _reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size=window)
+
+
+@pytest.mark.parametrize("kernel", [_reference_varlen_attn, _torch_2_10_varlen_attn], ids=["2.13", "2.10"])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"norm_first": True, "tie_embeddings": "none"}], ids=["post", "pre"]
+)
+def test_varlen_kernel_gets_the_packed_layout(monkeypatch: pytest.MonkeyPatch, kernel, overrides) -> None:  # type: ignore[no-untyped-def]
+    """With the kernel 'available' on the CPU (a plain-attention stand-in), the host-packed step calls it
+    for every attention (encoder self, decoder causal self, cross) and matches the padded step."""
+    calls: list[tuple[tuple[int, ...], tuple[int, ...], Tensor, Tensor, bool]] = []
+
+    def recording(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **options):  # type: ignore[no-untyped-def]
+        causal = options.get("window_size") == (-1, 0) or options.get("is_causal", False)
+        calls.append((tuple(query.shape), tuple(key.shape), cu_seq_q, cu_seq_k, causal))
+        return kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **options)
+
+    recording.__signature__ = __import__("inspect").signature(kernel)  # type: ignore[attr-defined]
+    model, batch = _model(**overrides), _batch(6)
+    want = _padded_step(model, batch)
+    monkeypatch.setattr(kernels, "_varlen_attn", recording)
+    monkeypatch.setattr(kernels, "_VARLEN_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(kernels, "_VARLEN_DTYPES", frozenset({torch.float32}))
+    _assert_same_step(_host_packed_step(model, batch), want)
+
+    packing = BatchPacking.from_collated(batch["packing"], batch["src"], batch["tgt_in"])
+    src_cu, tgt_cu = packing.source.cu_seqlens, packing.target.cu_seqlens
+    m, n, heads, d_head = len(packing.source), len(packing.target), 4, 8
+    encoder = [((m, heads, d_head), (m, heads, d_head), src_cu, src_cu, False)] * 2
+    decoder = [
+        ((n, heads, d_head), (n, heads, d_head), tgt_cu, tgt_cu, True),  # self: causal over each prefix
+        ((n, heads, d_head), (m, heads, d_head), tgt_cu, src_cu, False),  # cross: to each row's source
+    ] * 2
+    assert len(calls) == len(encoder + decoder)
+    for got, expected in zip(calls, encoder + decoder, strict=True):
+        assert got[:2] == expected[:2] and got[4] == expected[4]
+        assert torch.equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
