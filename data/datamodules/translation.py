@@ -29,6 +29,10 @@ class TranslationDataModule(TokenBudgetDataModule):
     put before each of its sources and becomes a special token of the tokenizer (tagged
     back-translation). `train_copies`: how many times the real training pairs are used (0: only the extra
     pairs, as in distillation on the teachers' targets alone; 2: the real data upsampled twice).
+
+    `packing`: each batch with targets also holds "packing", the kept positions and cumulative lengths of
+    its source and target tokens computed here, on the host (`TranslationCollator`), so that the model's
+    packed path (no pad tokens; torch's variable-length attention on CUDA) reads nothing back from the GPU.
     """
 
     _text_columns = ("src", "tgt")
@@ -63,6 +67,7 @@ class TranslationDataModule(TokenBudgetDataModule):
         tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
         extra_train: Sequence[Mapping[str, Any]] | None = None,
         train_copies: int = 1,
+        packing: bool = False,
     ) -> None:
         super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
         if source not in ("synthetic", "multi30k", "parallel", "hub"):
@@ -86,6 +91,9 @@ class TranslationDataModule(TokenBudgetDataModule):
         if train_copies == 0 and not self.extra_train:
             raise ValueError("train_copies=0 leaves no training pairs: it needs extra_train")
         self.train_copies = train_copies
+        if not isinstance(packing, bool):
+            raise ValueError(f"packing must be true or false, got {packing!r}")
+        self.packing = packing
 
     def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
         loaded = self._load_real(splits)
@@ -173,7 +181,7 @@ class TranslationDataModule(TokenBudgetDataModule):
         return np.maximum(lengths["src_len"], lengths["tgt_len"] - 1)
 
     def _collator(self) -> TranslationCollator:
-        return TranslationCollator(self.pad_id)
+        return TranslationCollator(self.pad_id, packing=self.packing)
 
     @property
     def tgt_tokenizer(self) -> BPETokenizer:
