@@ -1,13 +1,14 @@
 """Shared test fixtures and helpers: seeded RNG, one intra-op thread for tiny models, paths to the real
-datasets, GPU skipping, running the entry points as a user does, a planted malicious pickle, and a
-snapshot of a directory (to prove a refused command changed nothing)."""
+datasets, GPU skipping, the GPU's code path on the CPU, a disk that fills, running the entry points as a
+user does, a planted malicious pickle, and a snapshot of a directory (to prove a refused command changed
+nothing). Helpers that only some test modules share are in tests/helpers/, one module per subject."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,23 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cuda_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's code path on the CPU: the kernels' CUDA choices, the fused SDPA one launch
+    (`take_the_cuda_path` in tests/helpers/launches.py)."""
+    from tests.helpers.launches import take_the_cuda_path
+
+    take_the_cuda_path(monkeypatch)
+
+
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], None]:
+    """`full_disk(directory, budget)`: from now on, files under `directory` take `budget` more bytes."""
+    from tests.helpers.disk import filling_disk
+
+    return filling_disk(monkeypatch)
 
 
 def cli_env(**env: str) -> dict[str, str]:

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.conftest import run_script
-from tests.integration.test_evaluate import TINY_SST, _write_sst
-from tests.integration.test_train import IN_PROCESS, TINY
-from tests.unit.test_configs import compose_train_cfg
+from tests.helpers.configs import compose_train_cfg
+from tests.helpers.sst import TINY_SST, write_sst
+from tests.helpers.train_cli import IN_PROCESS, TINY
 from train import prepare_data, train
 from transformer.cli.distill import corpus, synthetic
 from transformer.cli.distill.teachers import Translator, load_translator
@@ -212,7 +212,7 @@ def test_back_translated_pairs_carry_the_tag_and_real_ones_do_not(
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sst")
-    data = _write_sst(root / "data")
+    data = write_sst(root / "data")
     overrides = ["experiment=sst2", f"data.data_dir={data}", *TINY_SST, *IN_PROCESS, "logger=csv"]
     overrides += ["trainer.max_epochs=1", f"paths.cache_dir={root / 'cache'}"]
     return Path(train(compose_train_cfg(overrides, output_dir=root / "run"))["last_ckpt_path"])

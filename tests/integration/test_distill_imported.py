@@ -20,10 +20,10 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
 from tests.conftest import _data_dir, run_script  # noqa: E402
-from tests.integration.test_train import IN_PROCESS, TINY  # noqa: E402
+from tests.helpers.configs import compose_train_cfg  # noqa: E402
+from tests.helpers.opus_mt import train_to_copy  # noqa: E402
+from tests.helpers.train_cli import IN_PROCESS, TINY  # noqa: E402
 from tests.pretrained import opus_mt_directory  # noqa: E402
-from tests.unit.test_configs import compose_train_cfg  # noqa: E402
-from tests.unit.test_export_imported import _train_to_copy  # noqa: E402
 from train import train  # noqa: E402
 from transformer.cli.distill import corpus, synthetic  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
@@ -77,7 +77,7 @@ def opus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the tiny OPUS-MT de -> en directory, its imported checkpoint). Trained with transformers for 100
     steps (seconds) to copy German: random weights repeat one token, a teacher that says little."""
     directory = opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), _data_dir("MULTI30K_DIR"))
-    _train_to_copy(directory)
+    train_to_copy(directory)
     output = tmp_path_factory.mktemp("imported") / "opus"
     assert import_main([str(directory), "--output", str(output)]) == 0
     return directory, output / "model.ckpt"

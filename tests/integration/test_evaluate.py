@@ -24,7 +24,8 @@ from omegaconf import DictConfig
 
 from tests.conftest import REPO_ROOT, MaliciousPickle, run_script, snapshot
 from tests.driver import run_in_one_interpreter
-from tests.unit.test_reports import assert_png, assert_valid_markdown
+from tests.helpers.reports import assert_png, assert_valid_markdown
+from tests.helpers.sst import TINY_SST, write_sst
 
 pytestmark = pytest.mark.slow
 
@@ -77,42 +78,10 @@ def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _train(root / "run", root / "cache", TINY_QUICKSTART)
 
 
-def _write_sst(data: Path) -> Path:
-    """A tiny SST-2-like directory (GLUE layout): train, dev, and an unlabeled test."""
-    data.mkdir()
-    good, bad = (
-        ["a great fun film", "warm and funny", "a moving story"],
-        ["a dull mess", "boring and flat", "awful"],
-    )
-    rows = [
-        (f"{text} {i}", label) for i in range(20) for label, texts in ((1, good), (0, bad)) for text in texts
-    ]
-    (data / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
-    (data / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows[:30]))
-    # GLUE ships its test split without labels
-    (data / "test.tsv").write_text(
-        "index\tsentence\n" + "".join(f"{i}\t{t}\n" for i, (t, _) in enumerate(rows[:10]))
-    )
-    return data
-
-
-TINY_SST = [
-    "data.vocab_size=100",
-    "data.max_tokens=128",  # several batches per epoch
-    "model.config.d_model=32",
-    "model.config.n_heads=2",
-    "model.config.d_ff=64",
-    "model.config.n_encoder_layers=1",
-    "model.scheduler.warmup_steps=2",
-    "trainer.max_epochs=2",
-    "trainer.num_sanity_val_steps=0",
-]
-
-
 @pytest.fixture(scope="module")
 def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sst")
-    data = _write_sst(root / "data")
+    data = write_sst(root / "data")
     return _train(
         root / "run",
         root / "cache",
@@ -134,7 +103,7 @@ def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_pretrain_then_fine_tune(tmp_path: Path) -> None:
     """experiment=sst2_pretrain, then experiment=sst2 model.init_from=<its checkpoint>; a pretraining
     checkpoint is refused by evaluate.py, and one of another tokenizer by init_from, before any file."""
-    data, cache = _write_sst(tmp_path / "data"), tmp_path / "cache"
+    data, cache = write_sst(tmp_path / "data"), tmp_path / "cache"
     tiny = [f"data.data_dir={data}", *TINY_SST, "data.max_len=16", "model.config.max_len=16"]
     pre = _train(tmp_path / "pre", cache, ["experiment=sst2_pretrain", *tiny])
     pre_metrics = _metrics(pre)
@@ -580,7 +549,7 @@ def test_gpu_bf16_training_run_then_cpu_evaluation(tmp_path: Path, compose_eval)
     CPU in fp32: the same accuracy up to the odd example whose logits bf16 rounds the other way."""
     from evaluate import evaluate
 
-    data = _write_sst(tmp_path / "data")
+    data = write_sst(tmp_path / "data")
     run = _train(
         tmp_path / "run",
         tmp_path / "cache",

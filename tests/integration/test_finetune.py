@@ -17,8 +17,8 @@ pytest.importorskip("sentencepiece")
 
 import train  # noqa: E402
 from tests.conftest import _data_dir, run_script  # noqa: E402
+from tests.helpers.configs import compose_train_cfg  # noqa: E402
 from tests.pretrained import opus_mt_directory  # noqa: E402
-from tests.unit.test_configs import compose_train_cfg  # noqa: E402
 from transformer.cli import build, init_from  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
 from transformer.export.cli import main as export_main  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT, run_script
-from tests.integration.test_train import TINY
+from tests.helpers.train_cli import TINY
 
 pytestmark = pytest.mark.slow
 

@@ -191,6 +191,8 @@ def _plan(
         tiny = [f"hydra.run.dir={tmp / 'eval' / str(index)}", f"hydra.sweep.dir={tmp / 'eval' / str(index)}"]
         if command.dataset != "sst2":  # a 10-step model never ends a sentence: 8 tokens, not 1.2 * src + 10
             tiny += [f"decode.{k}={v}" for k, v in EVAL_LENGTH.items() if not _sets(args, f"decode.{k}")]
+        if not _sets(args, "report.attention_examples"):  # one sentence's heatmaps (a report's slowest part)
+            tiny.append("report.attention_examples=1")
     else:
         tiny = [  # one epoch of two steps, validated: sweeps get their objective
             "trainer.max_epochs=1",

@@ -17,11 +17,11 @@ import torch
 
 from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
-from tests.integration.test_train import TINY
+from tests.helpers.train_cli import TINY
 from transformer.training.loggers import CSVLogger
 from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue
 
-HOOK = "tests.integration.test_reliability"
+HOOK = "tests.helpers.callbacks"
 # 600 examples = 10 steps per epoch; deterministic so that a continued run can equal a straight one
 RUN = [
     *(o for o in TINY if not o.startswith("trainer.max_epochs=")),

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT, cli_env
 from tests.driver import run_in_one_interpreter
-from tests.integration.test_train import TINY, _cli
+from tests.helpers.train_cli import TINY, train_cli
 from transformer.evaluation.sweep_report import write_report
 
 # the Optuna sweeper is an extra (`aiayn[sweep]`): a GPU image without it still runs `pytest -m gpu`
@@ -38,7 +38,7 @@ NO_NETWORK = {"WANDB_MODE": "offline", "WANDB_BASE_URL": "http://127.0.0.1:9", "
 
 
 def _tiny(*replace: str) -> list[str]:
-    """test_train's TINY run, one epoch, with the keys given in `replace` set (or swept) there."""
+    """The TINY run, one epoch, with the keys given in `replace` set (or swept) there."""
     replace = ("trainer.max_epochs=1", *replace)
     keys = {r.split("=", 1)[0] for r in replace}
     return [o for o in TINY if o.split("=", 1)[0] not in keys] + list(replace)
@@ -128,7 +128,7 @@ def test_a_pruned_search_interrupted_by_ctrl_c_continues_and_reports(tmp_path: P
     # the job ran to its end, holds that job's own outcome; never RUNNING
     assert running not in {t.state for t in interrupted}
 
-    done = _cli(args, cwd=tmp_path)  # the same command again
+    done = train_cli(args, cwd=tmp_path)  # the same command again
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         f"Resuming Optuna study 'quickstart_optuna' ({len(interrupted)} trials so far)"
@@ -181,7 +181,7 @@ def test_a_two_objective_search_and_its_pareto_front(tmp_path: Path) -> None:
         *_tiny("model.config.d_model=choice(16,32)", "model.config.d_ff=choice(32,64)"),
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
-    done = _cli(args, cwd=tmp_path)
+    done = train_cli(args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart_optuna"
     study = optuna.load_study(study_name="quickstart_optuna", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
@@ -202,7 +202,7 @@ def test_a_two_objective_search_and_its_pareto_front(tmp_path: Path) -> None:
                                                              for b2, p2 in values.values())}  # fmt: skip
     assert {line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| 20")} == front
 
-    refused = _cli([*args, "hydra/sweeper/pruner=median"], cwd=tmp_path)  # Optuna cannot prune it
+    refused = train_cli([*args, "hydra/sweeper/pruner=median"], cwd=tmp_path)  # Optuna cannot prune it
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
     assert line.startswith("error: hydra.sweeper.pruner: Optuna cannot prune a study with 2 objectives")
@@ -261,7 +261,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
         "logger=[csv,wandb]",
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
-    done = _cli(args, cwd=tmp_path, **NO_NETWORK)
+    done = train_cli(args, cwd=tmp_path, **NO_NETWORK)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart"  # study name: the experiment
     trials = _trials(sweep_dir, "quickstart")
@@ -303,7 +303,7 @@ def test_a_search_where_every_trial_fails_ends_in_one_line(tmp_path: Path) -> No
         *_tiny("model.config.d_model=30", "model.config.n_heads=4"),
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
-    done = _cli(args, cwd=tmp_path)
+    done = train_cli(args, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
     assert "Traceback" not in output and "Record does not exist" not in output
@@ -324,7 +324,7 @@ def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_
     then ends with status 1 and one line."""
     short = [*_tiny("model.config.n_heads=4"), "trainer.max_steps=2", "test=false"]
     short.append(f"paths.log_dir={tmp_path / 'logs'}")
-    done = _cli(["-m", "hydra/launcher=local", "seed=1,2", *short], cwd=tmp_path)
+    done = train_cli(["-m", "hydra/launcher=local", "seed=1,2", *short], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (grid,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
     assert [(job.name, _overrides(job)["seed"]) for job in _job_dirs(grid)] == [("0", "1"), ("1", "2")]
@@ -342,7 +342,9 @@ def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_
         ]
     assert sorted(seeds.values()) == [["Seed set to 1"], ["Seed set to 2"]], seeds
 
-    done = _cli(["-m", "model.config.d_model=30,32", *[o for o in short if "d_model" not in o]], cwd=tmp_path)
+    done = train_cli(
+        ["-m", "model.config.d_model=30,32", *[o for o in short if "d_model" not in o]], cwd=tmp_path
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 1 and "Traceback" not in output, output[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -355,7 +357,7 @@ def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_
 @pytest.mark.slow
 def test_grid_of_two_by_two_and_its_report(tmp_path: Path) -> None:
     args = ["-m", *_tiny("model.config.d_model=16,32", "seed=1,2"), f"paths.log_dir={tmp_path / 'logs'}"]
-    done = _cli(args, cwd=tmp_path)
+    done = train_cli(args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
     jobs = _job_dirs(sweep_dir)

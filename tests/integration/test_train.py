@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,44 +16,14 @@ import lightning as L
 import pytest
 import torch
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
-from tests.unit.test_configs import compose_train_cfg
+from tests.helpers.configs import compose_train_cfg
+from tests.helpers.train_cli import IN_PROCESS, TINY, train_cli
 from train import train
 from transformer.cli.errors import ConfigError
 from transformer.training import TranslationTask
 from transformer.training.schedules import InverseSqrtWarmup
 
 pytestmark = pytest.mark.slow
-
-# The quickstart shrunk to a few dozen steps of a tiny model (seconds, not minutes).
-TINY = [
-    "data.synthetic_sizes.train=600",
-    "data.synthetic_sizes.val=30",
-    "data.synthetic_sizes.test=30",
-    "data.vocab_size=300",
-    "model.config.d_model=32",
-    "model.config.n_heads=2",
-    "model.config.n_encoder_layers=1",
-    "model.config.n_decoder_layers=1",
-    "model.config.d_ff=64",
-    "model.optimizer.lr=3e-3",
-    "model.scheduler.warmup_steps=8",
-    "model.decoding.max_len_b=4",
-    "trainer.max_epochs=2",
-    "trainer.log_every_n_steps=1",
-    "trainer.num_sanity_val_steps=0",
-    "++trainer.enable_progress_bar=false",
-    "callbacks.rich_progress_bar=null",
-    "callbacks.model_summary=null",
-]
-IN_PROCESS = ["tune_malloc=false"]  # leave the test process's allocator alone
-
-
-def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return forkserver.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=cwd, env=cli_env(**env), timeout=600
-    )
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -183,7 +152,7 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     """The real command, from another working directory; wandb offline needs no account or network."""
     no_network = {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"}
     args = [*TINY, f"paths.log_dir={tmp_path / 'logs'}", "logger=many_loggers"]
-    done = _cli(args, cwd=tmp_path, **no_network)
+    done = train_cli(args, cwd=tmp_path, **no_network)
     assert done.returncode == 0, done.stderr[-3000:]
     last_line = done.stdout.strip().splitlines()[-1]
     assert last_line.startswith("run directory: "), done.stdout[-2000:]
@@ -199,7 +168,7 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
     assert checkpoint["wandb_run_id"] == run_id
 
-    resumed = _cli(
+    resumed = train_cli(
         [*args, "trainer.max_epochs=3", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"],
         cwd=tmp_path,
         **no_network,
@@ -211,7 +180,7 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     assert metrics["global_step"] == checkpoint["global_step"] * 3 // 2
     assert [p.name.rsplit("-", 1)[1] for p in (resumed_dir / "wandb").glob("offline-run-*")] == [run_id]
 
-    tested = _cli(
+    tested = train_cli(
         [
             *TINY,
             f"paths.log_dir={tmp_path / 'logs'}",
@@ -230,7 +199,7 @@ def test_cli_start_is_quiet(tmp_path: Path) -> None:
     """The start names the saved config and the overrides instead of printing it whole; no Lightning tip,
     no deprecation warning of Lightning's own code, no FLOPs (always 0); no colour codes in train.log."""
     args = [*(a for a in TINY if a != "callbacks.model_summary=null"), "trainer.max_epochs=1"]
-    done = _cli([*args, f"paths.log_dir={tmp_path}"], cwd=tmp_path)
+    done = train_cli([*args, f"paths.log_dir={tmp_path}"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr
     run_dir = Path(done.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
@@ -247,7 +216,7 @@ def test_prepare_only(tmp_path: Path) -> None:
 
 
 def test_cli_bad_value_is_one_line_and_exit_1(tmp_path: Path) -> None:
-    done = _cli([*TINY, f"paths.log_dir={tmp_path}", "model.config.dropout=1.5"], cwd=tmp_path)
+    done = train_cli([*TINY, f"paths.log_dir={tmp_path}", "model.config.dropout=1.5"], cwd=tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("error: cannot build `model`")
     assert "dropout" in done.stderr and "Traceback" not in done.stderr
@@ -382,7 +351,9 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
         ),
     }
     with ThreadPoolExecutor(max_workers=2) as pool:  # much of each run is interpreter start-up
-        futures = {name: pool.submit(_cli, _ddp_args(d, *extra), cwd=d) for name, (d, extra) in runs.items()}
+        futures = {
+            name: pool.submit(train_cli, _ddp_args(d, *extra), cwd=d) for name, (d, extra) in runs.items()
+        }
         return {name: (runs[name][0], future.result()) for name, future in futures.items()}
 
 
@@ -452,7 +423,7 @@ def test_ddp_sigterm_to_the_launcher_then_resume_equals_the_straight_run(
             value, stopped[1]["weights"][key]
         )
 
-    done = _cli(_ddp_args(tmp_path, "test=false", f"ckpt_path={ckpt}"), cwd=tmp_path)
+    done = train_cli(_ddp_args(tmp_path, "test=false", f"ckpt_path={ckpt}"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (resumed_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     (straight_run,) = (straight_dir / "logs" / "train" / "runs").iterdir()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
-from tests.unit.test_tasks import CopyData, _trainer, _translation
+from tests.helpers.tasks import CopyData, cpu_trainer, translation_task
 from transformer.training.averaging import EMAWeightAveraging
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,7 +36,7 @@ def test_the_average_is_torchs_ema(tmp_path, use_buffers: bool) -> None:
     """10 steps, decay 0.8: the averaged parameters (and, with `use_buffers`, buffers) equal torch's
     `decay * ema + (1 - decay) * x` within rounding, and they are an average (not the last weights)."""
     torch.manual_seed(0)
-    task = _translation()
+    task = translation_task()
     ema, reference = EMAWeightAveraging(decay=0.8, use_buffers=use_buffers), TorchsAverage(0.8, use_buffers)
     raw: list[torch.Tensor] = []
 
@@ -44,7 +44,7 @@ def test_the_average_is_torchs_ema(tmp_path, use_buffers: bool) -> None:
         def on_train_batch_end(self, trainer, module, *args) -> None:
             raw[:] = [p.detach().clone() for p in module.parameters()]
 
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path, max_steps=10, max_epochs=2, limit_val_batches=0, callbacks=[Raw(), ema, reference]
     )
     trainer.fit(task, datamodule=CopyData())
@@ -72,9 +72,9 @@ def test_a_resumed_run_continues_the_saved_average(tmp_path) -> None:
                 trainer.save_checkpoint(path)
 
     torch.manual_seed(0)
-    trainer = _trainer(tmp_path, max_steps=3, limit_val_batches=0)
+    trainer = cpu_trainer(tmp_path, max_steps=3, limit_val_batches=0)
     trainer.callbacks[:0] = [EMAWeightAveraging(decay=0.8), SaveAtStep3()]  # saved after the EMA's update
-    trainer.fit(_translation(), datamodule=CopyData())
+    trainer.fit(translation_task(), datamodule=CopyData())
     saved = torch.load(path, weights_only=True)["state_dict"]  # the average at step 3
     assert int(torch.load(path, weights_only=True)["averaging_state"]["n_averaged"]) == 3
 
@@ -84,8 +84,8 @@ def test_a_resumed_run_continues_the_saved_average(tmp_path) -> None:
         def on_train_batch_end(self, trainer, module, *args) -> None:
             raw.update({k: v.detach().clone() for k, v in module.named_parameters()})
 
-    task = _translation()
-    trainer = _trainer(
+    task = translation_task()
+    trainer = cpu_trainer(
         tmp_path, max_steps=4, limit_val_batches=0, callbacks=[Raw(), EMAWeightAveraging(decay=0.8)]
     )
     trainer.fit(task, datamodule=CopyData(), ckpt_path=path)
@@ -119,9 +119,9 @@ def test_gradient_accumulation_averages_once_per_optimizer_step(tmp_path) -> Non
     `n_averaged` is 5 (one per step, not one per micro-batch), and the average is torch's EMA updated after
     each optimizer step."""
     torch.manual_seed(0)
-    task = _translation()
+    task = translation_task()
     ema, reference = EMAWeightAveraging(decay=0.8), TorchsAveragePerStep(0.8)
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path,
         max_steps=5,
         max_epochs=2,

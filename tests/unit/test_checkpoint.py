@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import MaliciousPickle
-from tests.unit.test_configs import compose_train_cfg
+from tests.helpers.configs import compose_train_cfg
 from transformer.checkpoint import (
     CheckpointError,
     average_checkpoints,

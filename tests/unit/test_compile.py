@@ -17,7 +17,7 @@ import torch
 import torch._dynamo
 
 from data.batching import TokenBudgetBatchSampler, TranslationCollator
-from tests.unit.test_tasks import TINY, CopyData, _trainer
+from tests.helpers.tasks import TINY, CopyData, cpu_trainer
 from transformer.training import TranslationTask
 from transformer.training.compiling import pad_length
 from transformer.training.optim import adamw
@@ -144,7 +144,7 @@ def test_fit_compiles_once_logs_the_time_and_keeps_eager_evaluation(tmp_path, ca
     task = _task()
     task.compile_backend, task.compile_fullgraph = "eager", True
     task.hparams.compile = True
-    trainer = _trainer(tmp_path, max_steps=6, limit_val_batches=1, val_check_interval=3)
+    trainer = cpu_trainer(tmp_path, max_steps=6, limit_val_batches=1, val_check_interval=3)
     with caplog.at_level(logging.INFO, logger="transformer.training.compiling"):
         trainer.fit(task, datamodule=CopyData(n_train=128, batch_size=16))
     assert trainer.global_step == 6
@@ -214,7 +214,7 @@ def test_fit_with_compiled_layers_logs_the_time(tmp_path, caplog) -> None:
     torch.manual_seed(0)
     task = _task(compile="layers")
     task.compile_backend, task.compile_fullgraph = "eager", True
-    trainer = _trainer(tmp_path, max_steps=6, limit_val_batches=1, val_check_interval=3)
+    trainer = cpu_trainer(tmp_path, max_steps=6, limit_val_batches=1, val_check_interval=3)
     with caplog.at_level(logging.INFO, logger="transformer.training.compiling"):
         trainer.fit(task, datamodule=CopyData(n_train=128, batch_size=16))
     assert trainer.global_step == 6
@@ -235,7 +235,7 @@ def test_the_classifier_trains_with_compiled_encoder_layers(tmp_path) -> None:
         compile="layers",
     )
     task.compile_backend, task.compile_fullgraph = "eager", True
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1)
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1)
     trainer.fit(task, datamodule=CopyData(classify=True))
     assert trainer.global_step == 4 and "val/acc" in trainer.callback_metrics
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

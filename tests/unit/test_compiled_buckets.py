@@ -16,16 +16,16 @@ from torch._dynamo.utils import counters
 
 import transformer.search.compiled as compiled
 import transformer.search.static_cache as static_cache
-from tests.unit.test_decoding_syncs import _count
-from tests.unit.test_static_decoding import (
+from tests.helpers.static_decoding import (
     SEARCHES,
-    _assert_same,
-    _decode,
-    _model,
-    _sources,
-    _wide,
+    assert_same,
+    decoded,
     fresh_compilation,
+    seq2seq,
+    sources,
+    widen,
 )
+from tests.helpers.syncs import syncs_per_step
 from transformer.search.buckets import Bucket, BucketCache, bucket_size, pad_rows
 from transformer.search.compiled import compile_step
 from transformer.search.decoding import DecodingSettings
@@ -96,9 +96,9 @@ def test_pad_rows() -> None:
 def test_padding_rows_change_no_result(name: str, buckets: BucketCache[_RecordingBuffers]) -> None:
     """5 sentences 14 tokens wide padded to an (8, 16) bucket: the tokens and scores of every sentence are
     the growing cache's (sampling included: the padding rows draw nothing)."""
-    model, src = _model(0), _sources(5)
+    model, src = seq2seq(0), sources(5)
     settings = {**SEARCHES[name], "min_len": 2}
-    _assert_same(_decode(model, src, "dynamic", **settings), _decode(model, src, "compiled", **settings))
+    assert_same(decoded(model, src, "dynamic", **settings), decoded(model, src, "compiled", **settings))
     (bucket,) = buckets._held
     assert (bucket.rows, bucket.source) == (16 if name == "sample" else 8, 16)  # sample: 5 x n_best 2 rows
 
@@ -108,15 +108,15 @@ def test_padding_rows_change_no_result(name: str, buckets: BucketCache[_Recordin
 def test_padding_rows_with_other_models(
     beam_size: int, overrides: dict[str, Any], buckets: BucketCache[_RecordingBuffers]
 ) -> None:
-    model, src = _model(1, **overrides), _wide(_sources(3, seed=1), 20)  # buckets (4, 32)
-    _assert_same(
-        _decode(model, src, "dynamic", beam_size=beam_size),
-        _decode(model, src, "compiled", beam_size=beam_size),
+    model, src = seq2seq(1, **overrides), widen(sources(3, seed=1), 20)  # buckets (4, 32)
+    assert_same(
+        decoded(model, src, "dynamic", beam_size=beam_size),
+        decoded(model, src, "compiled", beam_size=beam_size),
     )
-    ensemble, src = Ensemble([_model(0), _model(1, d_model=16, layers=1)]), _sources(6, seed=2)
-    _assert_same(
-        _decode(ensemble, src, "dynamic", beam_size=beam_size),
-        _decode(ensemble, src, "compiled", beam_size=beam_size),
+    ensemble, src = Ensemble([seq2seq(0), seq2seq(1, d_model=16, layers=1)]), sources(6, seed=2)
+    assert_same(
+        decoded(ensemble, src, "dynamic", beam_size=beam_size),
+        decoded(ensemble, src, "compiled", beam_size=beam_size),
     )
 
 
@@ -124,11 +124,11 @@ def test_each_bucket_is_made_once_at_fixed_addresses(buckets: BucketCache[_Recor
     """Searches alternating between two buckets (the sentences in another order each time): each
     bucket's buffers are made once, and every search of a bucket gets the same tensors at the same
     addresses in the same order, so a CUDA graph recorded on its first search replays on every later one."""
-    model, order = _model(0), torch.Generator().manual_seed(0)
-    batches = [_sources(5), _wide(_sources(12, seed=1), 30)]
+    model, order = seq2seq(0), torch.Generator().manual_seed(0)
+    batches = [sources(5), widen(sources(12, seed=1), 30)]
     for _ in range(3):
         for src in batches:
-            _decode(model, src[torch.randperm(src.shape[0], generator=order)], "compiled", beam_size=4)
+            decoded(model, src[torch.randperm(src.shape[0], generator=order)], "compiled", beam_size=4)
     assert buckets.made == len(buckets) == 2
     for held in buckets._held.values():
         assert len(held.searches) == 3 and held.searches[0] == held.searches[1] == held.searches[2]
@@ -138,10 +138,10 @@ def test_each_bucket_is_made_once_at_fixed_addresses(buckets: BucketCache[_Recor
 def test_padded_steps_read_back_one_value_per_step(
     name: str, buckets: BucketCache[_RecordingBuffers]
 ) -> None:
-    model = _model(0)
+    model = seq2seq(0)
     model.pack_tokens = False  # the GPU's encoder path, as in test_decoding_syncs
-    per_step = _count(
-        model, _sources(13), DecodingSettings(max_len_b=20, kv_cache="compiled", **SEARCHES[name])
+    per_step = syncs_per_step(
+        model, sources(13), DecodingSettings(max_len_b=20, kv_cache="compiled", **SEARCHES[name])
     )
     assert len(per_step) > 6 and set(per_step[1:-1]) == {1}, per_step
     assert per_step[0] == 1 and per_step[-1] <= 2, per_step
@@ -162,12 +162,12 @@ def test_a_recompile_limit_hit_is_logged_once(
     naming it and the setting, and the searches go on eagerly with the same results."""
     monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 1)
     monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, "eager"))
-    model, src = _model(2, d_model=16, layers=1), _sources(4)
+    model, src = seq2seq(2, d_model=16, layers=1), sources(4)
     with caplog.at_level(logging.WARNING, logger=compiled.__name__):
         for beam_size in (1, 4, 4, 1):
-            _assert_same(
-                _decode(model, src, "dynamic", beam_size=beam_size),
-                _decode(model, src, "compiled", beam_size=beam_size),
+            assert_same(
+                decoded(model, src, "dynamic", beam_size=beam_size),
+                decoded(model, src, "compiled", beam_size=beam_size),
             )
     warnings = [r.getMessage() for r in caplog.records if r.name == compiled.__name__]
     assert len(warnings) == 1, warnings
@@ -182,10 +182,10 @@ def test_a_compile_error_is_logged_once(
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, broken_backend))
-    model, src = _model(2, d_model=16, layers=1), _sources(4)
+    model, src = seq2seq(2, d_model=16, layers=1), sources(4)
     with caplog.at_level(logging.WARNING, logger=compiled.__name__):
         for _ in range(2):
-            _assert_same(_decode(model, src, "dynamic"), _decode(model, src, "compiled"))
+            assert_same(decoded(model, src, "dynamic"), decoded(model, src, "compiled"))
     warnings = [r.getMessage() for r in caplog.records if r.name == compiled.__name__]
     assert len(warnings) == 1 and "BackendCompilerFailed" in warnings[0], warnings
     assert "decode.kv_cache=compiled" in warnings[0] and "eagerly" in warnings[0]
@@ -198,13 +198,13 @@ def test_cuda_graph_steps_over_buckets_compile_twice() -> None:
     """The real thing (inductor, CUDA graphs) in bench_gpu's order, beam 4 and greedy over two batch
     sizes, twice: at most 2 compilations, the growing cache's tokens, and no warning of a fallback."""
     counters.clear()
-    model = _model(0).cuda()
+    model = seq2seq(0).cuda()
     for _ in range(2):
         for batch in (6, 20):
-            src = _sources(batch, seed=batch).cuda()
+            src = sources(batch, seed=batch).cuda()
             for beam_size in (4, 1):
-                dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
-                got = _decode(model, src, "compiled", beam_size=beam_size)
+                dynamic = decoded(model, src, "dynamic", beam_size=beam_size)
+                got = decoded(model, src, "compiled", beam_size=beam_size)
                 assert torch.equal(got[0], dynamic[0])
                 torch.testing.assert_close(got[1], dynamic[1], rtol=1e-5, atol=1e-4)
     assert counters["stats"]["unique_graphs"] <= 2

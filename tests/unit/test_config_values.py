@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import REPO_ROOT
-from tests.unit.test_configs import _fake_data_fields, _pretend_cuda, compose_train_cfg
+from tests.helpers.configs import compose_train_cfg, fake_data_fields, pretend_cuda
 from transformer.cli import build, checks, errors
 from transformer.cli.errors import ConfigError
 
@@ -129,7 +129,7 @@ def _build(cfg: DictConfig, group: str) -> None:
     if group == "data":
         build.instantiate(cfg.data, "data")
     elif group == "model":
-        _fake_data_fields(cfg)
+        fake_data_fields(cfg)
         task = build.instantiate(cfg.model, "model")
         build.check_optimizer(task)
     else:
@@ -159,7 +159,7 @@ def test_a_hostile_value_is_refused_naming_its_key_or_is_harmless(
                 cfg.model.config[name] = size
     try:
         with (
-            _pretend_cuda(2) if set(base) & set(CUDA_TRAINERS) else contextlib.nullcontext(),
+            pretend_cuda(2) if set(base) & set(CUDA_TRAINERS) else contextlib.nullcontext(),
             mock.patch.object(checks, "_gpu_available", lambda: True),  # experiments that pick a GPU trainer
         ):
             _build(cfg, key.split(".", 1)[0])

@@ -3,45 +3,23 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
-from unittest import mock
 
 import hydra
 import lightning as L
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from tests.conftest import REPO_ROOT
+from tests.helpers.configs import CONFIGS, compose_train_cfg, fake_data_fields, pretend_cuda
 from transformer.search.decoding import DecodingSettings
 
-CONFIGS = REPO_ROOT / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 GPU_EXPERIMENTS = {"iwslt14_de_en", "wmt14_en_de_base"}
-
-
-def compose_train_cfg(overrides: Sequence[str] = (), output_dir: Path | None = None) -> DictConfig:
-    """configs/train.yaml as `python train.py OVERRIDES` composes it, with the run directory at `output_dir`.
-
-    Sets PROJECT_ROOT (train.py's main does it too) and Hydra's runtime config, so `${hydra:...}` resolves.
-    """
-    import os
-
-    os.environ.setdefault("PROJECT_ROOT", str(REPO_ROOT))
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIGS)):
-        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
-    if output_dir is not None:
-        with open_dict(cfg):
-            cfg.hydra.runtime.output_dir = str(output_dir)
-            cfg.hydra.job.name = "train"
-    HydraConfig.instance().set_config(cfg)
-    return cfg
 
 
 @pytest.fixture
@@ -50,17 +28,9 @@ def fresh_hydra() -> Iterator[None]:
     GlobalHydra.instance().clear()
 
 
-def _fake_data_fields(cfg: DictConfig) -> None:
-    """What train.py reads from a prepared datamodule, without loading any data."""
-    with open_dict(cfg):
-        cfg.model.config.update(src_vocab_size=64, tgt_vocab_size=64, pad_id=0, bos_id=1, eos_id=2)
-        if cfg.model._target_.endswith("ClassificationTask"):
-            cfg.model.num_classes = 2
-
-
 def _instantiate_all(cfg: DictConfig) -> tuple[object, ...]:
     datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
-    _fake_data_fields(cfg)
+    fake_data_fields(cfg)
     task = hydra.utils.instantiate(cfg.model, _convert_="all")
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
@@ -98,22 +68,6 @@ def test_every_experiment_composes_and_instantiates(fresh_hydra, tmp_path, exper
     assert trainer.checkpoint_callback is not None and trainer.checkpoint_callback.monitor == monitor
 
 
-@contextmanager
-def _pretend_cuda(count: int) -> Iterator[None]:
-    """Lightning sees `count` CUDA devices, so the gpu/ddp trainer configs instantiate on a CPU machine."""
-    import lightning.fabric.accelerators.cuda as fabric_cuda
-    import lightning.pytorch.accelerators.cuda as pytorch_cuda
-
-    with (
-        mock.patch.object(fabric_cuda, "num_cuda_devices", lambda: count),
-        mock.patch.object(pytorch_cuda, "num_cuda_devices", lambda: count),
-        mock.patch.object(fabric_cuda, "is_cuda_available", lambda: True),
-        mock.patch("torch.cuda.is_available", lambda: True),
-        mock.patch("torch.cuda.device_count", lambda: count),
-    ):
-        yield
-
-
 # ids spelled out: a bare "gpu" id would match the `gpu` marker's keyword and skip the test on CPU
 @pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu"], ids=lambda t: f"trainer={t}")
 def test_trainer_configs(fresh_hydra, tmp_path, trainer: str) -> None:
@@ -121,7 +75,7 @@ def test_trainer_configs(fresh_hydra, tmp_path, trainer: str) -> None:
     assert cfg.trainer.use_distributed_sampler is False  # the datamodules shard their own batches
     if trainer in ("gpu", "ddp"):
         assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-    with _pretend_cuda(2) if trainer in ("gpu", "ddp") else nullcontext():
+    with pretend_cuda(2) if trainer in ("gpu", "ddp") else nullcontext():
         built = hydra.utils.instantiate(cfg.trainer, logger=False)  # no process group starts here
     if trainer in ("gpu", "ddp"):
         assert type(built.accelerator).__name__ == "CUDAAccelerator" and built.precision == "bf16-mixed"
@@ -220,7 +174,7 @@ def test_architecture_keys_live_under_model_config(fresh_hydra, tmp_path) -> Non
     from transformer.config import TransformerConfig
 
     cfg = compose_train_cfg(["model.config.d_model=96", "model.config.n_heads=3"], output_dir=tmp_path)
-    _fake_data_fields(cfg)
+    fake_data_fields(cfg)
     config = TransformerConfig.from_dict(OmegaConf.to_container(cfg.model.config))
     assert (config.d_model, config.n_heads) == (96, 3)
 

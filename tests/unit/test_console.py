@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.model_summary import summarize
 from omegaconf import OmegaConf
 from rich import get_console
 
-from tests.unit.test_configs import compose_train_cfg
+from tests.helpers.configs import compose_train_cfg
 from transformer.cli import console
 from transformer.training.callbacks import ModelSummary
 

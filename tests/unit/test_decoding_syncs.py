@@ -6,13 +6,11 @@ call that would make a GPU wait), and a CUDA run under torch's sync debug mode a
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
+from tests.helpers.syncs import VOCAB, SyncCounter, syncs_per_step
 from tests.tiny import tiny_seq2seq, tiny_sources
 from transformer.model import Seq2SeqTransformer
 from transformer.search.constraints import TargetRequest
@@ -21,55 +19,6 @@ from transformer.search.ensemble import Ensemble
 from transformer.search.static_cache import Stepping
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-VOCAB = 24
-# Calls that copy a device value to the host (or need its value to size a result).
-_SYNC_METHODS = {
-    "item",
-    "tolist",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "nonzero",
-    "argwhere",
-    "masked_select",
-    "unique",
-    "unique_consecutive",
-    "cpu",
-    "numpy",
-}
-
-
-def _is_sync(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    name = getattr(func, "__name__", "")
-    if name in _SYNC_METHODS:
-        return True
-    if name in ("__getitem__", "__setitem__"):  # boolean-mask indexing sizes its result on the host
-        index = args[1] if len(args) > 1 else None
-        indices = index if isinstance(index, tuple) else (index,)
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
-    if name == "repeat_interleave":  # tensor repeats: the output size is their sum
-        repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
-        return isinstance(repeats, torch.Tensor)
-    return name == "to" and any(str(a) == "cpu" for a in args[1:])
-
-
-class _SyncCounter(TorchFunctionMode):
-    """Counts host syncs between decoding steps (a step starts at each `decode` of the model)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.per_step = [0]  # [before the first step, step 1, step 2, ...]
-
-    def step(self) -> None:
-        self.per_step.append(0)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if _is_sync(func, args, kwargs):
-            self.per_step[-1] += 1
-        return func(*args, **kwargs)
 
 
 def _model(seed: int, d_model: int = 32, layers: int = 2) -> Seq2SeqTransformer:
@@ -80,31 +29,6 @@ def _model(seed: int, d_model: int = 32, layers: int = 2) -> Seq2SeqTransformer:
 
 def _sources(batch: int, seed: int = 0) -> torch.Tensor:
     return tiny_sources(batch, vocab=VOCAB, seed=seed)
-
-
-def _count(
-    model: Any, src: torch.Tensor, settings: DecodingSettings, requests: list[TargetRequest] | None = None
-) -> list[int]:
-    counter = _SyncCounter()
-    decode_step = model.decode
-
-    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
-        counter.step()
-        return decode_step(*args, **kwargs)
-
-    model.decode = counted
-    try:
-        with counter:
-            search(
-                model,
-                src,
-                settings,
-                requests=requests,
-                word_continuations=range(14, VOCAB) if requests else (),
-            )
-    finally:
-        del model.decode
-    return counter.per_step
 
 
 SEARCHES = {
@@ -118,7 +42,7 @@ SEARCHES = {
 @pytest.mark.parametrize("batch", [8, 64])
 @pytest.mark.parametrize("name", list(SEARCHES))
 def test_at_most_one_host_read_per_decoding_step(name: str, batch: int) -> None:
-    per_step = _count(_model(0), _sources(batch), DecodingSettings(max_len_b=20, **SEARCHES[name]))
+    per_step = syncs_per_step(_model(0), _sources(batch), DecodingSettings(max_len_b=20, **SEARCHES[name]))
     before, steps, after = per_step[0], per_step[1:-1], per_step[-1]
     assert len(steps) >= 5, "the search should run several steps"
     # the loops read exactly one number per step (how many rows still decode)
@@ -129,7 +53,7 @@ def test_at_most_one_host_read_per_decoding_step(name: str, batch: int) -> None:
 @pytest.mark.parametrize("name", list(SEARCHES))
 def test_an_ensemble_reads_back_no_more(name: str) -> None:
     ensemble = Ensemble([_model(0), _model(1, d_model=16, layers=1)])
-    per_step = _count(ensemble, _sources(16), DecodingSettings(max_len_b=20, **SEARCHES[name]))
+    per_step = syncs_per_step(ensemble, _sources(16), DecodingSettings(max_len_b=20, **SEARCHES[name]))
     assert len(per_step) >= 7, "the search should run several steps"
     assert set(per_step[1:-1]) == {1} and per_step[0] == 1 and per_step[-1] <= 2, per_step
 
@@ -152,14 +76,14 @@ def _requests(batch: int, include: bool) -> list[TargetRequest]:
 def test_constraints_keep_one_host_read_per_step(name: str, ensemble: bool) -> None:
     model = Ensemble([_model(0), _model(1, d_model=16, layers=1)]) if ensemble else _model(0)
     requests = _requests(16, include=name != "sample")
-    per_step = _count(model, _sources(16), DecodingSettings(max_len_b=20, **SEARCHES[name]), requests)
+    per_step = syncs_per_step(model, _sources(16), DecodingSettings(max_len_b=20, **SEARCHES[name]), requests)
     assert len(per_step) >= 7, "the search should run several steps"
     assert set(per_step[1:-1]) == {1} and per_step[0] == 1 and per_step[-1] <= 2, per_step
 
 
 def test_the_counter_sees_the_reads_it_must_see() -> None:
     """The counter is not blind: the syncing idioms the old loop used are counted."""
-    counter = _SyncCounter()
+    counter = SyncCounter()
     ended = torch.tensor([[True, False], [False, True]])
     with counter:
         ended.nonzero().tolist()

@@ -1,21 +1,18 @@
 """A full disk under any write ends in one line naming the path, the cause, the free space and what needed
 writing (`transformer.disk`), the writer removes its half-written output, and earlier files stay whole.
 
-The disk fills in-process: `full_disk` makes every write to a file under one directory fail with ENOSPC once
-a byte budget is spent (open / io.open / os.fdopen, so Python writes, torch.save, matplotlib and forked
-worker processes all meet it). The end-to-end run on a real full filesystem is
-tests/integration/test_disk_full.py.
+The disk fills in-process: the `full_disk` fixture (tests/helpers/disk.py) makes every write to a file under
+one directory fail with ENOSPC once a byte budget is spent (open / io.open / os.fdopen, so Python writes,
+torch.save, matplotlib and forked worker processes all meet it). The end-to-end run on a real full
+filesystem is tests/integration/test_disk_full.py.
 """
 
 from __future__ import annotations
 
-import builtins
 import errno
 import functools
-import io
 import json
 import logging
-import os
 import re
 import shutil
 import sqlite3
@@ -49,69 +46,6 @@ from transformer.training.loggers import CSVLogger
 from transformer.training.optim import adamw
 
 FREE = r"\(\d+(\.\d)? (bytes|kB|MB|GB) free\)"
-
-
-class _Disk:
-    def __init__(self, root: Path, budget: int) -> None:
-        self.root, self.left = str(root.resolve()), budget
-
-    def holds(self, path: str) -> bool:
-        return path == self.root or path.startswith(self.root + os.sep)
-
-
-class _Filling:
-    """A file on `disk`: writes beyond its budget fail with ENOSPC (the part that fits is written)."""
-
-    def __init__(self, handle: Any, disk_: _Disk) -> None:
-        self._handle, self._disk = handle, disk_
-
-    def write(self, data: Any) -> int:
-        if len(data) > self._disk.left:
-            self._handle.write(data[: self._disk.left])
-            self._disk.left = 0
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self._disk.left -= len(data)
-        return self._handle.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._handle, name)
-
-    def __iter__(self) -> Any:
-        return iter(self._handle)
-
-    def __enter__(self) -> _Filling:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._handle.close()
-
-
-@pytest.fixture
-def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], None]:
-    """`full_disk(directory, budget)`: from now on, files under `directory` take `budget` more bytes."""
-
-    def fill(root: Path, budget: int) -> None:
-        state = _Disk(root, budget)
-        real_open, real_fdopen = builtins.open, os.fdopen
-
-        def filling(handle: Any, path: str, mode: str) -> Any:
-            writes = any(c in str(mode) for c in "wax+")
-            return _Filling(handle, state) if writes and state.holds(path) else handle
-
-        def opener(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-            handle = real_open(file, mode, *args, **kwargs)
-            path = os.path.abspath(os.fsdecode(file)) if not isinstance(file, int) else ""
-            return filling(handle, os.path.realpath(path) if path else path, mode)
-
-        def fdopener(fd: int, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-            handle = real_fdopen(fd, mode, *args, **kwargs)
-            return filling(handle, os.readlink(f"/proc/self/fd/{fd}"), mode)
-
-        monkeypatch.setattr(builtins, "open", opener)
-        monkeypatch.setattr(io, "open", opener)
-        monkeypatch.setattr(os, "fdopen", fdopener)
-
-    return fill
 
 
 def _raised(call: Callable[[], object]) -> BaseException:

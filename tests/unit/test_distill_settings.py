@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_configs import compose_train_cfg
+from tests.helpers.configs import compose_train_cfg
 from transformer.cli.distill import synthetic
 from transformer.cli.errors import ConfigError
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from tests.helpers.evaluation import BOS, EOS, PAD, SHORT, V, detokenize, detokenize_batch, tiny_config
 from transformer.checkpoint import CheckpointError
 from transformer.cli.text_io import stream_lines
 from transformer.evaluation.restore import last_checkpoints, restore_model, task_of
@@ -29,39 +30,6 @@ from transformer.evaluation.scoring import (
 )
 from transformer.search.decoding import DecodingSettings, decode
 from transformer.training import ClassificationTask, TranslationTask
-
-PAD, BOS, EOS = 0, 1, 2
-V = 14  # ids 4..13 are "words"
-SHORT = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.0, "max_len_b": 3}
-
-
-def _config(**overrides: object) -> dict[str, object]:
-    return {
-        "src_vocab_size": V,
-        "d_model": 16,
-        "n_heads": 2,
-        "n_encoder_layers": 1,
-        "n_decoder_layers": 1,
-        "d_ff": 32,
-        "dropout": 0.0,
-        "max_len": 32,
-        **overrides,
-    }
-
-
-def _text(ids: list[int]) -> str:
-    """Detokenizer of the fake vocabulary: word ids as numbers, stopping at EOS."""
-    words = []
-    for i in ids:
-        if i == EOS:
-            break
-        if i > 3:
-            words.append(str(i))
-    return " ".join(words)
-
-
-def _decode_batch(rows: list[list[int]]) -> list[str]:
-    return [_text(row) for row in rows]
 
 
 def _pad(rows: list[list[int]]) -> torch.Tensor:
@@ -94,7 +62,7 @@ def _translation_batches(
 
 
 class _Tokenizer:
-    decode_batch = staticmethod(_decode_batch)
+    decode_batch = staticmethod(detokenize_batch)
 
 
 class _Data(L.LightningDataModule):
@@ -130,12 +98,12 @@ def _test_step_metrics(task: L.LightningModule, datamodule: L.LightningDataModul
 
 
 def _translation_setup() -> tuple[TranslationTask, list[list[int]], list[str]]:
-    task = TranslationTask(_config(), decoding=SHORT, label_smoothing=0.1)
+    task = TranslationTask(tiny_config(), decoding=SHORT, label_smoothing=0.1)
     examples = _examples(23)
     # References: for half of the sentences the model's own greedy output, so BLEU is far from 0.
     src = _translation_batches(examples, list(range(23)), 23)[0]["src"]
-    own = _decode_batch(decode(task.model, src, DecodingSettings(**SHORT)).tolist())
-    references = [own[i] if i % 2 == 0 else _text(e) for i, e in enumerate(examples)]
+    own = detokenize_batch(decode(task.model, src, DecodingSettings(**SHORT)).tolist())
+    references = [own[i] if i % 2 == 0 else detokenize(e) for i, e in enumerate(examples)]
     return task, examples, references
 
 
@@ -148,8 +116,8 @@ def test_translation_scores_equal_the_task_test_step() -> None:
     result = score_translation(
         task.model,
         batches,
-        decode_ids=_decode_batch,
-        sources=[_text(e) for e in examples],
+        decode_ids=detokenize_batch,
+        sources=[detokenize(e) for e in examples],
         references=references,
         decoding=DecodingSettings.from_values({}, task.hparams.decoding, "decode."),
         label_smoothing=0.1,
@@ -165,7 +133,9 @@ def test_translation_scores_equal_the_task_test_step() -> None:
 
 def test_the_test_steps_own_decoding_settings_are_used() -> None:
     """A task may validate with greedy search and test with beam search: evaluation follows the test."""
-    task = TranslationTask(_config(), decoding=SHORT, test_decoding={"beam_size": 3, "length_penalty": 1.0})
+    task = TranslationTask(
+        tiny_config(), decoding=SHORT, test_decoding={"beam_size": 3, "length_penalty": 1.0}
+    )
     saved = checkpoint_decoding(task.hparams)
     defaults = dict(DecodingSettings())  # search "auto", one hypothesis, no sampling or constraints
     assert dict(saved) == {**defaults, **SHORT, "beam_size": 3, "length_penalty": 1.0}
@@ -173,10 +143,10 @@ def test_the_test_steps_own_decoding_settings_are_used() -> None:
     assert dict(checkpoint_decoding({"decoding": SHORT})) == {**defaults, **SHORT}
     examples = _examples(12, seed=5)
     batches = _translation_batches(examples, list(range(12)), 4)
-    references = [_text(e) for e in examples]
+    references = [detokenize(e) for e in examples]
     logged = _test_step_metrics(task, _Data(batches, references))
     kwargs = {
-        "decode_ids": _decode_batch,
+        "decode_ids": detokenize_batch,
         "sources": references,
         "references": references,
         "label_smoothing": 0.1,
@@ -195,8 +165,8 @@ def test_translation_results_are_in_split_order_whatever_the_batching() -> None:
     task, examples, references = _translation_setup()
     settings = DecodingSettings.from_values({}, SHORT, "decode.")
     kwargs = {
-        "decode_ids": _decode_batch,
-        "sources": [_text(e) for e in examples],
+        "decode_ids": detokenize_batch,
+        "sources": [detokenize(e) for e in examples],
         "references": references,
         "decoding": settings,
         "label_smoothing": 0.1,
@@ -225,7 +195,7 @@ def test_skipped_examples_are_an_error() -> None:
         score_translation(
             task.model,
             batches,
-            decode_ids=_decode_batch,
+            decode_ids=detokenize_batch,
             sources=references,
             references=references,
             decoding=DecodingSettings.from_values({}, SHORT, "decode."),
@@ -313,7 +283,7 @@ def test_bleu_by_length() -> None:
 
 
 def test_classification_scores_equal_the_task_test_step() -> None:
-    task = ClassificationTask(_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=3)
+    task = ClassificationTask(tiny_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=3)
     examples = _examples(40, seed=3)
     labels = [len(e) % 3 for e in examples]
     batches = []
@@ -370,7 +340,7 @@ def _checkpoint(task: L.LightningModule, step: int = 5, **extra: object) -> dict
 
 
 def test_restore_model_round_trip() -> None:
-    task = TranslationTask(_config())
+    task = TranslationTask(tiny_config())
     restored = restore_model(_checkpoint(task))
     assert restored.task == "translation"
     assert restored.datamodule_state == {"tokenizers": {"joint": "{}"}}
@@ -378,14 +348,14 @@ def test_restore_model_round_trip() -> None:
     src = torch.tensor([[BOS, 5, 6, EOS]])
     task.eval()
     torch.testing.assert_close(restored.model(src, src[:, :-1]), task.model(src, src[:, :-1]))
-    classifier = ClassificationTask(_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=2)
+    classifier = ClassificationTask(tiny_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=2)
     restored = restore_model(_checkpoint(classifier))
     assert restored.task == "classification"
     assert task_of(_checkpoint(classifier)) == "classification"
 
 
 def test_restore_strips_the_compile_prefix() -> None:
-    task = TranslationTask(_config())
+    task = TranslationTask(tiny_config())
     checkpoint = _checkpoint(task)
     checkpoint["state_dict"] = {
         k.replace("model.", "model._orig_mod."): v for k, v in task.state_dict().items()
@@ -394,9 +364,9 @@ def test_restore_strips_the_compile_prefix() -> None:
 
 
 def test_mixed_up_checkpoints_are_refused() -> None:
-    translation = _checkpoint(TranslationTask(_config()))
+    translation = _checkpoint(TranslationTask(tiny_config()))
     classification = _checkpoint(
-        ClassificationTask(_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=2)
+        ClassificationTask(tiny_config(n_decoder_layers=0, tie_embeddings="none"), num_classes=2)
     )
     swapped_config = {**translation, "config": classification["config"]}
     with pytest.raises(CheckpointError, match=r"inconsistent: .*config model\._target_ says classification"):
@@ -413,13 +383,13 @@ def test_mixed_up_checkpoints_are_refused() -> None:
         restore_model(no_hparams, "x.ckpt")
     bigger = {
         **translation,
-        "hyper_parameters": {**translation["hyper_parameters"], "config": _config(d_ff=64)},
+        "hyper_parameters": {**translation["hyper_parameters"], "config": tiny_config(d_ff=64)},
     }
     with pytest.raises(CheckpointError, match=r"x\.ckpt: .*has shape"):
         restore_model(bigger, "x.ckpt")
     broken = {
         **translation,
-        "hyper_parameters": {**translation["hyper_parameters"], "config": _config(n_heads=3)},
+        "hyper_parameters": {**translation["hyper_parameters"], "config": tiny_config(n_heads=3)},
     }
     with pytest.raises(CheckpointError, match="cannot be built: d_model"):
         restore_model(broken, "x.ckpt")
@@ -429,7 +399,7 @@ def test_last_checkpoints_follow_the_global_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     directory = run / "checkpoints"
     directory.mkdir(parents=True)
-    task = TranslationTask(_config())
+    task = TranslationTask(tiny_config())
     # names and modification times disagree with the steps on purpose
     for name, step in (("a.ckpt", 30), ("b.ckpt", 10), ("c.ckpt", 20), ("last.ckpt", 30)):
         torch.save(_checkpoint(task, step=step), directory / name)
@@ -467,7 +437,7 @@ def test_ensemble_of_checks_tasks_tokenizers_and_weights() -> None:
     from transformer.search.ensemble import Ensemble
 
     def member(task: str = "translation", tokenizers: str = "bpe-a") -> RestoredModel:
-        model = TranslationTask(_config()).model
+        model = TranslationTask(tiny_config()).model
         return RestoredModel(task, model, {}, {}, {"tokenizers": {"joint": tokenizers}})  # type: ignore[arg-type]
 
     paths = [Path("a.ckpt"), Path("b.ckpt")]

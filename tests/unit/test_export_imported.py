@@ -33,6 +33,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from data.sentencepiece_pair import SentencePieceSide  # noqa: E402
 from tests.conftest import _data_dir  # noqa: E402
+from tests.helpers.opus_mt import quiet_marian_tokenizer, train_to_copy  # noqa: E402
 from tests.pretrained import multi30k_lines, opus_mt_directory, opus_mt_tokenizer_files  # noqa: E402
 from transformer.export.cli import main  # noqa: E402
 from transformer.export.ctranslate2 import export_ctranslate2  # noqa: E402
@@ -50,49 +51,12 @@ LIMIT = {"max_len_a": 0, "max_len_b": 30}
 CT2_LIMIT = {"max_decoding_length": 29}
 
 
-def _quiet_marian_tokenizer(directory: Path) -> transformers.MarianTokenizer:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "Recommended: pip install sacremoses" (a normalizer not used here)
-        return transformers.MarianTokenizer.from_pretrained(directory)
-
-
-def _train_to_copy(directory: Path, steps: int = 100) -> None:
-    """Replace the directory's random weights by ones trained with transformers to copy German Multi30k
-    sentences (truncated to 16 tokens): a `final_logits_bias` and a `<pad>` embedding (the decoder's start)
-    drawn at random first, so that leaving either out of an export would show."""
-    tokenizer = _quiet_marian_tokenizer(directory)
-    config = transformers.MarianConfig.from_pretrained(directory)
-    generation = transformers.GenerationConfig.from_pretrained(directory)
-    lines = multi30k_lines(_data_dir("MULTI30K_DIR"), "train.de.gz", 1984)
-    batch = tokenizer(lines, return_tensors="pt", padding=True, truncation=True, max_length=16)
-    labels = batch.input_ids.masked_fill(batch.attention_mask.eq(0), -100)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = transformers.MarianMTModel(config)
-        with torch.no_grad():
-            model.final_logits_bias.normal_(0.0, 0.5)
-            model.get_input_embeddings().weight[config.pad_token_id].normal_(0.0, 0.02)  # never updated
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        for step in range(steps):
-            rows = slice((step * 32) % 1984, (step * 32) % 1984 + 32)
-            loss = model(
-                input_ids=batch.input_ids[rows],
-                attention_mask=batch.attention_mask[rows],
-                labels=labels[rows],
-            ).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    model.generation_config = generation
-    model.eval().save_pretrained(directory)
-
-
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The original OPUS-MT-shaped directory, its import, and the import exported both ways."""
     root = tmp_path_factory.mktemp("imported-export")
     opus = opus_mt_directory(root / "opus-mt-de-en", _data_dir("MULTI30K_DIR"))
-    _train_to_copy(opus)
+    train_to_copy(opus)
     ckpt = import_hf(opus, root / "imported")
     source = load_source(ckpt)
     hf = export_hf(source, root / "hf")
@@ -158,7 +122,7 @@ def test_hf_export_is_the_original_directory_again(dirs: dict[str, Path]) -> Non
 def test_hf_tokenizer_encodes_and_decodes_as_the_originals(
     dirs: dict[str, Path], source: ExportSource, sentences: list[str], src: Tensor
 ) -> None:
-    original, exported = _quiet_marian_tokenizer(dirs["opus"]), _quiet_marian_tokenizer(dirs["hf"])
+    original, exported = quiet_marian_tokenizer(dirs["opus"]), quiet_marian_tokenizer(dirs["hf"])
     ids = exported(sentences).input_ids
     assert ids == original(sentences).input_ids
     assert ids == [row[row.ne(source.config.pad_id)].tolist() for row in src]  # and as ours
@@ -180,7 +144,7 @@ def test_hf_generate_equals_the_original_and_ours(
     """Greedy and beam 4 (length penalty 0: all three rank by the summed log-probability) token for token on
     the sentences, text in and text out through MarianTokenizer; and with each directory's own generation
     settings (beam 4, length penalty 1.0), the exported directory generates what the original does."""
-    tokenizer = _quiet_marian_tokenizer(dirs["hf"])
+    tokenizer = quiet_marian_tokenizer(dirs["hf"])
     original = transformers.MarianMTModel.from_pretrained(dirs["opus"]).eval()
     exported = transformers.MarianMTModel.from_pretrained(dirs["hf"]).eval()
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
@@ -213,7 +177,7 @@ def test_hf_card_usage_runs_as_printed(dirs: dict[str, Path], source: ExportSour
     with contextlib.redirect_stdout(printed), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(code, {})
-    tokenizer = _quiet_marian_tokenizer(dirs["hf"])
+    tokenizer = quiet_marian_tokenizer(dirs["hf"])
     model = transformers.MarianMTModel.from_pretrained(dirs["hf"]).eval()
     with torch.no_grad():
         expected = tokenizer.batch_decode(
@@ -390,7 +354,7 @@ def test_separate_vocabularies_export_both_ways(tmp_path: Path, sentences: list[
     hf = export_hf(source, tmp_path / "hf").path
     for name in ("vocab.json", "target_vocab.json"):
         assert json.loads((hf / name).read_text(encoding="utf-8")) == json.loads((opus / name).read_text())
-    original, exported = _quiet_marian_tokenizer(opus), _quiet_marian_tokenizer(hf)
+    original, exported = quiet_marian_tokenizer(opus), quiet_marian_tokenizer(hf)
     english = multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.en.gz", N_SENTENCES)
     assert exported(sentences).input_ids == original(sentences).input_ids
     targets = original(text_target=english).input_ids

@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tests.unit.test_tasks import TINY, CopyData, _trainer
+from tests.helpers.tasks import TINY, CopyData, cpu_trainer
 from transformer.checkpoint import CheckpointError
 from transformer.cli.errors import ConfigError
 from transformer.cli.init_from import explicit_keys, take_init_from
@@ -140,7 +140,7 @@ def test_a_rank_larger_than_a_projection_is_refused_naming_the_key() -> None:
 def test_lora_training_changes_only_the_adapters_and_its_checkpoint_evaluates_merged(tmp_path) -> None:
     task = _task(finetune={"lora": {"rank": RANK, "targets": ["q", "k", "v", "o", "ff"]}})
     base = {k: v.clone() for k, v in task.model.state_dict().items()}
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1)
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1)
     trainer.fit(task, datamodule=CopyData())
     state = task.model.state_dict()
     adapters = [k for k in state if ".lora_" in k]
@@ -175,7 +175,7 @@ def test_frozen_parameters_stay_and_the_others_train(tmp_path, freeze, frozen) -
     untied = {**TINY, "tie_embeddings": "none"}  # the output projection is not the frozen embedding
     task = TranslationTask(untied, optimizer=functools.partial(adamw, lr=1e-2), finetune={"freeze": freeze})
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
-    _trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
+    cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
         task, datamodule=CopyData()
     )
     after = task.model.state_dict()
@@ -192,7 +192,7 @@ def test_frozen_parameters_stay_and_the_others_train(tmp_path, freeze, frozen) -
 
 def _trained(tmp_path) -> tuple[TranslationTask, str]:
     task = _task()
-    _trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
+    cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
         task, datamodule=CopyData()
     )
     return task, _save(task, tmp_path / "trained.ckpt", data={"src_lang": "de", "tgt_lang": "en"})
@@ -204,7 +204,7 @@ def test_init_from_starts_with_the_checkpoints_validation_loss(tmp_path) -> None
     assert fresh.load_init_from(TOKENIZERS) == len(trained.model.state_dict())
     losses = []
     for task in (trained, fresh):
-        (result,) = _trainer(tmp_path).validate(task, datamodule=CopyData(), verbose=False)
+        (result,) = cpu_trainer(tmp_path).validate(task, datamodule=CopyData(), verbose=False)
         losses.append(result["val/loss"])
     assert losses[0] == losses[1]
     assert _task().load_init_from() == 0  # no init_from: nothing
@@ -291,7 +291,7 @@ def test_a_classification_checkpoint_is_refused_for_translation_in_one_line(tmp_
 
 def _classifier_checkpoint(tmp_path, **kwargs) -> tuple[ClassificationTask, str]:
     task = _task(ClassificationTask, pooling="max", **kwargs)
-    _trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
+    cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(
         task, datamodule=CopyData(classify=True)
     )
     return task, _save(task, tmp_path / "classifier.ckpt")
@@ -302,7 +302,7 @@ def test_a_classifier_starts_from_a_classification_checkpoint_with_its_head(tmp_
     fresh = _task(ClassificationTask, pooling="max", init_from=path)
     assert fresh.load_init_from(TOKENIZERS) == len(trained.model.state_dict())
     results = [
-        _trainer(tmp_path).validate(task, datamodule=CopyData(classify=True), verbose=False)[0]
+        cpu_trainer(tmp_path).validate(task, datamodule=CopyData(classify=True), verbose=False)[0]
         for task in (trained, fresh)
     ]
     assert results[0]["val/loss"] == results[1]["val/loss"]
@@ -334,7 +334,7 @@ def test_adversarial_training_works_with_frozen_embeddings(tmp_path) -> None:
     """The perturbation needs the gradient w.r.t. the looked-up embeddings, which a frozen table lacks."""
     task = _task(ClassificationTask, adversarial=0.1, finetune={"freeze": "embeddings"})
     before = task.model.src_embed.embedding.weight.clone()
-    _trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0).fit(
+    cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0).fit(
         task, datamodule=CopyData(classify=True)
     )
     assert torch.equal(task.model.src_embed.embedding.weight, before)

@@ -19,9 +19,8 @@ from torch.utils._pytree import tree_flatten
 
 import transformer.search.graphed as graphed
 import transformer.search.static_cache as static_cache
+from tests.helpers.syncs import syncs_per_step
 from tests.tiny import tiny_seq2seq, tiny_sources
-from tests.unit.test_decoding_syncs import _count
-from tests.unit.test_op_counts import cuda_path  # noqa: F401 (a fixture)
 from transformer.search.buckets import BucketedCache
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble
@@ -154,7 +153,7 @@ def test_graphed_step_replays_what_the_eager_step_runs(checked_graphs: GraphedSt
 @pytest.mark.usefixtures("cuda_path")
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_graphed_step_on_the_cuda_code_path(checked_graphs: GraphedStep, beam_size: int) -> None:
-    """The kernels' CUDA choices (test_op_counts' `cuda_path`: the masks and SDPA calls a GPU runs)."""
+    """The kernels' CUDA choices (the `cuda_path` fixture: the masks and SDPA calls a GPU runs)."""
     model, src = _model(0), tiny_sources(12, vocab=VOCAB)
     eager = _eager(model, src, beam_size=beam_size)
     for _ in range(2):
@@ -230,7 +229,7 @@ def test_graphed_step_reads_back_nothing_more(checked_graphs: GraphedStep) -> No
     model = _model(0)
     model.pack_tokens = False  # the GPU's encoder path, as in test_decoding_syncs
     for _ in range(2):
-        per_step = _count(
+        per_step = syncs_per_step(
             model, tiny_sources(16, vocab=VOCAB), DecodingSettings(max_len_b=20, kv_cache="compiled")
         )
         assert len(per_step) > 6 and set(per_step[1:-1]) == {1}, per_step

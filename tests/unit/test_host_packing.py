@@ -301,3 +301,53 @@ def test_varlen_kernel_gets_the_packed_layout(monkeypatch: pytest.MonkeyPatch, k
     for got, expected in zip(calls, encoder + decoder, strict=True):
         assert got[:2] == expected[:2] and got[4] == expected[4]
         assert torch.equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
+
+
+# --- the task: `data.packing` batches through TranslationTask's training step -------------------------
+
+
+def _task_step(batch: dict[str, Any], *, packed: bool, fused: bool) -> tuple[dict[str, Tensor], dict]:
+    """One `TranslationTask.training_step` and its backward (no Trainer: `log` records): the logged
+    train/* values and every parameter's gradient. Seed 0 draws the same weights every time."""
+    from transformer.training import TranslationTask
+
+    torch.manual_seed(0)
+    config = dict(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16, n_heads=2, n_encoder_layers=1,
+                  n_decoder_layers=2, d_ff=32, dropout=0.0, max_len=32)  # fmt: skip
+    task = TranslationTask(config, label_smoothing=0.1, fused_loss=fused).train()
+    task.model.pack_tokens = packed
+    logged: dict[str, Tensor] = {}
+    task.log = lambda name, value, **_: logged.__setitem__(name, value.detach().clone())  # type: ignore[method-assign]
+    task._on_progress_bar = lambda *args: None  # type: ignore[method-assign]
+    loss = task.training_step(batch, 0)
+    loss.backward()
+    logged["returned loss"] = loss.detach()
+    return logged, {name: p.grad.clone() for name, p in task.named_parameters()}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("packed", [True, False], ids=["cpu-packed", "padded"])
+def test_a_task_step_on_host_packed_batches_equals_the_step_without(packed: bool, fused: bool) -> None:
+    """The task takes the batch's host-built packing (`data.packing=true`) whatever the model's own
+    packing setting: the same loss, logged train/* values and gradients as the batch without it."""
+    batch = _batch(5)
+    without = {k: v for k, v in batch.items() if k != "packing"}
+    logged, grads = _task_step(batch, packed=packed, fused=fused)
+    want_logged, want_grads = _task_step(without, packed=packed, fused=fused)
+    assert logged.keys() == want_logged.keys() and "train/token_acc" in logged
+    for name, value in logged.items():
+        torch.testing.assert_close(value, want_logged[name], rtol=1e-6, atol=0, msg=name)
+    _assert_same_step((logged["returned loss"], grads), (want_logged["returned loss"], want_grads))
+
+
+def test_a_task_step_on_host_packed_batches_reads_nothing_back() -> None:
+    """The step takes the host packing (the model's own packing, the CPU's default, would find its
+    packing on the device: nonzero) and never reads device data."""
+    batch = _batch(6)
+    counter = _HostReads()
+    with counter:
+        _task_step(batch, packed=True, fused=False)
+    assert counter.reads == []
+    with counter:  # the counter sees the model's own packing
+        _task_step({k: v for k, v in batch.items() if k != "packing"}, packed=True, fused=False)
+    assert "aten::nonzero" in counter.reads

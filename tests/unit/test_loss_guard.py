@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests.unit.test_tasks import TINY, CopyData, _trainer, _translation
+from tests.helpers.tasks import TINY, CopyData, cpu_trainer, translation_task
 from transformer.training import TranslationTask
 from transformer.training.loss_guard import NonFiniteLossGuard
 from transformer.training.optim import adamw
@@ -53,7 +53,7 @@ def _poisoned(task: TranslationTask, step: int) -> TranslationTask:
 def test_bf16_mixed_with_clipping_skips_a_nan_step_on_the_device(tmp_path) -> None:
     torch.manual_seed(0)
     guard, history = NonFiniteLossGuard(action="skip"), _History()
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path,
         max_steps=5,
         limit_val_batches=0,
@@ -61,7 +61,7 @@ def test_bf16_mixed_with_clipping_skips_a_nan_step_on_the_device(tmp_path) -> No
         gradient_clip_val=1.0,
         callbacks=[guard, history],
     )
-    trainer.fit(_poisoned(_translation(), step=3), datamodule=CopyData())
+    trainer.fit(_poisoned(translation_task(), step=3), datamodule=CopyData())
     assert trainer.optimizers[0].defaults["fused"] is True  # the device-side skip, no read per step
     assert guard.skipped == 1
     h = history.steps  # index = step - 1
@@ -99,7 +99,7 @@ def test_a_nan_in_an_early_micro_batch_skips_the_whole_step(tmp_path, fused: boo
         return loss * float("nan") if batch_idx == 4 else loss  # micro-batches 4, 5: optimizer step 3
 
     task.training_step = poisoned  # type: ignore[method-assign]
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path, max_steps=4, accumulate_grad_batches=2, limit_val_batches=0, callbacks=[guard, history]
     )
     trainer.fit(task, datamodule=CopyData())

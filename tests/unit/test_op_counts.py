@@ -6,25 +6,22 @@ What runs is the CUDA code, chosen the way the sync tests choose it (tests/unit/
 no token packing, the attention kernels' device check says "not the CPU", the kernel runs without cuDNN's
 backend and torch's chooser says "memory-efficient" (what a masked call then gets on a CUDA GPU), the loss
 splits its rows into chunks and writes each chunk's gradient with one addcmul. Every aten operator that is
-not a view or a host-only call counts as one launch (`_Launches`); the fused attention kernel counts as one,
-as on a GPU (the CPU's SDPA runs unobserved inside it), plus one for a boolean mask, which SDPA first turns
-into the additive one its kernels compute with (a `where`).
+not a view or a host-only call counts as one launch (`Launches`, tests/helpers/launches.py); the fused
+attention kernel counts as one, as on a GPU (the CPU's SDPA runs unobserved inside it), plus one for a
+boolean mask, which SDPA first turns into the additive one its kernels compute with (a `where`).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from tests.helpers.launches import Launches
 from tests.tiny import tiny_seq2seq, tiny_sources
 from transformer import MultiHeadAttention, kernels, losses
 from transformer.losses import label_smoothed_cross_entropy
@@ -32,104 +29,18 @@ from transformer.search.decoding import DecodingSettings, search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# host-only calls: allocations (no kernel), autograd bookkeeping, dtype and backend choices
-_NOT_LAUNCHES = {
-    "empty",
-    "empty_like",
-    "empty_strided",
-    "detach",
-    "lift_fresh",
-    "promote_types",
-    "_fused_sdp_choice",
-}
-# operators that touch only the indexed elements (N of them), however large the tensor they index
-_INDEXED = {"gather", "scatter", "scatter_", "scatter_add", "scatter_add_", "index_put", "index_put_"}
-
-
-class _Launches(TorchDispatchMode):
-    """Records the name of every launch, and for each the rows of (…, V) tensors it reads and writes."""
-
-    active: _Launches | None = None  # the one recording now (for the fused SDPA below)
-
-    def __init__(self, vocab: int = 0) -> None:
-        super().__init__()
-        self.vocab = vocab  # tensors whose last dimension is this are rows of logits (0: do not track)
-        self.names: list[str] = []
-        self.touches: list[tuple[str, int, int]] = []  # ("r" or "w", storage, rows)
-        self.paused = False  # inside a fused kernel
-
-    def __enter__(self) -> _Launches:
-        _Launches.active = self
-        return super().__enter__()
-
-    def __exit__(self, *args: object) -> None:
-        _Launches.active = None
-        super().__exit__(*args)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func.overloadpacket.__name__
-        if self.paused or func.is_view or name in _NOT_LAUNCHES:
-            return out
-        self.names.append(name)
-        if self.vocab and name not in _INDEXED:
-            in_place = name.endswith("_")
-            read = [a for key, a in kwargs.items() if key != "out"] + list(args)
-            written = [out, args[0]] if in_place else [out]
-            for mode, tensors in (("r", read), ("w", written)):
-                for t in {id(t): t for t in tree_flatten(tensors)[0] if isinstance(t, Tensor)}.values():
-                    if t.dim() and t.size(-1) == self.vocab:
-                        self.touches.append((mode, t.untyped_storage().data_ptr(), t.numel() // self.vocab))
-        return out
-
-    def passes(self, mode: str, storage: int | None, others: tuple[int, ...] = ()) -> float:
-        """Rows read ("r") or written ("w") in `storage`, or (None) in any storage but `others`, per row."""
-        rows = sum(
-            r for m, s, r in self.touches if m == mode and (s == storage if storage else s not in others)
-        )
-        return rows / N
-
-
-@pytest.fixture
-def cuda_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The CUDA code: attention kernels that are not the CPU's and for which torch picks its memory-efficient
-    backend (which zeroes fully masked rows itself); the fused SDPA counted as one launch."""
-    monkeypatch.setattr(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset())
-    monkeypatch.setattr(kernels, "_sdpa_backend", lambda *args: SDPBackend.EFFICIENT_ATTENTION, raising=False)
-    monkeypatch.setattr(kernels, "_WITHOUT_CUDNN_DEVICES", frozenset({"cpu"}), raising=False)
-    original: Callable[..., Tensor] = F.scaled_dot_product_attention
-
-    def fused(*args: Any, **kwargs: Any) -> Tensor:
-        launches = _Launches.active
-        if launches is None:
-            return original(*args, **kwargs)
-        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-        if mask is not None and mask.dtype == torch.bool:
-            launches.names.append("where")  # SDPA turns a boolean mask into an additive one first
-        launches.names.append("scaled_dot_product_attention")
-        launches.paused = True
-        try:
-            return original(*args, **kwargs)
-        finally:
-            launches.paused = False
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", fused)
-    yield
-
-
 # --- the loss ------------------------------------------------------------------------------------------
 
 N, V, CHUNK_ROWS = 12, 16, 4  # 3 chunks of 4 rows
 
 
-def _loss_launches(dtype: torch.dtype) -> tuple[_Launches, _Launches, int, int]:
+def _loss_launches(dtype: torch.dtype) -> tuple[Launches, Launches, int, int]:
     """Forward and backward launches of the loss over (N, V) logits; the logits' and gradient's storages."""
     torch.manual_seed(0)
     logits = torch.randn(N, V).to(dtype).requires_grad_()
     target = torch.randint(1, V, (N,))
     target[-3:] = 0  # padding
-    forward, backward = _Launches(V), _Launches(V)
+    forward, backward = Launches(V, rows=N), Launches(V, rows=N)
     with forward:
         out = label_smoothed_cross_entropy(logits, target, label_smoothing=0.1)
         total = out.loss + out.nll
@@ -181,7 +92,7 @@ def _attention_launches(**call: Any) -> list[str]:
     torch.manual_seed(0)
     module = MultiHeadAttention(E, H, batch_first=True)
     x = torch.randn(3, 5, E)
-    launches = _Launches()
+    launches = Launches()
     with torch.no_grad(), launches:
         module(x, x, x, need_weights=False, **call)
     return launches.names
@@ -240,7 +151,7 @@ def _launches_per_step(settings: DecodingSettings) -> list[int]:
     model = tiny_seq2seq(0, vocab=VOCAB)
     model.pack_tokens = False  # the GPU's encoder path
     src = tiny_sources(8, vocab=VOCAB)
-    launches = _Launches()
+    launches = Launches()
     starts: list[int] = []
     decode_step = model.decode
 

@@ -100,7 +100,7 @@ def test_full_precision_clipping_keeps_the_fused_kernel(tmp_path) -> None:
     picks foreach, tests/unit/test_tasks.py); at 32-true it clips, and the fused kernel stays."""
     import lightning as L
 
-    from tests.unit.test_tasks import CopyData, _trainer, _translation
+    from tests.helpers.tasks import CopyData, cpu_trainer, translation_task
 
     norms: list[float] = []
 
@@ -113,9 +113,9 @@ def test_full_precision_clipping_keeps_the_fused_kernel(tmp_path) -> None:
 
             trainer.optimizers[0].register_step_post_hook(record)
 
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path, max_steps=2, limit_val_batches=0, gradient_clip_val=1e-3, callbacks=[GradNorms()]
     )
-    trainer.fit(_translation(), datamodule=CopyData())
+    trainer.fit(translation_task(), datamodule=CopyData())
     assert trainer.global_step == 2 and trainer.optimizers[0].defaults["fused"] is True
     assert len(norms) == 2 and max(norms) <= 1e-3 * (1 + 1e-4)  # clipped

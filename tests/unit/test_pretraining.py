@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tests.unit.test_tasks import TINY, CopyData, _trainer
+from tests.helpers.tasks import TINY, CopyData, cpu_trainer
 from transformer.checkpoint import CheckpointError
 from transformer.config import TransformerConfig
 from transformer.evaluation.restore import load_pretrained_encoder, task_of
@@ -66,7 +66,7 @@ def test_masked_lm_logits_are_the_tied_projection_of_the_picked_positions() -> N
 def test_masked_lm_learns_and_reports_loss(tmp_path) -> None:
     task = MaskedLMTask(ENCODER, mask_prob=0.3, optimizer=functools.partial(adamw, lr=3e-3))
     data = CopyData(classify=True)  # the labels are ignored
-    trainer = _trainer(tmp_path, max_epochs=1, enable_checkpointing=True)
+    trainer = cpu_trainer(tmp_path, max_epochs=1, enable_checkpointing=True)
     trainer.fit(task, datamodule=data)
     metrics = trainer.callback_metrics
     for name in ("train/loss", "train/acc", "val/loss", "val/acc", "val/loss_best"):

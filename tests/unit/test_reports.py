@@ -8,11 +8,10 @@ import json
 import re
 from pathlib import Path
 
-import matplotlib.image
-import numpy as np
 import pytest
 import torch
 
+from tests.helpers.reports import assert_png, assert_valid_markdown, cells
 from transformer.config import TransformerConfig
 from transformer.evaluation.plots import (
     read_learning_curves,
@@ -32,47 +31,6 @@ from transformer.evaluation.reports import (
 from transformer.evaluation.scoring import ClassificationResult, TranslationResult
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def assert_png(path: Path) -> np.ndarray:
-    assert path.is_file(), path
-    assert path.read_bytes()[:8] == PNG_MAGIC, path
-    image = matplotlib.image.imread(path)
-    assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50, image.shape
-    assert image[..., :3].std() > 0.01  # not a blank canvas
-    return image
-
-
-def _cells(line: str) -> list[str]:
-    return re.split(r"(?<!\\)\|", line.strip())[1:-1]  # split on unescaped pipes
-
-
-def assert_valid_markdown(path: Path) -> str:
-    """Headings, well-formed tables (same cell count in every row, separator second) and image links
-    that point at PNG files next to the report."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    assert lines[0].startswith("# "), lines[0]
-    in_code = False
-    table: list[str] = []
-    for line in [*lines, ""]:
-        if line.startswith("```"):
-            in_code = not in_code
-        if not in_code and line.startswith("|"):
-            table.append(line)
-            continue
-        if table:
-            widths = {len(_cells(row)) for row in table}
-            assert len(widths) == 1, table
-            assert re.fullmatch(r"\|(---\|)+", table[1]), table[1]
-            table = []
-    assert not in_code, "unclosed code fence"
-    for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
-        assert_png(path.parent / target)
-    return text
-
-
 # --- Markdown ------------------------------------------------------------------------------------------
 
 
@@ -80,7 +38,7 @@ def test_markdown_table_escapes_cells() -> None:
     table = markdown_table(["a", "b"], [["x | y", 1.23456], ["line\nbreak", "back\\slash"]])
     rows = table.splitlines()
     assert rows[0] == "| a | b |" and rows[1] == "|---|---|"
-    assert [len(_cells(r)) for r in rows] == [2, 2, 2, 2]
+    assert [len(cells(r)) for r in rows] == [2, 2, 2, 2]
     assert "x \\| y" in rows[2] and "1.23" in rows[2]
     assert "line break" in rows[3]
     with pytest.raises(ValueError, match="every row needs 2 cells"):
@@ -325,7 +283,7 @@ def test_worst_sentences_are_only_the_imperfect_ones() -> None:
     _sentences_sections(report, result, samples=3)
     worst = report.to_markdown().split("## Worst sentences (sentence BLEU)")[1]
     assert "Only 2 of the 5 sentences score below 100" in worst
-    assert [_cells(line)[0].strip() for line in worst.splitlines() if line.startswith("| ")][1:] == ["1", "2"]
+    assert [cells(line)[0].strip() for line in worst.splitlines() if line.startswith("| ")][1:] == ["1", "2"]
 
     perfect = TranslationResult({}, {}, ["s"], ["r"], ["r"], [[2]], [100.0])
     report = MarkdownReport("r")

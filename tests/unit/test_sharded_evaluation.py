@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from data.batching import ClassificationCollator, TokenBudgetBatchSampler, TranslationCollator
-from tests.unit.test_evaluation import SHORT, _config, _decode_batch, _text
+from tests.helpers.evaluation import SHORT, detokenize, detokenize_batch, tiny_config
 from transformer.training import ClassificationTask, MaskedLMTask, TranslationTask
 from transformer.training.translation import gather_decoded
 
@@ -81,7 +81,7 @@ def test_the_sampler_says_which_rank_repeats_another() -> None:
 
 
 class _Tokenizer:
-    decode_batch = staticmethod(_decode_batch)
+    decode_batch = staticmethod(detokenize_batch)
 
 
 class _Split(L.LightningDataModule):
@@ -104,7 +104,7 @@ class _Split(L.LightningDataModule):
         return DataLoader(self.examples, batch_sampler=sampler, collate_fn=TranslationCollator(PAD))
 
     def references(self, split: str) -> list[str]:
-        return [_text(e["tgt_ids"][1:]) for e in self.examples]
+        return [detokenize(e["tgt_ids"][1:]) for e in self.examples]
 
 
 class _MeanStates(L.Callback):
@@ -128,7 +128,7 @@ def _states(task: TranslationTask, data: _Split) -> _MeanStates:
 
 @pytest.mark.filterwarnings("ignore:.*does not have many workers")
 def test_a_repeated_last_batch_does_not_count_twice_in_the_token_means() -> None:
-    task = TranslationTask(_config(), decoding=SHORT)
+    task = TranslationTask(tiny_config(), decoding=SHORT)
     examples = [[5, 6, 7, 8, 9], [10, 11]]  # two sentences, three ranks: ranks 1 and 2 get the same batch
     ranks = [_states(task, _Split(examples, rank, 3)) for rank in range(3)]
     alone = _states(task, _Split(examples, 0, 1))
@@ -166,7 +166,7 @@ class _LossWeight(L.Callback):
 def test_a_repeated_last_batch_adds_nothing_to_the_other_tasks_metrics(kind: str) -> None:
     """Classification (loss, accuracy, F1) and masked-LM (loss, accuracy): the rank that repeats another's
     batch adds nothing to the metrics that are synced across ranks; the others add their share."""
-    config = _config(n_decoder_layers=0, tie_embeddings="none", src_vocab_size=20)
+    config = tiny_config(n_decoder_layers=0, tie_embeddings="none", src_vocab_size=20)
     torch.manual_seed(0)
     task = ClassificationTask(config, num_classes=2) if kind == "classification" else MaskedLMTask(config)
     weights = []

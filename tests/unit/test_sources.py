@@ -301,7 +301,7 @@ def test_hub_loaders_read_the_published_schemas(
     import hydra
     from omegaconf import open_dict
 
-    from tests.unit.test_configs import compose_train_cfg
+    from tests.helpers.configs import compose_train_cfg
 
     calls: list[tuple[str, str | None]] = []
 

@@ -12,11 +12,17 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import transformer.search.compiled as compiled
 import transformer.search.static_cache as static_cache
-from tests.tiny import tiny_seq2seq, tiny_sources
-from tests.unit.test_decoding_syncs import _count
-from transformer.model import Seq2SeqTransformer
+from tests.helpers.static_decoding import (
+    SEARCHES,
+    assert_same,
+    decoded,
+    fresh_compilation,
+    seq2seq,
+    sources,
+    widen,
+)
+from tests.helpers.syncs import syncs_per_step
 from transformer.search.compiled import compile_step
 from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings, search
@@ -31,38 +37,6 @@ from transformer.search.static_cache import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-VOCAB = 24
-SEARCHES = {
-    "greedy": {"beam_size": 1},
-    "beam4_nbest": {"beam_size": 4, "n_best": 4},
-    "sample": {"search": "sample", "top_k": 5, "top_p": 0.9, "n_best": 2},
-    "constrained_beam": {"beam_size": 4, "min_len": 3, "no_repeat_ngram_size": 2},
-    "constrained_greedy": {"beam_size": 1, "min_len": 4, "no_repeat_ngram_size": 2},
-}
-
-
-def _model(seed: int, d_model: int = 32, layers: int = 2, **overrides: Any) -> Seq2SeqTransformer:
-    return tiny_seq2seq(seed, vocab=VOCAB, d_model=d_model, layers=layers, **overrides)
-
-
-def _sources(batch: int, seed: int = 0) -> torch.Tensor:
-    return tiny_sources(batch, vocab=VOCAB, seed=seed)
-
-
-def _decode(
-    model: Any, src: torch.Tensor, kv_cache: str, **settings: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    settings = {"max_len_b": 20, **settings}
-    return search(
-        model, src, DecodingSettings(kv_cache=kv_cache, **settings), torch.Generator().manual_seed(7)
-    )
-
-
-def _assert_same(expected: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Token for token; scores equal up to float32 summation order (attention sums over the C slots)."""
-    assert torch.equal(got[0], expected[0])
-    torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-5)  # -inf where expected has -inf
-
 
 @pytest.fixture
 def aot_eager_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -76,19 +50,12 @@ def aot_eager_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     fresh_compilation()
 
 
-def fresh_compilation() -> None:
-    """A clean Dynamo cache, a new compiled step and new bucket buffers (process-wide otherwise)."""
-    torch._dynamo.reset()
-    compiled._compile_step.cache_clear()
-    static_cache._bucket_buffers.cache_clear()
-
-
 @pytest.mark.parametrize("name", list(SEARCHES))
 def test_static_cache_decodes_what_the_growing_cache_decodes(name: str) -> None:
-    model, src = _model(0), _sources(12)
-    dynamic = _decode(model, src, "dynamic", **SEARCHES[name])
+    model, src = seq2seq(0), sources(12)
+    dynamic = decoded(model, src, "dynamic", **SEARCHES[name])
     assert dynamic[0].shape[-1] > 5 and dynamic[0].eq(0).any(), "sentences should end at different lengths"
-    _assert_same(dynamic, _decode(model, src, "static", **SEARCHES[name]))
+    assert_same(dynamic, decoded(model, src, "static", **SEARCHES[name]))
 
 
 @pytest.mark.parametrize(
@@ -97,20 +64,20 @@ def test_static_cache_decodes_what_the_growing_cache_decodes(name: str) -> None:
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_static_cache_with_every_position_kind(overrides: dict[str, Any], beam_size: int) -> None:
     """Tensor positions through learned positions and rotary (in the beam layout too)."""
-    model, src = _model(1, **overrides), _sources(6, seed=1)
-    _assert_same(
-        _decode(model, src, "dynamic", beam_size=beam_size),
-        _decode(model, src, "static", beam_size=beam_size),
+    model, src = seq2seq(1, **overrides), sources(6, seed=1)
+    assert_same(
+        decoded(model, src, "dynamic", beam_size=beam_size),
+        decoded(model, src, "static", beam_size=beam_size),
     )
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_static_cache_decodes_an_ensemble_alike(beam_size: int) -> None:
-    ensemble = Ensemble([_model(0), _model(1, d_model=16, layers=1)])
-    src = _sources(8, seed=2)
-    _assert_same(
-        _decode(ensemble, src, "dynamic", beam_size=beam_size),
-        _decode(ensemble, src, "static", beam_size=beam_size),
+    ensemble = Ensemble([seq2seq(0), seq2seq(1, d_model=16, layers=1)])
+    src = sources(8, seed=2)
+    assert_same(
+        decoded(ensemble, src, "dynamic", beam_size=beam_size),
+        decoded(ensemble, src, "static", beam_size=beam_size),
     )
 
 
@@ -125,9 +92,9 @@ def test_static_cache_decodes_an_ensemble_alike(beam_size: int) -> None:
     ids=str,
 )
 def test_static_cache_at_the_edges(settings: dict[str, Any]) -> None:
-    model, src = _model(0), _sources(7, seed=3)
-    _assert_same(_decode(model, src, "dynamic", **settings), _decode(model, src, "static", **settings))
-    assert _decode(model, src[:0], "static", **settings)[0].shape[0] == 0
+    model, src = seq2seq(0), sources(7, seed=3)
+    assert_same(decoded(model, src, "dynamic", **settings), decoded(model, src, "static", **settings))
+    assert decoded(model, src[:0], "static", **settings)[0].shape[0] == 0
 
 
 @pytest.mark.usefixtures("aot_eager_step")
@@ -135,22 +102,22 @@ def test_static_cache_at_the_edges(settings: dict[str, Any]) -> None:
 def test_compiled_step_is_one_graph_for_every_step(name: str) -> None:
     """fullgraph (no graph break); one graph for all steps after the first (eager) one, and a second
     search of the same shapes compiles nothing (error_on_recompile)."""
-    model, src = _model(0), _sources(12)
+    model, src = seq2seq(0), sources(12)
     settings = {**SEARCHES[name], "min_len": 2}  # the min_len rule on the device too
-    dynamic = _decode(model, src, "dynamic", **settings)
-    _assert_same(dynamic, _decode(model, src, "compiled", **settings))
+    dynamic = decoded(model, src, "dynamic", **settings)
+    assert_same(dynamic, decoded(model, src, "compiled", **settings))
     assert counters["stats"]["unique_graphs"] == 1
     with torch._dynamo.config.patch(error_on_recompile=True):
-        _assert_same(dynamic, _decode(model, src, "compiled", **settings))
+        assert_same(dynamic, decoded(model, src, "compiled", **settings))
     assert counters["stats"]["unique_graphs"] == 1
 
 
 @pytest.mark.usefixtures("aot_eager_step")
 def test_compiled_step_of_an_ensemble_is_one_graph() -> None:
-    ensemble = Ensemble([_model(0), _model(1, d_model=16, layers=1)])
-    src = _sources(8, seed=2)
-    _assert_same(
-        _decode(ensemble, src, "dynamic", beam_size=4), _decode(ensemble, src, "compiled", beam_size=4)
+    ensemble = Ensemble([seq2seq(0), seq2seq(1, d_model=16, layers=1)])
+    src = sources(8, seed=2)
+    assert_same(
+        decoded(ensemble, src, "dynamic", beam_size=4), decoded(ensemble, src, "compiled", beam_size=4)
     )
     assert counters["stats"]["unique_graphs"] == 1
 
@@ -159,16 +126,11 @@ def test_compiled_step_of_an_ensemble_is_one_graph() -> None:
 def test_compiled_step_over_batches_of_other_shapes() -> None:
     """Batches of other sizes (other row buckets: 8, 4, 16) reuse the one graph, whose rows are a
     dynamic dimension from the start: the outputs stay the growing cache's."""
-    model = _model(2, d_model=16, layers=1)
+    model = seq2seq(2, d_model=16, layers=1)
     for batch in (6, 3, 9):
-        src = _sources(batch, seed=batch)
-        _assert_same(_decode(model, src, "dynamic"), _decode(model, src, "compiled"))
+        src = sources(batch, seed=batch)
+        assert_same(decoded(model, src, "dynamic"), decoded(model, src, "compiled"))
         assert counters["stats"]["unique_graphs"] == 1
-
-
-def _wide(src: torch.Tensor, width: int) -> torch.Tensor:
-    """src (B, 14) right-padded to (B, width): the same sentences in a wider batch."""
-    return torch.nn.functional.pad(src, (0, width - src.shape[1]), value=0)
 
 
 @pytest.mark.usefixtures("aot_eager_step")
@@ -177,23 +139,23 @@ def test_compiled_decoding_compiles_at_most_twice() -> None:
     (buckets 4, 16) in one process: at most 2 compilations, greedy's and beam search's (every size a
     dynamic dimension of their graphs), and every sentence decodes as with the growing cache.
     Without buckets and dynamic dimensions this compiled 6 times."""
-    model = _model(2, d_model=16, layers=1)
+    model = seq2seq(2, d_model=16, layers=1)
     for batch, width in ((3, 14), (10, 40), (3, 40), (10, 14)):
-        src = _wide(_sources(batch, seed=batch + width), width)
+        src = widen(sources(batch, seed=batch + width), width)
         for settings in ({"beam_size": 4, "n_best": 2}, {"beam_size": 1}):
-            _assert_same(
-                _decode(model, src, "dynamic", **settings), _decode(model, src, "compiled", **settings)
+            assert_same(
+                decoded(model, src, "dynamic", **settings), decoded(model, src, "compiled", **settings)
             )
     assert counters["stats"]["unique_graphs"] <= 2
 
 
 @pytest.mark.parametrize("name", ["greedy", "beam4_nbest", "sample", "constrained_beam"])
 def test_static_cache_reads_back_one_value_per_step(name: str) -> None:
-    """Fixed rows do not cost host reads: still exactly one per step (test_decoding_syncs' counter)."""
-    model = _model(0)
+    """Fixed rows do not cost host reads: still exactly one per step (tests/helpers/syncs.py counts)."""
+    model = seq2seq(0)
     model.pack_tokens = False  # the GPU's encoder path, as in test_decoding_syncs
-    per_step = _count(
-        model, _sources(16), DecodingSettings(max_len_b=20, kv_cache="static", **SEARCHES[name])
+    per_step = syncs_per_step(
+        model, sources(16), DecodingSettings(max_len_b=20, kv_cache="static", **SEARCHES[name])
     )
     assert len(per_step) > 6 and set(per_step[1:-1]) == {1}, per_step
     assert per_step[0] == 1 and per_step[-1] <= 2, per_step
@@ -201,7 +163,7 @@ def test_static_cache_reads_back_one_value_per_step(name: str) -> None:
 
 def test_static_cache_shapes_do_not_change_with_the_step() -> None:
     """Every step after the first reads the same (n, H, C, Dh) buffers and an (n * H, g, C) mask."""
-    model, src = _model(0), _sources(4)
+    model, src = seq2seq(0), sources(4)
     position = torch.zeros((), dtype=torch.long)
     capacity = static_capacity(12, 1)
     assert capacity == 16  # rounded up to KVCache.BLOCK
@@ -241,15 +203,15 @@ def _steps(
 def test_static_buffers_keep_their_addresses_from_search_to_search() -> None:
     """What CUDA graphs need to replay: the same tensors at the same addresses for every search of the
     same shapes, zeroed in between (no state leaks into the next search); two ensemble members apart."""
-    model, buffers = _model(0), StaticBuffers()
-    addresses, logits = _steps(model, _sources(4), buffers)
-    _steps(model, _sources(4, seed=5), buffers, steps=5)  # other sentences in between
-    addresses_again, logits_again = _steps(model, _sources(4), buffers)
+    model, buffers = seq2seq(0), StaticBuffers()
+    addresses, logits = _steps(model, sources(4), buffers)
+    _steps(model, sources(4, seed=5), buffers, steps=5)  # other sentences in between
+    addresses_again, logits_again = _steps(model, sources(4), buffers)
     assert addresses_again == addresses
     assert torch.equal(logits_again, logits)
-    assert torch.equal(logits, _steps(model, _sources(4), StaticBuffers())[1])
-    ensemble = Ensemble([_model(0), _model(1)])  # same shapes: each member still gets its own buffers
-    members = _steps(ensemble, _sources(4), StaticBuffers())[0]
+    assert torch.equal(logits, _steps(model, sources(4), StaticBuffers())[1])
+    ensemble = Ensemble([seq2seq(0), seq2seq(1)])  # same shapes: each member still gets its own buffers
+    members = _steps(ensemble, sources(4), StaticBuffers())[0]
     assert len(set(members[:4]) & set(members[4:8])) == 0
 
 
@@ -281,7 +243,7 @@ def test_auto_is_the_graphed_step_on_cuda_where_the_search_allows() -> None:
 
 
 def test_graphed_and_static_caches_refuse_prefixes_and_constraints() -> None:
-    model, src = _model(0), _sources(2)
+    model, src = seq2seq(0), sources(2)
     requests = [TargetRequest(prefix=(5,)), TargetRequest()]
     for value in ("static", "graphed", "compiled"):  # checked before the device is (graphed: CUDA only)
         with pytest.raises(ValueError, match=f"decode.kv_cache={value} cannot decode with prefixes"):
@@ -305,10 +267,10 @@ def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(
     else:
         monkeypatch.setattr(static_cache, "compile_step", lambda device: compile_step(device, backend))
         assert compile_step(torch.device("cuda"), backend).cuda_graphs
-    model, src = _model(0).cuda(), _sources(16).cuda()
-    dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
+    model, src = seq2seq(0).cuda(), sources(16).cuda()
+    dynamic = decoded(model, src, "dynamic", beam_size=beam_size)
     for _ in range(3):
-        graphs = _decode(model, src, "compiled", beam_size=beam_size)
+        graphs = decoded(model, src, "compiled", beam_size=beam_size)
         assert torch.equal(graphs[0], dynamic[0])
         torch.testing.assert_close(graphs[1], dynamic[1], rtol=1e-5, atol=1e-4)
     if backend == "graphed":
@@ -321,12 +283,12 @@ def test_cuda_graph_step_decodes_what_the_growing_cache_decodes(
 def test_cuda_default_decoding_is_the_graphed_step(beam_size: int) -> None:
     """decode.kv_cache=auto on CUDA: the process's graphed step, one recording for three searches, the
     growing cache's tokens (fp32)."""
-    model, src = _model(0).cuda(), _sources(16).cuda()
-    dynamic = _decode(model, src, "dynamic", beam_size=beam_size)
+    model, src = seq2seq(0).cuda(), sources(16).cuda()
+    dynamic = decoded(model, src, "dynamic", beam_size=beam_size)
     step = static_cache.graphed_step()
     before = step.recorded
     for _ in range(3):
-        auto = _decode(model, src, "auto", beam_size=beam_size)
+        auto = decoded(model, src, "auto", beam_size=beam_size)
         assert torch.equal(auto[0], dynamic[0])
         torch.testing.assert_close(auto[1], dynamic[1], rtol=1e-5, atol=1e-4)
     assert step.recorded == before + 1

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from data.datamodules import TranslationDataModule
-from tests.unit.test_disk_full import full_disk  # noqa: F401 (a fixture)
 from transformer.cli.distill import corpus
 from transformer.cli.distill.corpus import Shard, finished_entry, translate_corpus
 from transformer.cli.distill.synthetic import read_monolingual
@@ -186,7 +185,7 @@ def test_ranks_translate_their_own_chunks_and_rank_zero_writes_the_corpus(tmp_pa
 
 def test_full_disk_while_translating_is_one_line_and_leaves_no_corpus(
     tmp_path: Path,
-    full_disk: Callable[[Path, int], None],  # noqa: F811
+    full_disk: Callable[[Path, int], None],
 ) -> None:
     directory = tmp_path / "cache"
     directory.mkdir()

@@ -9,127 +9,15 @@ import types
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
+from tests.helpers.tasks import BOS, EOS, PAD, TINY, CharTokenizer, CopyData, cpu_trainer, translation_task
 from transformer.training import ClassificationTask, TranslationTask
 from transformer.training.optim import adamw
-from transformer.training.schedules import cosine_with_warmup, inverse_sqrt
-
-PAD, BOS, EOS = 0, 1, 2
-ALPHABET = "abcdefgh"
-
-
-class CharTokenizer:
-    """The Tokenizer protocol on characters: ids 4.. are letters."""
-
-    pad_id, bos_id, eos_id = PAD, BOS, EOS
-    vocab_size = 4 + len(ALPHABET)
-
-    def encode(self, text: str) -> list[int]:
-        return [BOS, *(4 + ALPHABET.index(c) for c in text), EOS]
-
-    def decode(self, ids: list[int]) -> str:
-        out = []
-        for i in ids:
-            if i == EOS:
-                break
-            if i >= 4:
-                out.append(ALPHABET[i - 4])
-        return "".join(out)
-
-    def decode_batch(self, batch: list[list[int]]) -> list[str]:
-        return [self.decode(ids) for ids in batch]
-
-
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
-
-
-class CopyData(L.LightningDataModule):
-    """Copy random letter strings; the contract's batch layout, splits 'train', 'val', 'test'."""
-
-    def __init__(self, n_train: int = 256, n_eval: int = 32, batch_size: int = 32, classify: bool = False):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.tokenizer = self.src_tokenizer = self.tgt_tokenizer = CharTokenizer()
-        self.classify = classify
-        self.texts = {
-            split: [
-                "".join(
-                    ALPHABET[int(i)]
-                    for i in torch.randint(0, 4, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g)
-                )
-                for _ in range(n)
-            ]
-            for split, n in (("train", n_train), ("val", n_eval), ("test", n_eval))
-        }
-        self.batch_size = batch_size
-
-    def references(self, split: str) -> list[str]:
-        return self.texts[split]
-
-    def _collate(self, items: list[tuple[int, str]]) -> dict[str, torch.Tensor]:
-        ids = [self.tokenizer.encode(t) for _, t in items]
-        batch = {"src": _pad(ids), "id": torch.tensor([i for i, _ in items])}
-        if self.classify:  # label: does the string contain an "a"?
-            batch["label"] = torch.tensor([int("a" in t) for _, t in items])
-        else:
-            batch["tgt_in"] = _pad([r[:-1] for r in ids])
-            batch["tgt_out"] = _pad([r[1:] for r in ids])
-        return batch
-
-    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
-        data = list(enumerate(self.texts[split]))
-        return DataLoader(data, batch_size=self.batch_size, shuffle=shuffle, collate_fn=self._collate)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-
-TINY = {
-    "src_vocab_size": CharTokenizer.vocab_size,
-    "d_model": 32,
-    "n_heads": 2,
-    "n_encoder_layers": 1,
-    "n_decoder_layers": 1,
-    "d_ff": 64,
-    "dropout": 0.0,
-    "max_len": 32,
-}
-
-
-def _trainer(tmp_path, **kwargs) -> L.Trainer:
-    defaults = dict(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-    )
-    return L.Trainer(**{**defaults, **kwargs})
-
-
-def _translation(**kwargs) -> TranslationTask:
-    return TranslationTask(
-        TINY,
-        optimizer=functools.partial(adamw, lr=3e-3),
-        scheduler=functools.partial(inverse_sqrt, warmup_steps=10),
-        **kwargs,
-    )
+from transformer.training.schedules import cosine_with_warmup
 
 
 def test_hparams_are_plain_data() -> None:
-    task = _translation(label_smoothing=0.2)
+    task = translation_task(label_smoothing=0.2)
     assert set(task.hparams) == {
         "config",
         "label_smoothing",
@@ -141,18 +29,19 @@ def test_hparams_are_plain_data() -> None:
         "compile",
         "activation_checkpointing",
         "low_precision_residual",
+        "fused_loss",
     }
     assert task.hparams.config == TINY and task.hparams.label_smoothing == 0.2
     assert task.hparams.activation_checkpointing is False  # a plain bool, off by default
     assert task.hparams.low_precision_residual == "auto"  # on when training on a GPU
     assert task.hparams.decoding["beam_size"] == 1
     assert task.hparams.test_decoding == task.hparams.decoding  # defaults to the validation settings
-    beam = _translation(test_decoding={"beam_size": 4})
+    beam = translation_task(test_decoding={"beam_size": 4})
     assert beam.hparams.test_decoding == {**beam.hparams.decoding, "beam_size": 4}
 
 
 def test_loss_does_not_depend_on_padding() -> None:
-    task = _translation().eval()
+    task = translation_task().eval()
     batch = CopyData()._collate([(0, "abc"), (1, "abcabc")])
     padded = {
         k: torch.nn.functional.pad(v, (0, 3), value=PAD) if v.dim() == 2 else v for k, v in batch.items()
@@ -173,7 +62,7 @@ def test_loss_does_not_depend_on_padding() -> None:
 )
 def test_bad_arguments_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        _translation(**kwargs)
+        translation_task(**kwargs)
 
 
 def test_bad_model_config_names_the_field() -> None:
@@ -182,7 +71,7 @@ def test_bad_model_config_names_the_field() -> None:
 
 
 def test_training_step_overfits_one_batch() -> None:
-    task = _translation()
+    task = translation_task()
     optimizer = adamw(task.model, lr=1e-2)
     batch = CopyData()._collate([(0, "abcd"), (1, "dcba"), (2, "bad")])
     losses = []
@@ -198,8 +87,8 @@ def test_training_step_overfits_one_batch() -> None:
 
 def test_translation_logs_loss_metrics_and_bleu(tmp_path) -> None:
     data = CopyData()
-    task = _translation()
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3)
+    task = translation_task()
+    trainer = cpu_trainer(tmp_path, max_epochs=2, limit_train_batches=3)
     trainer.fit(task, datamodule=data)
     metrics = trainer.callback_metrics
     expected = ("train/loss", "val/loss", "val/ppl", "val/token_acc", "val/bleu", "val/chrf", "val/bleu_best")
@@ -217,8 +106,8 @@ def test_translation_logs_loss_metrics_and_bleu(tmp_path) -> None:
 def test_exact_match_and_bleu_of_perfect_hypotheses(tmp_path) -> None:
     data = CopyData(n_eval=8)
     data.texts["test"] = [f"sentence number {i} has five words" for i in range(8)]
-    task = _translation()
-    trainer = _trainer(tmp_path)
+    task = translation_task()
+    trainer = cpu_trainer(tmp_path)
     task.trainer = trainer
     trainer.datamodule = data  # what fit/test set; here the scoring is checked on its own
     scores = task._score_hypotheses("test", dict(enumerate(data.references("test"))))
@@ -228,15 +117,15 @@ def test_exact_match_and_bleu_of_perfect_hypotheses(tmp_path) -> None:
 
 
 def test_val_bleu_every_n_epochs(tmp_path) -> None:
-    task = _translation(val_bleu_every_n_epochs=2)
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2)
+    task = translation_task(val_bleu_every_n_epochs=2)
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=2)
     trainer.fit(task, datamodule=CopyData())
     assert "val/loss" in trainer.callback_metrics and "val/bleu" not in trainer.callback_metrics
 
 
 def test_checkpoint_is_plain_and_self_describing(tmp_path) -> None:
-    task = _translation(run_config={"model": {"config": TINY}, "seed": 1})
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2)
+    task = translation_task(run_config={"model": {"config": TINY}, "seed": 1})
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=2)
     trainer.fit(task, datamodule=CopyData())
     path = tmp_path / "x.ckpt"
     trainer.save_checkpoint(path)
@@ -251,7 +140,7 @@ def test_checkpoint_is_plain_and_self_describing(tmp_path) -> None:
 
 
 def test_compiled_checkpoint_has_no_prefix(tmp_path) -> None:
-    task = _translation(compile=True)
+    task = translation_task(compile=True)
     task.configure_model()
     task.on_save_checkpoint(checkpoint := {"state_dict": task.state_dict()})
     assert checkpoint["state_dict"].keys() == TranslationTask(TINY).state_dict().keys()
@@ -263,7 +152,7 @@ def test_cosine_total_steps_come_from_the_trainer(tmp_path) -> None:
         optimizer=functools.partial(adamw, lr=1e-3),
         scheduler=functools.partial(cosine_with_warmup, warmup_steps=2, total_steps=None),
     )
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0)
+    trainer = cpu_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=0)
     trainer.fit(task, datamodule=CopyData())
     (config,) = trainer.lr_scheduler_configs
     assert config.interval == "step"
@@ -276,7 +165,7 @@ def test_classification_task(tmp_path) -> None:
         {**TINY, "n_decoder_layers": 0}, num_classes=2, optimizer=functools.partial(adamw, lr=3e-3)
     )
     data = CopyData(classify=True)
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=4)
+    trainer = cpu_trainer(tmp_path, max_epochs=2, limit_train_batches=4)
     trainer.fit(task, datamodule=data)
     metrics = trainer.callback_metrics
     for name in ("train/loss", "train/acc", "val/loss", "val/acc", "val/f1", "val/acc_best"):
@@ -293,7 +182,7 @@ def test_fit_after_validate_or_test_on_the_same_task(tmp_path, before: str) -> N
         {**TINY, "n_decoder_layers": 0}, num_classes=2, optimizer=functools.partial(adamw, lr=3e-3)
     )
     data = CopyData(classify=True)
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2)
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=2)
     getattr(trainer, before)(task, datamodule=data, verbose=False)
     trainer.fit(task, datamodule=data)
     assert trainer.global_step == 2 and "val/acc" in trainer.callback_metrics
@@ -427,12 +316,12 @@ def test_fp16_mixed_precision_scales_the_loss_and_skips_overflowing_steps(tmp_pa
             changed = any(not torch.equal(a, p) for a, p in zip(self.weights, module.parameters()))
             steps.append((self.scale, scaler.get_scale(), changed))
 
-    task = _translation()
+    task = translation_task()
     first = next(m for m in task.model.modules() if isinstance(m, torch.nn.Linear))
     dtypes: set[torch.dtype] = set()
     first.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
     before = {k: v.clone() for k, v in task.state_dict().items()}
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path,
         max_steps=24,
         max_epochs=10,
@@ -470,8 +359,8 @@ def test_bf16_mixed_precision_clips_gradients_with_the_fused_optimizer(tmp_path)
             grads = [p.grad for p in module.parameters() if p.grad is not None]
             norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
 
-    task = _translation()
-    trainer = _trainer(
+    task = translation_task()
+    trainer = cpu_trainer(
         tmp_path,
         max_steps=3,
         limit_val_batches=0,
@@ -483,9 +372,9 @@ def test_bf16_mixed_precision_clips_gradients_with_the_fused_optimizer(tmp_path)
     assert trainer.global_step == 3
     assert trainer.optimizers[0].defaults["fused"] is True
     assert norms == [pytest.approx(0.01, rel=1e-3)] * 3
-    task = _translation()
+    task = translation_task()
     scaler = torch.amp.GradScaler("cpu")
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision("16-mixed", "cpu", scaler)]
     )
     trainer.fit(task, datamodule=CopyData())
@@ -497,7 +386,7 @@ def test_fp16_clipping_with_a_forced_fused_optimizer_names_the_keys(tmp_path) ->
 
     task = TranslationTask(TINY, optimizer=functools.partial(adamw, lr=1e-3, fused=True))
     scaler = torch.amp.GradScaler("cpu")
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path, max_steps=1, gradient_clip_val=1.0, plugins=[MixedPrecision("16-mixed", "cpu", scaler)]
     )
     with pytest.raises(ValueError, match=r"model\.optimizer\.fused=true .* trainer\.gradient_clip_val=null"):
@@ -526,8 +415,10 @@ def test_tokens_per_s_is_the_previous_steps_real_tokens_over_the_time_between_st
             value = trainer.callback_metrics.get("train/tokens_per_s")
             logged.append(None if value is None or batch_idx == 0 else float(value))
 
-    trainer = _trainer(tmp_path, max_steps=4, limit_val_batches=0, callbacks=[Record()], log_every_n_steps=1)
-    trainer.fit(_translation(), datamodule=CopyData())
+    trainer = cpu_trainer(
+        tmp_path, max_steps=4, limit_val_batches=0, callbacks=[Record()], log_every_n_steps=1
+    )
+    trainer.fit(translation_task(), datamodule=CopyData())
     assert len(real) == 4 and len(set(real)) > 1  # batches of different sizes: the value follows them
     assert logged[1:] == [pytest.approx(tokens / 0.25) for tokens in real[:-1]]
 
@@ -552,7 +443,7 @@ def test_ema_averages_the_weights_and_keeps_the_position_tables_exact(tmp_path) 
                 averaged = any(not torch.equal(r, p) for r, p in zip(self.raw, module.parameters()))
                 seen.append((exact, averaged))
 
-    task = _translation()
-    trainer = _trainer(tmp_path, max_epochs=3, callbacks=[Watch(), EMAWeightAveraging(decay=0.9)])
+    task = translation_task()
+    trainer = cpu_trainer(tmp_path, max_epochs=3, callbacks=[Watch(), EMAWeightAveraging(decay=0.9)])
     trainer.fit(task, datamodule=CopyData())
     assert seen == [(True, True)] * 3

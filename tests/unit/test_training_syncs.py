@@ -2,7 +2,7 @@
 token counts and throughput stay device tensors, the non-finite-loss guard decides on the device (fused
 AdamW skips a bad step itself), and the progress bar shows values read back at those steps only. Counted
 on the CPU, on the GPU's code path (padded batches, no token packing), with the calls that would make a
-GPU wait (`tests/unit/test_decoding_syncs.py`); moving a CPU batch to the CPU is not one of them."""
+GPU wait (`tests/helpers/syncs.py`); moving a CPU batch to the CPU is not one of them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.overrides import TorchFunctionMode
 
-from tests.unit.test_decoding_syncs import _is_sync
-from tests.unit.test_tasks import TINY, CopyData, _trainer
+from tests.helpers.syncs import is_sync
+from tests.helpers.tasks import TINY, CopyData, cpu_trainer
 from transformer.training import TranslationTask
 from transformer.training.callbacks import (
     EMAWeightAveraging,
@@ -41,7 +41,7 @@ class _PerBatch(TorchFunctionMode, L.Callback):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if _is_sync(func, args, kwargs) and getattr(func, "__name__", "") not in ("to", "cpu"):
+        if is_sync(func, args, kwargs) and getattr(func, "__name__", "") not in ("to", "cpu"):
             self.per_batch[-1] += 1
         return func(*args, **kwargs)
 
@@ -51,7 +51,7 @@ def _fit_and_count(tmp_path, task: TranslationTask, *callbacks: L.Callback, **tr
     the host reads of each batch (1 .. 12), checked: none between log writes, some at them."""
     task.model.pack_tokens = False  # the GPU's path
     counter, progress = _PerBatch(), RichProgressBar()
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path,
         max_steps=12,
         max_epochs=2,  # 8 batches each: the epoch ends at a log write
@@ -173,7 +173,7 @@ def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path, precision: s
     torch.manual_seed(0)
     task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
     watch = WatchBetweenLogWrites()
-    trainer = _trainer(
+    trainer = cpu_trainer(
         tmp_path,
         accelerator="gpu",
         devices=1,
