@@ -1,5 +1,6 @@
 """The layout's rules (docs/architecture.md), checked on the source: which package may import which, no
-import circles, Hydra only at the edge, and evaluation / export without Lightning at run time."""
+import circles, Hydra only at the edge, evaluation / export without Lightning at run time, and no test
+module importing another (shared test code lives in tests/helpers/)."""
 
 from __future__ import annotations
 
@@ -156,6 +157,34 @@ def test_no_import_circles() -> None:
         if module not in index:
             visit(module)
     assert not circles, f"import circles: {circles}"
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+
+
+TEST_FILES = sorted((REPO_ROOT / "tests").rglob("test_*.py"))
+TEST_MODULES = {_dotted(path) for path in TEST_FILES}
+
+
+def test_no_test_module_imports_another() -> None:
+    """What several test modules share lives in tests/helpers/ (shared fixtures in tests/conftest.py): a
+    test module that imports another one breaks when the other's private helpers change. Also caught: the
+    dotted name of another test module in a string (a Hydra `_target_` that a child process imports)."""
+    wrong = []
+    for path in TEST_FILES:
+        own = _dotted(path)
+        tree = ast.parse(path.read_text())
+        strings = {
+            n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        }
+        names = _imports(path, own) | strings
+        for other in sorted(TEST_MODULES - {own}):
+            if any(name == other or name.startswith(f"{other}.") for name in names):
+                wrong.append(f"{path.relative_to(REPO_ROOT)} -> {other}")
+    assert not wrong, (
+        f"test modules that import another one (move what they share to tests/helpers/): {wrong}"
+    )
 
 
 MODULES_WITHOUT_LIGHTNING = (
