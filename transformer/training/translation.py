@@ -15,6 +15,7 @@ from transformer.evaluation.restore import load_pretrained_translation
 from transformer.evaluation.scoring import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
+from transformer.packing import BatchPacking
 from transformer.search.decoding import DecodingSettings, decode
 from transformer.stacks import compile_layers
 from transformer.training.base import (
@@ -144,12 +145,17 @@ class TranslationTask(TaskBase):
         )
 
     def _token_loss(self, batch: Mapping[str, Tensor]) -> TokenLoss:
-        """The batch's loss terms. Packed (the CPU's eager path): only the non-pad positions reach the
-        output projection and the softmax. Otherwise (GPU, compiled) the padded layout, whose shapes do
-        not depend on the data: nothing is read back to the host."""
+        """The batch's loss terms. Packed (the CPU's eager path, or any device with `data.packing`, whose
+        packing the collator built on the host): only the non-pad positions reach the output projection
+        and the softmax. Otherwise (GPU, compiled) the padded layout, whose shapes do not depend on the
+        data: nothing is read back to the host."""
         if self._compiled_step is not None and self.training and torch.is_grad_enabled():
             src, tgt_in, tgt_out = (pad_length(batch[k], self.pad_id) for k in ("src", "tgt_in", "tgt_out"))
             return self._compiled_step(src, tgt_in, tgt_out)
+        if "packing" in batch:  # data.packing: built on the host, so any device packs with no host read
+            packing = BatchPacking.from_collated(batch["packing"], batch["src"], batch["tgt_in"])
+            hidden = self.model(batch["src"], batch["tgt_in"], return_hidden=True, packing=packing)  # (N, D)
+            return self._projected_loss(hidden, packing.target.pack(batch["tgt_out"]))
         if not self.model.packing_on(batch["src"].device):
             return self._padded_token_loss(batch["src"], batch["tgt_in"], batch["tgt_out"])
         tgt_out = batch["tgt_out"]
