@@ -14,9 +14,12 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.overrides import TorchFunctionMode
+from torch.utils.data import DataLoader
 
+from data.batching import TranslationCollator
 from tests.helpers.syncs import is_sync
-from tests.helpers.tasks import TINY, CopyData, cpu_trainer
+from tests.helpers.tasks import PAD, TINY, CopyData, cpu_trainer
+from transformer.packing import BatchPacking
 from transformer.training import TranslationTask
 from transformer.training.callbacks import (
     EMAWeightAveraging,
@@ -46,7 +49,29 @@ class _PerBatch(TorchFunctionMode, L.Callback):
         return func(*args, **kwargs)
 
 
-def _fit_and_count(tmp_path, task: TranslationTask, *callbacks: L.Callback, **trainer_args) -> list[int]:
+class _HostPackedCopyData(CopyData):
+    """CopyData whose batches carry the packing the collator builds on the host (`data.packing=true`), in
+    a loader worker, as on a GPU: the collator's nonzero on host tensors is no device read, but in the
+    main process the counter would count it (and a shuffling sampler's permutation read as it refills
+    the worker's queue)."""
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        return DataLoader(
+            list(enumerate(self.texts[split])), self.batch_size, collate_fn=self._collate, num_workers=1
+        )
+
+    def _collate(self, items: list[tuple[int, str]]) -> dict[str, torch.Tensor]:
+        batch = super()._collate(items)
+        rows = [self.tokenizer.encode(text) for _, text in items]
+        examples = [{"src_ids": ids, "tgt_ids": ids, "id": i} for i, ids in enumerate(rows)]
+        collated = TranslationCollator(PAD, packing=True)(examples)
+        assert all(torch.equal(collated[k], batch[k]) for k in ("src", "tgt_in", "tgt_out"))
+        return {**batch, "packing": collated["packing"]}
+
+
+def _fit_and_count(
+    tmp_path, task: TranslationTask, *callbacks: L.Callback, data: type[CopyData] = CopyData, **trainer_args
+) -> list[int]:
     """Train `task` 12 steps (2 epochs of 8 batches, logs written every 4 steps) on the GPU's code path;
     the host reads of each batch (1 .. 12), checked: none between log writes, some at them."""
     task.model.pack_tokens = False  # the GPU's path
@@ -63,7 +88,7 @@ def _fit_and_count(tmp_path, task: TranslationTask, *callbacks: L.Callback, **tr
         **trainer_args,
     )
     with counter:
-        trainer.fit(task, datamodule=CopyData())
+        trainer.fit(task, datamodule=data())
     assert trainer.global_step == 12
     reads = counter.per_batch[1:]  # batch 1 .. 12
     assert [n for i, n in enumerate(reads, start=1) if i % 4] == [0] * 9, reads
@@ -83,6 +108,21 @@ def test_steps_between_log_writes_read_nothing_back(tmp_path, compiled: bool) ->
     )
     task.compile_backend = "eager"
     _fit_and_count(tmp_path, task)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain-loss", "fused-loss"])
+def test_host_packed_steps_read_nothing_back_between_log_writes(tmp_path, monkeypatch, fused: bool) -> None:
+    """`data.packing=true` (the packed path on a GPU, its packing built on the host) and
+    `model.fused_loss`: every step takes the batch's packing, and still no host read between log writes."""
+    taken = []
+    from_collated = BatchPacking.from_collated
+    monkeypatch.setattr(BatchPacking, "from_collated", lambda *a: taken.append(1) or from_collated(*a))
+    torch.manual_seed(0)
+    task = TranslationTask(
+        {**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3), fused_loss=fused
+    )
+    _fit_and_count(tmp_path, task, data=_HostPackedCopyData)
+    assert len(taken) == 12
 
 
 @pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
@@ -145,11 +185,15 @@ def test_under_ddp_the_ranks_agree_only_at_log_writes(tmp_path, monkeypatch) -> 
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA (torch's sync debug mode watches CUDA only)"
 )
+@pytest.mark.parametrize("data", [CopyData, _HostPackedCopyData], ids=["padded", "host-packed"])
 @pytest.mark.parametrize("ema", [False, True], ids=["plain", "ema"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path, precision: str, ema: bool) -> None:
+def test_cuda_steps_between_log_writes_do_not_synchronize(
+    tmp_path, precision: str, ema: bool, data: type[CopyData]
+) -> None:
     """On a GPU, torch's own sync debug mode agrees: no synchronizing call in a step between log writes,
-    with `trainer=gpu`'s precision and clipping, with and without the EMA."""
+    with `trainer=gpu`'s precision and clipping, with and without the EMA, on padded batches and on
+    batches packed on the host (`data.packing=true`)."""
     import warnings
 
     class WatchBetweenLogWrites(L.Callback):
@@ -190,7 +234,7 @@ def test_cuda_steps_between_log_writes_do_not_synchronize(tmp_path, precision: s
             watch,
         ],
     )
-    trainer.fit(task, datamodule=CopyData())
+    trainer.fit(task, datamodule=data())
     assert len(watch.caught) >= 6
     syncs = [str(w.message) for step in watch.caught for w in step if "synchroniz" in str(w.message)]
     assert not syncs, syncs[:3]
