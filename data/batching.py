@@ -329,12 +329,18 @@ class TranslationCollator:
         return batch
 
     def _packing(self, src_padding_mask: Tensor, tgt_in: Tensor) -> dict[str, Tensor | int]:
-        packing: dict[str, Tensor | int] = {}
-        for side, keep in (("src", ~src_padding_mask), ("tgt", _prefix(tgt_in, self.pad_id))):
-            index, cu_seqlens, max_len = host_packing(keep)
-            packing.update({f"{side}_index": index, f"{side}_cu_seqlens": cu_seqlens})
-            packing[f"{side}_max_len"] = max_len
-        return packing
+        return batch_packing(src_padding_mask, tgt_in, self.pad_id)
+
+
+def batch_packing(src_padding_mask: Tensor, tgt_in: Tensor, pad_id: int) -> dict[str, Tensor | int]:
+    """A padded batch's "packing" entry, on the host: `host_packing` of the source's non-pad tokens and
+    of the targets' prefixes, as `{src,tgt}_{index,cu_seqlens,max_len}`."""
+    packing: dict[str, Tensor | int] = {}
+    for side, keep in (("src", ~src_padding_mask), ("tgt", _prefix(tgt_in, pad_id))):
+        index, cu_seqlens, max_len = host_packing(keep)
+        packing.update({f"{side}_index": index, f"{side}_cu_seqlens": cu_seqlens})
+        packing[f"{side}_max_len"] = max_len
+    return packing
 
 
 class ClassificationCollator:

@@ -6,7 +6,8 @@
   same config (`transformer.export.hf.marian_config`; random init, no download): post-LN, sinusoidal
   positions, scaled embeddings, tied vocabulary as the config says, SDPA.
 - `marian_generate`: its `generate` at a fixed length, the decoding reference; `mean_length` of outputs.
-- `make_batches`: random padded batches; `Batch` carries the non-pad token count.
+- `make_batches`: random padded batches; `Batch` carries the non-pad token count (and, once moved to its
+  device, the packing data.packing=true builds on the host).
 - `matmul_flops`: the FLOPs of the matmuls of one training step, padded or packed.
 - `op_category` / `profile_split`: a torch.profiler trace folded into matmul / attention / dropout /
   softmax+loss / elementwise / optimizer.
@@ -27,11 +28,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from data.batching import batch_packing
 from transformer.config import TransformerConfig
 from transformer.positional import sinusoidal_table
 
@@ -137,9 +140,18 @@ class Batch:
     tgt_in: Tensor
     tgt_out: Tensor
     n_tokens: int  # non-pad source + target tokens
+    # the packing the collator builds on the host with data.packing=true (`ours:hostpacked`), made here
+    # when a host batch moves to its device: outside the timed steps, as in a loader worker
+    packing: dict[str, Any] | None = None
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.n_tokens)
+        packing = self.packing
+        if packing is None and self.src.device.type == "cpu":
+            packing = batch_packing(self.src.eq(PAD), self.tgt_in, PAD)
+        if packing is not None:
+            packing = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in packing.items()}
+        tensors = (self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+        return Batch(*tensors, self.n_tokens, packing)
 
     @property
     def pad_fraction(self) -> float:

@@ -21,6 +21,7 @@ from transformer.kernels import attention_backends
 from transformer.layers import Dropout
 from transformer.model import Seq2SeqTransformer
 from transformer.norm import residual_in_autocast_dtype
+from transformer.packing import BatchPacking
 from transformer.stacks import compile_layers
 from transformer.training.compiling import CompiledStep, pad_length
 
@@ -60,6 +61,20 @@ def fused_token_loss(model: nn.Module, batch: Batch, packs: bool) -> Tensor:
         target = batch.tgt_out
     return our_losses.linear_label_smoothed_cross_entropy(
         hidden, projection.weight, projection.bias, target, ignore_index=PAD, label_smoothing=LABEL_SMOOTHING
+    ).loss
+
+
+def host_packed_token_loss(model: nn.Module, batch: Batch) -> Tensor:
+    """The variant ours:hostpacked: TranslationTask's step with data.packing=true, the packed path on any
+    device with the packing built on the host (`Batch.to`), so no host read."""
+    if batch.packing is None:
+        raise ValueError("ours:hostpacked needs batches moved from the host with Batch.to (their packing)")
+    packing = BatchPacking.from_collated(batch.packing, batch.src, batch.tgt_in)
+    hidden = model(batch.src, batch.tgt_in, return_hidden=True, packing=packing)  # (N, D)
+    target = packing.target.pack(batch.tgt_out)  # (N,)
+    logits = model.output_projection(hidden)  # (N, V)
+    return our_losses.label_smoothed_cross_entropy(
+        logits, target, ignore_index=PAD, label_smoothing=LABEL_SMOOTHING
     ).loss
 
 
@@ -148,7 +163,7 @@ class Runner:
 # or (compiled-layers) the same padded step around layers compiled as model.compile=layers compiles them
 VARIANTS = (
     "pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled", "compiled-layers",
-    "lowprecisionresidual", "fusedloss",
+    "lowprecisionresidual", "fusedloss", "hostpacked",
 )  # fmt: skip
 
 
@@ -201,6 +216,8 @@ def build_runner(
             return Runner(name, model, padded_step, False, False)
         if variant == "fusedloss":
             return Runner(name, model, lambda b: fused_token_loss(model, b, packs), packs, packs)
+        if variant == "hostpacked":  # data.packing=true: packed on any device, no host read
+            return Runner(name, model, lambda b: host_packed_token_loss(model, b), True, True)
         return Runner(
             name,
             model,
