@@ -19,9 +19,8 @@ from typing import Any
 import tokenizers
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+from transformers import GenerationConfig, MarianMTModel, PreTrainedTokenizerFast
 
-from transformer.config import TransformerConfig
 from transformer.disk import human_size, tensor_bytes
 from transformer.export.bert import BERT_MODEL_TYPES, import_bert
 from transformer.export.card import write_model_card
@@ -30,7 +29,7 @@ from transformer.export.marian import (
     ACTIVATIONS,
     MARIAN_BUFFERS,
     config_from_marian,
-    marian_config_values,
+    marian_config,
     marian_permutation,
     marian_refusal,
     marian_weights,
@@ -44,7 +43,6 @@ __all__ = [
     "from_marian",
     "hf_refusal",
     "import_hf",
-    "marian_config",
     "marian_permutation",
     "to_marian",
 ]
@@ -70,23 +68,6 @@ def hf_refusal(source: ExportSource) -> str | None:
             "with one tokenizer (train with a joint vocabulary, or export with --to ctranslate2)"
         )
     return None
-
-
-def marian_config(config: TransformerConfig) -> MarianConfig:
-    """The `MarianConfig` of a model with `config`: architecture, dropout and generation ids (also the
-    benchmarks' transformers reference, `benchmarks.common.references`)."""
-    return MarianConfig(
-        **marian_config_values(config),
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.dropout,  # ours drops the feed-forward hidden units with P_drop too
-        pad_token_id=config.pad_id,
-        bos_token_id=config.bos_id,
-        eos_token_id=config.eos_id,
-        decoder_start_token_id=config.bos_id,  # ours from BOS; an imported OPUS-MT model from pad, as Marian
-        forced_eos_token_id=config.eos_id,
-        architectures=["MarianMTModel"],
-    )
 
 
 def _marian_state_dict(model: Seq2SeqTransformer) -> dict[str, Tensor]:

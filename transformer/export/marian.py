@@ -30,6 +30,7 @@ __all__ = [
     "ACTIVATIONS",
     "MARIAN_BUFFERS",
     "config_from_marian",
+    "marian_config",
     "marian_config_values",
     "marian_permutation",
     "marian_refusal",
@@ -177,6 +178,26 @@ def marian_config_values(config: TransformerConfig) -> dict[str, Any]:
         "max_position_embeddings": config.max_len,
         "scale_embedding": config.scale_embedding,
     }
+
+
+def marian_config(config: TransformerConfig) -> Any:
+    """The `transformers.MarianConfig` of a model with `config`: architecture, dropout and generation ids
+    (the export's, `hf.to_marian`, and the benchmarks' transformers reference; transformers is imported
+    here only, so the mapping's other users need torch alone)."""
+    from transformers import MarianConfig
+
+    return MarianConfig(
+        **marian_config_values(config),
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        activation_dropout=config.dropout,  # ours drops the feed-forward hidden units with P_drop too
+        pad_token_id=config.pad_id,
+        bos_token_id=config.bos_id,
+        eos_token_id=config.eos_id,
+        decoder_start_token_id=config.bos_id,  # ours from BOS; an imported OPUS-MT model from pad, as Marian
+        forced_eos_token_id=config.eos_id,
+        architectures=["MarianMTModel"],
+    )
 
 
 def marian_refusal(marian: Any) -> str | None:
