@@ -125,3 +125,18 @@ def translation_task(**kwargs) -> TranslationTask:
         scheduler=functools.partial(inverse_sqrt, warmup_steps=10),
         **kwargs,
     )
+
+
+def logged_training_step(
+    task: TranslationTask, batch: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor | None]]:
+    """One `training_step` of `task` (a throwaway: its `log` is replaced) and its backward pass, without a
+    Trainer: the values it logs (train/*, and "returned loss") and every parameter's gradient."""
+    logged: dict[str, torch.Tensor] = {}
+    task.log = lambda name, value, **_: logged.__setitem__(name, value.detach().clone())  # type: ignore[method-assign]
+    task._on_progress_bar = lambda *args: None  # type: ignore[method-assign]
+    task.zero_grad(set_to_none=True)
+    loss = task.training_step(batch, 0)
+    loss.backward()
+    logged["returned loss"] = loss.detach().clone()
+    return logged, {name: p.grad for name, p in task.named_parameters()}

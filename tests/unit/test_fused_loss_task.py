@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from tests.conftest import REPO_ROOT
+from tests.helpers.tasks import logged_training_step
 from transformer import losses
 from transformer.cli import build, checks, errors
 from transformer.cli.errors import ConfigError
@@ -86,24 +87,6 @@ def _fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...],
     return calls
 
 
-def _training_step(
-    monkeypatch: pytest.MonkeyPatch, task: TranslationTask, batch: dict[str, Tensor]
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """One `training_step` and its backward pass: the logged train/* values and every parameter's gradient
-    (no Trainer: `log` records, the progress bar is skipped)."""
-    logged: dict[str, Tensor] = {}
-    monkeypatch.setattr(
-        task, "log", lambda name, value, **_: logged.__setitem__(name, value.detach().clone())
-    )
-    monkeypatch.setattr(task, "_on_progress_bar", lambda *args: None)
-    task.zero_grad(set_to_none=True)
-    loss = task.training_step(batch, 0)
-    loss.backward()
-    logged["returned loss"] = loss.detach().clone()
-    grads = {name: p.grad for name, p in task.named_parameters()}
-    return logged, grads
-
-
 @pytest.mark.parametrize("output_bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("tie", ["all", "none"], ids=["tied", "untied"])
 @pytest.mark.parametrize("label_smoothing", [0.1, 0.0], ids=["eps0.1", "eps0"])
@@ -113,10 +96,10 @@ def test_a_fused_training_step_equals_the_plain_one(
 ) -> None:
     batch = _batch()
     settings = {"label_smoothing": label_smoothing, "tie_embeddings": tie, "output_bias": output_bias}
-    plain_logged, plain_grads = _training_step(monkeypatch, _task(path, False, **settings), batch)
+    plain_logged, plain_grads = logged_training_step(_task(path, False, **settings), batch)
     calls = _fused_calls(monkeypatch)
     task = _task(path, True, **settings)
-    logged, grads = _training_step(monkeypatch, task, batch)
+    logged, grads = logged_training_step(task, batch)
 
     keep = batch["tgt_out"].ne(PAD)
     if path == "packed":  # the non-pad rows only
@@ -141,9 +124,9 @@ def test_a_chunked_fused_step_equals_the_plain_one(monkeypatch: pytest.MonkeyPat
     """Chunks of 3 rows: the weight's gradient summed over chunks, into the tied matrix and the bias."""
     batch = _batch(seed=1)
     settings = {"tie_embeddings": "all", "output_bias": True}
-    plain_logged, plain_grads = _training_step(monkeypatch, _task(path, False, **settings), batch)
+    plain_logged, plain_grads = logged_training_step(_task(path, False, **settings), batch)
     monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", 3 * VOCAB)
-    logged, grads = _training_step(monkeypatch, _task(path, True, **settings), batch)
+    logged, grads = logged_training_step(_task(path, True, **settings), batch)
     torch.testing.assert_close(logged["train/loss"], plain_logged["train/loss"], rtol=1e-6, atol=0)
     for name, want in plain_grads.items():
         torch.testing.assert_close(grads[name], want, rtol=1e-6, atol=1e-7, msg=name)

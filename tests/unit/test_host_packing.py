@@ -6,6 +6,7 @@ the padded layout, and the kernel's call gets the right layout (a stand-in with 
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -16,11 +17,13 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from data.batching import TranslationCollator
+from tests.helpers.tasks import logged_training_step
 from tests.tiny import tiny_seq2seq
 from transformer import kernels
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
 from transformer.packing import BatchPacking, TokenPacking, prefix_mask
+from transformer.training import TranslationTask
 
 PAD, VOCAB = 0, 40
 
@@ -281,7 +284,7 @@ def test_varlen_kernel_gets_the_packed_layout(monkeypatch: pytest.MonkeyPatch, k
         calls.append((tuple(query.shape), tuple(key.shape), cu_seq_q, cu_seq_k, causal))
         return kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **options)
 
-    recording.__signature__ = __import__("inspect").signature(kernel)  # type: ignore[attr-defined]
+    recording.__signature__ = inspect.signature(kernel)  # type: ignore[attr-defined]
     model, batch = _model(**overrides), _batch(6)
     want = _padded_step(model, batch)
     monkeypatch.setattr(kernels, "_varlen_attn", recording)
@@ -307,22 +310,14 @@ def test_varlen_kernel_gets_the_packed_layout(monkeypatch: pytest.MonkeyPatch, k
 
 
 def _task_step(batch: dict[str, Any], *, packed: bool, fused: bool) -> tuple[dict[str, Tensor], dict]:
-    """One `TranslationTask.training_step` and its backward (no Trainer: `log` records): the logged
-    train/* values and every parameter's gradient. Seed 0 draws the same weights every time."""
-    from transformer.training import TranslationTask
-
+    """One `TranslationTask.training_step` and its backward (no Trainer): the logged train/* values and
+    every parameter's gradient. Seed 0 draws the same weights every time."""
     torch.manual_seed(0)
     config = dict(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16, n_heads=2, n_encoder_layers=1,
                   n_decoder_layers=2, d_ff=32, dropout=0.0, max_len=32)  # fmt: skip
     task = TranslationTask(config, label_smoothing=0.1, fused_loss=fused).train()
     task.model.pack_tokens = packed
-    logged: dict[str, Tensor] = {}
-    task.log = lambda name, value, **_: logged.__setitem__(name, value.detach().clone())  # type: ignore[method-assign]
-    task._on_progress_bar = lambda *args: None  # type: ignore[method-assign]
-    loss = task.training_step(batch, 0)
-    loss.backward()
-    logged["returned loss"] = loss.detach()
-    return logged, {name: p.grad.clone() for name, p in task.named_parameters()}
+    return logged_training_step(task, batch)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])

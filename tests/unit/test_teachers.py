@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.evaluation import tiny_config
 from transformer.cli.distill import teachers
 from transformer.cli.distill.synthetic import Plan, cache_key
 from transformer.cli.distill.teachers import load_translator
@@ -21,16 +22,7 @@ from transformer.training import TranslationTask
 DIRECTION = ("de", "en")
 DATA = {"source": "multi30k"}
 TEXTS = ["ein hund", "zwei katzen", "drei vögel"]
-CONFIG = {
-    "src_vocab_size": 16,
-    "d_model": 16,
-    "n_heads": 2,
-    "n_encoder_layers": 1,
-    "n_decoder_layers": 1,
-    "d_ff": 32,
-    "dropout": 0.0,
-    "max_len": 32,
-}
+CONFIG = tiny_config(src_vocab_size=16)
 
 
 def _teacher(path: Path, seed: int) -> Path:

@@ -38,14 +38,7 @@ from transformer.export.marian import (
 from transformer.export.source import ExportError, ExportSource, staged_output, write_imported
 from transformer.model import Seq2SeqTransformer
 
-__all__ = [
-    "export_hf",
-    "from_marian",
-    "hf_refusal",
-    "import_hf",
-    "marian_permutation",
-    "to_marian",
-]
+__all__ = ["export_hf", "from_marian", "hf_refusal", "import_hf", "marian_permutation", "to_marian"]
 
 
 def hf_refusal(source: ExportSource) -> str | None:
