@@ -2,14 +2,14 @@
 
 Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
 validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
-the hub download for commands without one), one Optuna trial, sweeps cut to two values a key, run
-directories under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths
-under `logs/` or `pretrained/` (an OPUS-MT model: a tiny one imported here), and any value of
-`distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint, run or file
-made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where
-the command says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a
-hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them
-run in one interpreter (`tests/driver.py`), so the libraries are imported once.
+the hub download for commands without one), one Optuna trial, sweeps cut to two values a key (one under
+`hydra/launcher=local`), run directories under a temporary directory. Placeholders (`PATH`, `<run>`,
+`NAME`, `seed=S`, `[...]`, paths under `logs/` or `pretrained/` (an OPUS-MT model: a tiny one imported
+here), and any value of `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a
+checkpoint, run or file made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run
+(en -> de) where the command says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this
+machine (a GPU, SLURM, a hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its
+own. All of them run in one interpreter (`tests/driver.py`), so the libraries are imported once.
 """
 
 from __future__ import annotations
@@ -181,9 +181,11 @@ def _plan(
         return
     if command.dataset and not any(a.startswith("data.data_dir=") for a in args):
         args.append(f"data.data_dir={data[command.dataset]}")  # in place of the hub download
-    if multirun:  # two values a key
+    if multirun:  # two values a key; one under the local launcher, each of whose jobs is a fresh process
+        # (its parallel jobs, their outputs, a failing job: test_sweeps' grid under hydra/launcher=local)
+        keep = 1 if "hydra/launcher=local" in args else 2
         args = [
-            f"{a.split('=', 1)[0]}={','.join(_split_values(a.split('=', 1)[1])[:2])}" if "=" in a else a
+            f"{a.split('=', 1)[0]}={','.join(_split_values(a.split('=', 1)[1])[:keep])}" if "=" in a else a
             for a in args
         ]
         args.insert(0, "-m")

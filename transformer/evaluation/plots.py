@@ -56,6 +56,13 @@ def _label_axis(ax: Axes, tokens: Sequence[str], axis: str) -> None:
         ax.set_yticks(positions, labels=tokens, fontsize=7)
 
 
+def _label_margin(tokens: Sequence[str]) -> float:
+    """Inches that the tick labels of `tokens` take at fontsize 7 (about 0.05 inch a character)."""
+    if len(tokens) > _MAX_TICK_LABELS:
+        return 0.2
+    return 0.25 + 0.05 * max((len(t) for t in tokens), default=0)
+
+
 def save_attention_heads(
     weights: np.ndarray | Sequence[Sequence[Sequence[float]]],
     query_tokens: Sequence[str],
@@ -74,8 +81,27 @@ def save_attention_heads(
     cols = min(H, 4)
     rows = math.ceil(H / cols)
     side = max(2.5, 0.18 * max(len(query_tokens), len(key_tokens)) + 1.0)
-    figure = Figure(figsize=(cols * side, rows * side + 0.6), layout="constrained")
-    axes = figure.subplots(rows, cols, squeeze=False)
+    # a fixed layout, in inches: matplotlib's constrained layout measured every tick label of every head
+    # to place the panels (half of a figure's time); the margins hold the longest label at this font size
+    left = _label_margin(query_tokens) + 0.15
+    bottom = _label_margin(key_tokens) + 0.15
+    top, gap, colorbar = 0.6, 0.35, 0.9
+    panels_width, panels_height = cols * side + (cols - 1) * gap, rows * side + (rows - 1) * gap
+    width, height = left + panels_width + colorbar, bottom + panels_height + top
+    figure = Figure(figsize=(width, height))
+    axes = figure.subplots(
+        rows,
+        cols,
+        squeeze=False,
+        gridspec_kw={
+            "left": left / width,
+            "right": (width - colorbar) / width,
+            "bottom": bottom / height,
+            "top": (height - top) / height,
+            "wspace": gap / side,
+            "hspace": gap / side,
+        },
+    )
     image = None
     for h, ax in enumerate(axes.flat):
         if h >= H:
@@ -93,9 +119,16 @@ def save_attention_heads(
             _label_axis(ax, query_tokens, "y")
         else:
             ax.set_yticks([])
-    figure.suptitle(title, fontsize=10)
+    figure.suptitle(title, fontsize=10, y=1 - 0.15 / height, va="top")
     if image is not None:
-        figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
+        # a bar 0.15 inch wide beside the panels' middle 60%
+        bar = (
+            (width - 0.75) / width,
+            (bottom + 0.2 * panels_height) / height,
+            0.15 / width,
+            0.6 * panels_height / height,
+        )
+        figure.colorbar(image, cax=figure.add_axes(bar))
     return _save(figure, path)
 
 
