@@ -24,28 +24,17 @@ from omegaconf import DictConfig
 
 from tests.conftest import REPO_ROOT, MaliciousPickle, run_script, snapshot
 from tests.driver import run_in_one_interpreter
+from tests.helpers import trained
 from tests.helpers.reports import assert_png, assert_valid_markdown
 from tests.helpers.sst import TINY_SST, write_sst
+from tests.helpers.trained import train_run
 
-pytestmark = pytest.mark.slow
+# in-process evaluations of tiny models: one thread is several times faster on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
-# The quickstart experiment, shrunk: a few dozen steps of a tiny model. Decoding is capped at
-# source length + 2 tokens (saved in the checkpoint, so evaluation decodes the same way).
-TINY_QUICKSTART = [
-    "data.synthetic_sizes.train=600",
-    "data.synthetic_sizes.val=30",
-    "data.synthetic_sizes.test=40",
-    "model.config.d_model=32",
-    "model.config.n_heads=2",
-    "model.config.d_ff=64",
-    "model.optimizer.lr=3e-3",
-    "model.scheduler.warmup_steps=20",
-    "model.decoding.max_len_a=1.0",
-    "model.decoding.max_len_b=2",
-    "trainer.max_epochs=3",
-    "trainer.num_sanity_val_steps=0",
-    "callbacks.model_checkpoint.save_top_k=-1",  # every epoch's checkpoint, for average_last
-]
+# the session's tiny runs (tests/helpers/trained.py), shared with other modules of this test process
+translation_run, classification_run = trained.translation_run, trained.classification_run
+
 EXACT = ("test/bleu", "test/chrf", "test/exact_match")
 CLOSE = ("test/loss", "test/nll", "test/ppl", "test/token_acc")
 
@@ -55,57 +44,12 @@ def _run(script: str, args: list[str], stdin: str | None = None) -> subprocess.C
     return run_script(script, args, stdin=stdin, env=env)
 
 
-def _train(run_dir: Path, cache: Path, overrides: list[str], trainer: str = "cpu") -> Path:
-    """A training run through the CLI. On the CPU by default, also on a GPU machine: evaluate.py scores on
-    the CPU, and the tests compare its numbers with the run's own test step exactly."""
-    result = _run(
-        "train.py",
-        [
-            f"hydra.run.dir={run_dir}",
-            f"paths.cache_dir={cache}",
-            "logger=csv",
-            f"trainer={trainer}",
-            *overrides,
-        ],
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
-@pytest.fixture(scope="module")
-def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("quickstart")
-    return _train(root / "run", root / "cache", TINY_QUICKSTART)
-
-
-@pytest.fixture(scope="module")
-def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sst")
-    data = write_sst(root / "data")
-    return _train(
-        root / "run",
-        root / "cache",
-        [
-            "data=sst2",
-            "model=classification",
-            f"data.data_dir={data}",
-            *TINY_SST,
-            "model.pooling=max",
-            "model.token_dropout=0.1",
-            "callbacks=[default,ema]",  # checkpoints hold the averaged weights
-            "callbacks.ema.decay=0.9",
-            "callbacks.model_checkpoint.monitor=val/acc",
-            "optimized_metric=val/acc_best",
-        ],
-    )
-
-
 def test_pretrain_then_fine_tune(tmp_path: Path) -> None:
     """experiment=sst2_pretrain, then experiment=sst2 model.init_from=<its checkpoint>; a pretraining
     checkpoint is refused by evaluate.py, and one of another tokenizer by init_from, before any file."""
     data, cache = write_sst(tmp_path / "data"), tmp_path / "cache"
     tiny = [f"data.data_dir={data}", *TINY_SST, "data.max_len=16", "model.config.max_len=16"]
-    pre = _train(tmp_path / "pre", cache, ["experiment=sst2_pretrain", *tiny])
+    pre = train_run(tmp_path / "pre", cache, ["experiment=sst2_pretrain", *tiny])
     pre_metrics = _metrics(pre)
     assert pre_metrics["val/loss_best"] == pytest.approx(min(_csv_column(pre, "val/loss")))
     assert "test/loss" in pre_metrics
@@ -264,7 +208,7 @@ def test_wandb_logger_gets_metrics_and_report_images(
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     ckpt = f"ckpt_path={_best(classification_run)}"
-    evaluate(compose_eval(tmp_path / "plain", ckpt))
+    evaluate(compose_eval(tmp_path / "plain", ckpt, "report.enabled=false"))  # loggers get metrics anyway
     assert not (tmp_path / "plain" / "wandb").exists()  # no logger unless asked for
     metrics = evaluate(compose_eval(tmp_path / "wandb", ckpt, "logger=wandb"))
     runs = list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
@@ -550,7 +494,7 @@ def test_gpu_bf16_training_run_then_cpu_evaluation(tmp_path: Path, compose_eval)
     from evaluate import evaluate
 
     data = write_sst(tmp_path / "data")
-    run = _train(
+    run = train_run(
         tmp_path / "run",
         tmp_path / "cache",
         [
@@ -637,19 +581,16 @@ def _error_cases(root: Path, translation: Path, classification: Path) -> dict[st
 def error_runs(
     translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[subprocess.CompletedProcess[str], str, Path]]:
-    """All bad-input runs in one interpreter (tests/driver.py); EVALUATE_PROCESSES also as processes."""
+    """All bad-input runs in one interpreter (tests/driver.py); EVALUATE_PROCESSES as processes of their
+    own (`run_script`: forked from the warm fork server, a real process each)."""
     root = tmp_path_factory.mktemp("errors")
     cases = _error_cases(root, translation_run, classification_run)
-    steps = [
-        {
-            "script": "evaluate.py",
-            "args": [*args, f"hydra.run.dir={root / name}"],
-            "subprocess": name in EVALUATE_PROCESSES,
-        }
-        for name, (args, _) in cases.items()
-    ]
+    args = {name: [*arguments, f"hydra.run.dir={root / name}"] for name, (arguments, _) in cases.items()}
+    in_one = [name for name in cases if name not in EVALUATE_PROCESSES]
+    steps = [{"script": "evaluate.py", "args": args[name]} for name in in_one]
     env = {**os.environ, "PROJECT_ROOT": str(REPO_ROOT), "WANDB_MODE": "offline"}
-    results = dict(zip(cases, run_in_one_interpreter(steps, env=env), strict=True))
+    results = dict(zip(in_one, run_in_one_interpreter(steps, env=env), strict=True))
+    results.update({name: _run("evaluate.py", args[name]) for name in EVALUATE_PROCESSES})
     return {name: (results[name], expected, root) for name, (_, expected) in cases.items()}
 
 

@@ -20,21 +20,12 @@ from omegaconf import DictConfig
 from data.synthetic import make_synthetic_splits
 from data.tokenization import train_bpe
 from tests.conftest import REPO_ROOT, run_script
+from tests.helpers import trained
 from transformer.cli.errors import ConfigError
 from transformer.cli.translate_input import EntryParser, text_lines
 
-TINY_RUN = [
-    "data.synthetic_sizes.train=300",
-    "data.synthetic_sizes.val=20",
-    "data.synthetic_sizes.test=20",
-    "model.config.d_model=32",
-    "model.config.n_heads=2",
-    "model.config.d_ff=64",
-    "model.decoding.max_len_a=1.0",
-    "model.decoding.max_len_b=2",
-    "trainer.max_epochs=1",
-    "trainer.num_sanity_val_steps=0",
-]
+# the in-process evaluations of a tiny model: one thread is several times faster on a busy 2-core machine
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +92,12 @@ def test_a_line_that_is_not_utf8_names_the_file_and_line() -> None:
 # --- end to end -------------------------------------------------------------------------------------
 
 
+translation_run = trained.translation_run  # the session's tiny quickstart run (tests/helpers/trained.py)
+
+
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("jsonl")
-    args = [f"hydra.run.dir={root / 'run'}", f"paths.cache_dir={root / 'cache'}", "logger=csv", *TINY_RUN]
-    result = _run("train.py", args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root / "run" / "checkpoints" / "last.ckpt"
+def checkpoint(translation_run: Path) -> Path:
+    return translation_run / "checkpoints" / "last.ckpt"
 
 
 def _run(script: str, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -183,8 +173,10 @@ def test_jsonl_prefixes_constraints_and_alignments(
 
 
 @pytest.mark.slow
-def test_stdin_bad_lines_and_split_alignments(checkpoint: Path, tmp_path: Path) -> None:
+def test_stdin_bad_lines_and_split_alignments(checkpoint: Path, tmp_path: Path, compose_eval) -> None:
     """stdin in, one error line for a bad line; decode.alignments=true beside a scored split's hypotheses."""
+    from evaluate import evaluate
+
     good = json.dumps({"src": "They bought one car.", "prefix": "Sie"})
     done = _run(
         "evaluate.py",
@@ -213,40 +205,23 @@ def test_stdin_bad_lines_and_split_alignments(checkpoint: Path, tmp_path: Path) 
         "error: stdin line 2: avoid[0] is empty; a phrase needs at least one word"
     ]
     assert "Traceback" not in bad.stderr
-    scored = _run(
-        "evaluate.py",
-        [
-            f"ckpt_path={checkpoint}",
-            f"hydra.run.dir={tmp_path / 'c'}",
-            "decode.alignments=true",
-            "report.enabled=false",
-        ],
-    )
-    assert scored.returncode == 0, scored.stderr[-2000:]
+    # the scored split's files: in this process (the command line's stdin and exit status are checked above)
+    scored = [f"ckpt_path={checkpoint}", "decode.alignments=true", "report.enabled=false"]
+    evaluate(compose_eval(tmp_path / "c", *scored))
     hypotheses = (tmp_path / "c" / "hypotheses.txt").read_text(encoding="utf-8").splitlines()
     lines = (tmp_path / "c" / "alignments.txt").read_text(encoding="utf-8").splitlines()
-    assert len(lines) == len(hypotheses) == 20
+    assert len(lines) == len(hypotheses) == trained.TEST_SENTENCES
     for line, hypothesis in zip(lines, hypotheses):
         assert sorted(int(pair.split("-")[1]) for pair in line.split()) == list(
             range(len(hypothesis.split()))
         )
-    n_best = _run(
-        "evaluate.py",
-        [
-            f"ckpt_path={checkpoint}",
-            f"hydra.run.dir={tmp_path / 'd'}",
-            "decode.alignments=true",
-            "decode.beam_size=4",
-            "decode.n_best=3",
-            "report.enabled=false",
-        ],
-    )
-    assert n_best.returncode == 0, n_best.stderr[-2000:]
+    evaluate(compose_eval(tmp_path / "d", *scored, "decode.beam_size=4", "decode.n_best=3"))
     entries = [line.split(" ||| ") for line in (tmp_path / "d" / "nbest.txt").read_text("utf-8").splitlines()]
     aligned = [
         line.split(" ||| ") for line in (tmp_path / "d" / "alignments.txt").read_text("utf-8").splitlines()
     ]
-    assert len(aligned) == len(entries) > 20  # one line per hypothesis, in the n-best list's order
+    # one line per hypothesis, in the n-best list's order
+    assert len(aligned) == len(entries) > trained.TEST_SENTENCES
     for (index, text, _), (same_index, pairs) in zip(entries, aligned):
         assert index == same_index
         assert sorted(int(pair.split("-")[1]) for pair in pairs.split()) == list(range(len(text.split())))
