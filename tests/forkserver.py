@@ -30,9 +30,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# read when a command runs, not when a library is imported: a difference here still forks
-RUNTIME_ENV = {"PROJECT_ROOT", "HYDRA_FULL_ERROR", "PYTHONUNBUFFERED", "MULTI30K_DIR", "SST2_DIR"}
+# read when a command runs, not when a library is imported: a difference here still forks. pytest sets
+# PYTEST_CURRENT_TEST anew for each test and phase: without it here, every test after the one that started
+# the server ran its commands as plain subprocesses
+RUNTIME_ENV = {
+    "PROJECT_ROOT",
+    "HYDRA_FULL_ERROR",
+    "PYTHONUNBUFFERED",
+    "MULTI30K_DIR",
+    "SST2_DIR",
+    "PYTEST_CURRENT_TEST",
+}
 RUNTIME_PREFIXES = ("WANDB_",)
+STARTED = {"forked": 0, "subprocess": 0}  # how this process's commands ran (tests/unit/test_forkserver.py)
 
 
 # --- wire: one length-prefixed JSON message each way -----------------------------------------------
@@ -264,9 +274,11 @@ def run(
     server = _start()
     cwd = Path(cwd or os.getcwd()).resolve()
     if server is None or not _forkable(argv, cwd, env, server["env"]):
+        STARTED["subprocess"] += 1
         return subprocess.run(
             argv, cwd=cwd, env=env, input=input, timeout=timeout, capture_output=True, text=True
         )
+    STARTED["forked"] += 1
     with tempfile.TemporaryDirectory(prefix="run_", dir=server["folder"]) as folder:
         files = {name: os.path.join(folder, name) for name in ("stdin", "stdout", "stderr")}
         for name, text in (("stdin", input or ""), ("stdout", ""), ("stderr", "")):

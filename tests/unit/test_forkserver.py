@@ -1,0 +1,45 @@
+"""tests/forkserver.py: commands fork from the warm server in every test, not only the one that started it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests import forkserver
+from tests.conftest import REPO_ROOT, cli_env
+
+HELP = [sys.executable, "-m", "transformer.export.cli", "--help"]
+
+
+def test_a_new_test_forks_from_the_running_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest sets PYTEST_CURRENT_TEST anew for each test: the server started in an earlier test (a value of
+    its own) still forks this test's commands, and they run as that command line runs."""
+    if os.environ.get("AIAYN_TEST_FORKSERVER", "1") == "0":
+        pytest.skip("AIAYN_TEST_FORKSERVER=0: every command is a plain subprocess")
+    before = dict(forkserver.STARTED)
+    for test in ("tests/unit/test_a.py::test_one (call)", "tests/unit/test_b.py::test_two (setup)"):
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", test)
+        done = forkserver.run(HELP, cwd=REPO_ROOT, env=cli_env(), timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "--to" in done.stdout
+    assert forkserver.STARTED["forked"] - before["forked"] == 2, forkserver.STARTED
+    assert forkserver.STARTED["subprocess"] == before["subprocess"]
+
+
+def test_only_variables_read_at_run_time_may_differ() -> None:
+    server = cli_env()
+    forkable = [
+        {**server, "PYTEST_CURRENT_TEST": "tests/x.py::test_y (call)"},
+        {**server, "WANDB_MODE": "offline", "MULTI30K_DIR": "/data"},
+    ]
+    for env in forkable:
+        assert forkserver._forkable(HELP, REPO_ROOT, env, server), set(env) ^ set(server)
+    for name in ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES"):  # read at import
+        assert not forkserver._forkable(
+            HELP, REPO_ROOT, {**server, name: server.get(name, "") + "0"}, server
+        ), name
+    elsewhere = REPO_ROOT / "tests"
+    assert not forkserver._forkable(HELP, elsewhere, server, server)  # -m from another directory
+    assert not forkserver._forkable(["/usr/bin/env", "true"], REPO_ROOT, server, server)
