@@ -2,7 +2,7 @@
 
 Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
 validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
-the hub download for commands without one), one Optuna trial, sweeps cut to two values a key (one under
+the hub download for commands without one), one Optuna trial, sweeps cut to two jobs (one under
 `hydra/launcher=local`), run directories under a temporary directory. Placeholders (`PATH`, `<run>`,
 `NAME`, `seed=S`, `[...]`, paths under `logs/` or `pretrained/` (an OPUS-MT model: a tiny one imported
 here), and any value of `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a
@@ -181,13 +181,16 @@ def _plan(
         return
     if command.dataset and not any(a.startswith("data.data_dir=") for a in args):
         args.append(f"data.data_dir={data[command.dataset]}")  # in place of the hub download
-    if multirun:  # two values a key; one under the local launcher, each of whose jobs is a fresh process
-        # (its parallel jobs, their outputs, a failing job: test_sweeps' grid under hydra/launcher=local)
-        keep = 1 if "hydra/launcher=local" in args else 2
-        args = [
-            f"{a.split('=', 1)[0]}={','.join(_split_values(a.split('=', 1)[1])[:keep])}" if "=" in a else a
-            for a in args
-        ]
+    if multirun:  # two jobs: the first swept key's first two values, the first value of any other swept
+        # key (the product of keys is Hydra's basic sweeper); one job under the local launcher, whose jobs are
+        # fresh processes (its parallel jobs, their outputs, a failing job: test_sweeps' grid runs them)
+        jobs = 1 if "hydra/launcher=local" in args else 2
+        for i, arg in enumerate(args):
+            key, _, value = arg.partition("=")
+            values = _split_values(value) if value else []
+            if len(values) > 1:
+                args[i] = f"{key}={','.join(values[:jobs])}"
+                jobs = 1
         args.insert(0, "-m")
     if evaluating:
         tiny = [f"hydra.run.dir={tmp / 'eval' / str(index)}", f"hydra.sweep.dir={tmp / 'eval' / str(index)}"]
