@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from tests.conftest import REPO_ROOT, MaliciousPickle, run_script, snapshot
+from tests.conftest import REPO_ROOT, MaliciousPickle, cli_env, run_script, snapshot
 from tests.driver import run_in_one_interpreter
 from tests.helpers import trained
 from tests.helpers.reports import assert_png, assert_valid_markdown
@@ -582,7 +583,8 @@ def error_runs(
     translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[subprocess.CompletedProcess[str], str, Path]]:
     """All bad-input runs in one interpreter (tests/driver.py); EVALUATE_PROCESSES as processes of their
-    own (`run_script`: forked from the warm fork server, a real process each)."""
+    own: "missing" started as a user starts it (a fresh interpreter: what its imports print counts too),
+    the other forked from the warm fork server (`run_script`)."""
     root = tmp_path_factory.mktemp("errors")
     cases = _error_cases(root, translation_run, classification_run)
     args = {name: [*arguments, f"hydra.run.dir={root / name}"] for name, (arguments, _) in cases.items()}
@@ -590,12 +592,20 @@ def error_runs(
     steps = [{"script": "evaluate.py", "args": args[name]} for name in in_one]
     env = {**os.environ, "PROJECT_ROOT": str(REPO_ROOT), "WANDB_MODE": "offline"}
     results = dict(zip(in_one, run_in_one_interpreter(steps, env=env), strict=True))
-    results.update({name: _run("evaluate.py", args[name]) for name in EVALUATE_PROCESSES})
+    results.update({name: _run("evaluate.py", args[name]) for name in EVALUATE_PROCESSES[1:]})
+    results[EVALUATE_PROCESSES[0]] = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "evaluate.py"), *args[EVALUATE_PROCESSES[0]]],
+        cwd=REPO_ROOT,
+        env=cli_env(WANDB_MODE="offline"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return {name: (results[name], expected, root) for name, (_, expected) in cases.items()}
 
 
 # the exit status, stderr and "no traceback" of a real `python evaluate.py` (a pickle's payload never runs)
-EVALUATE_PROCESSES = ("missing", "malicious_raw_pickle")
+EVALUATE_PROCESSES = ("missing", "malicious_raw_pickle")  # the first a cold start
 
 
 @pytest.mark.parametrize(
