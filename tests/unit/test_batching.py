@@ -4,6 +4,7 @@ import random
 from collections import Counter
 
 import datasets
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -174,6 +175,14 @@ def test_property_coverage_and_budget(
 # -- collates -----------------------------------------------------------------------------------------
 def test_pad_sequences() -> None:
     assert pad_sequences([[1, 5, 2], [1, 2]], pad_id=0).tolist() == [[1, 5, 2], [1, 2, 0]]
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # ragged rows (an empty one too), lists or arrays, ids up to 2**40
+        rows = [rng.integers(0, 2**40, size=rng.integers(0, 9)) for _ in range(rng.integers(1, 7))]
+        rows = [row.tolist() if i % 2 else row for i, row in enumerate(rows)]
+        padded = pad_sequences(rows, pad_id=7)
+        longest = max(len(row) for row in rows)
+        assert padded.dtype == torch.long and padded.shape == (len(rows), longest)
+        assert padded.tolist() == [list(row) + [7] * (longest - len(row)) for row in rows]
 
 
 def test_translation_collate() -> None:
