@@ -4,6 +4,7 @@ report. Composition only (fast): every hparams_search config, `experiment=glob(*
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -12,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
-from tests.driver import run_in_one_interpreter
 from tests.helpers.train_cli import TINY, train_cli
 from transformer.evaluation.sweep_report import write_report
 
@@ -57,6 +59,12 @@ def _trials(sweep_dir: Path, study_name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=study_name, storage=storage).trials
 
 
+def _cold_train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python train.py ARGS...` in a fresh interpreter, as a user starts it (train_cli forks a warm one)."""
+    command = [sys.executable, str(REPO_ROOT / "train.py"), *args]
+    return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=600)
+
+
 def _compose(overrides: list[str]):
     os.environ.setdefault("PROJECT_ROOT", str(REPO_ROOT))
     GlobalHydra.instance().clear()
@@ -75,13 +83,14 @@ def fresh_hydra():
 # --- end to end (slow) --------------------------------------------------------------------------------
 
 
-def _wait_for(sweep_dir: Path, study_name: str, ready, proc: subprocess.Popen, timeout: float = 300) -> None:
-    """Poll the study until `ready(trials)` (the sweep runs in `proc`). The database is read only once a
+def _wait_for(sweep_dir: Path, study_name: str, ready, job: Future, timeout: float = 300) -> None:
+    """Poll the study until `ready(trials)` (the sweep runs in `job`). The database is read only once a
     job has started: opening it while the sweeper is still creating its tables races with it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the sweep ended (exit {proc.returncode}) first:\n{proc.communicate()[1][-3000:]}")
+        if job.done():
+            done = job.result()
+            pytest.fail(f"the sweep ended (exit {done.returncode}) first:\n{done.stderr[-3000:]}")
         if _job_dirs(sweep_dir):
             try:
                 if ready(_trials(sweep_dir, study_name)):
@@ -90,6 +99,19 @@ def _wait_for(sweep_dir: Path, study_name: str, ready, proc: subprocess.Popen, t
                 pass
         time.sleep(0.5)
     pytest.fail("the sweep did not get there in time")
+
+
+def _process_in(cwd: Path) -> int:
+    """The pid of the process working in `cwd` (a test's own tmp_path: the command started there, not a
+    child of it)."""
+    cwd = cwd.resolve()
+    found: dict[int, int] = {}  # pid -> parent
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == cwd:
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    (pid,) = [pid for pid, parent in found.items() if parent not in found]
+    return pid
 
 
 @pytest.mark.slow
@@ -110,19 +132,13 @@ def test_a_pruned_search_interrupted_by_ctrl_c_continues_and_reports(tmp_path: P
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart_optuna"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "train.py"), *args],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    running = optuna.trial.TrialState.RUNNING
-    _wait_for(sweep_dir, "quickstart_optuna", lambda ts: len(ts) >= 2 and ts[-1].state == running, proc)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C during the second trial
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode != 0, stderr[-3000:]
+    with ThreadPoolExecutor(1) as pool:  # train_cli's process (forked from the warm interpreter), running
+        job = pool.submit(train_cli, args, cwd=tmp_path)
+        running = optuna.trial.TrialState.RUNNING
+        _wait_for(sweep_dir, "quickstart_optuna", lambda ts: len(ts) >= 2 and ts[-1].state == running, job)
+        os.kill(_process_in(tmp_path), signal.SIGINT)  # Ctrl-C during the second trial
+        stopped = job.result(timeout=300)
+    assert stopped.returncode != 0, stopped.stderr[-3000:]
     interrupted = _trials(sweep_dir, "quickstart_optuna")
     # the interrupted trial FAILs, or, where its Ctrl-C landed in a library callback that dropped it and
     # the job ran to its end, holds that job's own outcome; never RUNNING
@@ -228,12 +244,10 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study_alone(tmp_path: Path) 
         (["hydra.sweeper.direction=minimize"], "has direction ['maximize'], this sweep ['minimize']"),
         (["hydra.sweeper.storage=notaurl://x"], "hydra.sweeper.storage=notaurl://x: expected a database URL"),
     ]  # fmt: skip
-    # in one interpreter (tests/driver.py); the first also as a process: the real entry point's one line
-    steps = [
-        {"script": "train.py", "args": [*base, *extra], "cwd": str(tmp_path), "subprocess": i == 0}
-        for i, (extra, _) in enumerate(cases)
-    ]
-    for (extra, message), done in zip(cases, run_in_one_interpreter(steps), strict=True):
+    # each a real process: the first started as a user starts it (a fresh interpreter: what its imports
+    # print counts toward the one line), the others forked from the warm interpreter (tests/forkserver.py)
+    for i, (extra, message) in enumerate(cases):
+        done = (_cold_train if i == 0 else train_cli)([*base, *extra], cwd=tmp_path)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
         assert len(errors) == 1 and message in errors[0], (extra, errors)
@@ -369,22 +383,14 @@ def test_grid_of_two_by_two_and_its_report(tmp_path: Path) -> None:
             (job / "metrics.json").read_text()
         )["val/bleu_best"]
 
-    report = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "transformer.evaluation.sweep_report",
-            str(sweep_dir),
-            "--out",
-            str(tmp_path / "report"),
-        ],
+    out = tmp_path / "report"
+    report = forkserver.run(  # python -m, forked from the warm interpreter
+        [sys.executable, "-m", "transformer.evaluation.sweep_report", sweep_dir, "--out", out],
         cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
+        env=cli_env(),
         timeout=300,
     )
     assert report.returncode == 0, report.stderr[-3000:]
-    out = tmp_path / "report"
     written = {Path(line).name for line in report.stdout.split()}
     assert written == {"jobs.csv", "summary.csv", "report.md", "val_bleu_best_vs_params.png"}
     rows = list(csv.DictReader((out / "jobs.csv").open()))
