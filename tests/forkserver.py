@@ -27,6 +27,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -267,17 +268,33 @@ def run(
     env: dict[str, str] | None = None,
     input: str | None = None,
     timeout: float | None = None,
+    on_start: Callable[[int], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`subprocess.run(argv, cwd=, env=, input=, timeout=, capture_output=True, text=True)`."""
+    """`subprocess.run(argv, cwd=, env=, input=, timeout=, capture_output=True, text=True)`; `on_start(pid)`
+    is called once the command's process exists (a test that signals it runs `run` in a thread)."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
     server = _start()
     cwd = Path(cwd or os.getcwd()).resolve()
     if server is None or not _forkable(argv, cwd, env, server["env"]):
         STARTED["subprocess"] += 1
-        return subprocess.run(
-            argv, cwd=cwd, env=env, input=input, timeout=timeout, capture_output=True, text=True
-        )
+        with subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdin=None if input is None else subprocess.PIPE,  # as subprocess.run: inherited unless given
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        ) as process:
+            if on_start is not None:
+                on_start(process.pid)
+            try:
+                stdout, stderr = process.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+        return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     STARTED["forked"] += 1
     with tempfile.TemporaryDirectory(prefix="run_", dir=server["folder"]) as folder:
         files = {name: os.path.join(folder, name) for name in ("stdin", "stdout", "stderr")}
@@ -295,6 +312,8 @@ def run(
         try:
             _send(sock, request)
             pid = (_receive(sock) or {})["pid"]
+            if on_start is not None:
+                on_start(pid)
             sock.settimeout(timeout)
             try:
                 answer = _receive(sock)

@@ -11,6 +11,7 @@ import csv
 import ctypes
 import os
 import pickle
+import queue
 import random
 import re
 import signal
@@ -58,8 +59,8 @@ def _cmd(run_dir: Path, args: list[str]) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "train.py"), *base, f"hydra.run.dir={run_dir}", *args]
 
 
-def _cli(run_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    return forkserver.run(_cmd(run_dir, args), cwd=run_dir.parent, env=cli_env(), timeout=600)
+def _cli(run_dir: Path, args: list[str], **run: Any) -> subprocess.CompletedProcess[str]:
+    return forkserver.run(_cmd(run_dir, args), cwd=run_dir.parent, env=cli_env(), timeout=600, **run)
 
 
 def _parallel(jobs: dict[str, tuple[Path, list[str]]]) -> dict[str, subprocess.CompletedProcess[str]]:
@@ -212,21 +213,18 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
         run_dir = tmp_path / f"run{attempt}"
         long_run = ["trainer.max_steps=200", "trainer.max_epochs=20"]  # far longer than the wait below
         args = [*EVERY_STEP, *long_run, *([f"ckpt_path={ckpt}"] if ckpt else [])]
-        process = subprocess.Popen(
-            _cmd(run_dir, args),
-            cwd=tmp_path,
-            env=cli_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        last = run_dir / "checkpoints" / "last.ckpt"
-        deadline = time.monotonic() + 300
-        while not last.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert process.poll() is None, process.stderr.read().decode()[-3000:] if process.stderr else ""
-        time.sleep(rng.uniform(0.0, 1.5))  # somewhere among the next steps and their saves
-        process.kill()
-        process.wait()
+        started: queue.Queue[int] = queue.Queue()  # the run's pid (a process forked by tests/forkserver.py)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            run = pool.submit(_cli, run_dir, args, on_start=started.put)
+            pid = started.get(timeout=300)
+            last = run_dir / "checkpoints" / "last.ckpt"
+            deadline = time.monotonic() + 300
+            while not last.exists() and not run.done() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not run.done(), run.result().stderr[-3000:]
+            time.sleep(rng.uniform(0.0, 1.5))  # somewhere among the next steps and their saves
+            os.kill(pid, signal.SIGKILL)
+            assert run.result().returncode == -signal.SIGKILL
         checkpoint = _load(last)  # never half-written
         steps.append(checkpoint["global_step"])
         ckpt = last

@@ -4,10 +4,10 @@ report. Composition only (fast): every hparams_search config, `experiment=glob(*
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
+import queue
 import signal
 import statistics
 import subprocess
@@ -101,19 +101,6 @@ def _wait_for(sweep_dir: Path, study_name: str, ready, job: Future, timeout: flo
     pytest.fail("the sweep did not get there in time")
 
 
-def _process_in(cwd: Path) -> int:
-    """The pid of the process working in `cwd` (a test's own tmp_path: the command started there, not a
-    child of it)."""
-    cwd = cwd.resolve()
-    found: dict[int, int] = {}  # pid -> parent
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == cwd:
-                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    (pid,) = [pid for pid, parent in found.items() if parent not in found]
-    return pid
-
-
 @pytest.mark.slow
 def test_a_pruned_search_interrupted_by_ctrl_c_continues_and_reports(tmp_path: Path) -> None:
     """Quickstart trials (TPE: its first 10 are random), lr 3e-3 or 1e-6, MedianPruner after one trial: a
@@ -132,11 +119,16 @@ def test_a_pruned_search_interrupted_by_ctrl_c_continues_and_reports(tmp_path: P
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart_optuna"
-    with ThreadPoolExecutor(1) as pool:  # train_cli's process (forked from the warm interpreter), running
-        job = pool.submit(train_cli, args, cwd=tmp_path)
+    started: queue.Queue[int] = queue.Queue()  # the command's pid (forked from the warm interpreter)
+    command = [sys.executable, str(REPO_ROOT / "train.py"), *args]
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(
+            forkserver.run, command, cwd=tmp_path, env=cli_env(), timeout=600, on_start=started.put
+        )
+        pid = started.get(timeout=300)
         running = optuna.trial.TrialState.RUNNING
         _wait_for(sweep_dir, "quickstart_optuna", lambda ts: len(ts) >= 2 and ts[-1].state == running, job)
-        os.kill(_process_in(tmp_path), signal.SIGINT)  # Ctrl-C during the second trial
+        os.kill(pid, signal.SIGINT)  # Ctrl-C during the second trial
         stopped = job.result(timeout=300)
     assert stopped.returncode != 0, stopped.stderr[-3000:]
     interrupted = _trials(sweep_dir, "quickstart_optuna")

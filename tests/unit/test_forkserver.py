@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,20 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
     elsewhere = REPO_ROOT / "tests"
     assert not forkserver._forkable(HELP, elsewhere, server, server)  # -m from another directory
     assert not forkserver._forkable(["/usr/bin/env", "true"], REPO_ROOT, server, server)
+
+
+def test_on_start_gets_the_pid_of_the_commands_process() -> None:
+    """Forked or (an environment read at import differs) a plain subprocess: `on_start` gets the pid of
+    the process that runs the command, while it runs (a test signals it from another thread)."""
+    env = cli_env()
+    seen: list[tuple[int, str]] = []
+
+    def started(pid: int) -> None:
+        seen.append((pid, Path(f"/proc/{pid}/cmdline").read_text()))  # it exists: it is running
+
+    for extra in ({}, {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "") + "1"}):
+        seen.clear()
+        done = forkserver.run(HELP, cwd=REPO_ROOT, env={**env, **extra}, timeout=300, on_start=started)
+        assert done.returncode == 0 and len(seen) == 1, (extra, seen)
+        pid, _ = seen[0]
+        assert pid != os.getpid() and not Path(f"/proc/{pid}").exists()  # ended with the command
