@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import getpass
 import json
 import os
 import select
@@ -43,6 +44,14 @@ RUNTIME_ENV = {
     "PYTEST_CURRENT_TEST",
 }
 RUNTIME_PREFIXES = ("WANDB_",)
+# set in a process by its own imports when absent, to the value they would have in the server anyway
+# (train.py and the server set OMP_WAIT_POLICY; Lightning the NVML check; torch's compiler its cache
+# directory): absent on one side and this value on the other is no difference
+SET_BY_IMPORTS = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+    "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
+}
 STARTED = {"forked": 0, "subprocess": 0}  # how this process's commands ran (tests/unit/test_forkserver.py)
 
 
@@ -239,7 +248,12 @@ def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[
     elif not argv[1].endswith(".py") or (cwd / argv[1]).resolve().parent != REPO_ROOT:
         return False  # another tree's script would get this tree's modules
     differing = {k for k in set(env) | set(server_env) if env.get(k) != server_env.get(k)}
-    return all(k in RUNTIME_ENV or k.startswith(RUNTIME_PREFIXES) for k in differing)
+    return all(
+        k in RUNTIME_ENV
+        or k.startswith(RUNTIME_PREFIXES)
+        or {env.get(k), server_env.get(k)} == {None, SET_BY_IMPORTS.get(k)}
+        for k in differing
+    )
 
 
 def _connect(server: dict[str, Any], timeout: float) -> socket.socket:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
 
 # the quickstart, cut to the fewest steps that still write the second epoch's checkpoint
@@ -59,7 +60,7 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
 
 def _train(run_dir: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, str(REPO_ROOT / "train.py"), *COMMAND, f"hydra.run.dir={run_dir}"]
-    return subprocess.run(command, cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+    return forkserver.run(command, cwd=REPO_ROOT, env=cli_env(), timeout=600)  # a real process, forked
 
 
 def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_continues(small_filesystem: Path) -> None:

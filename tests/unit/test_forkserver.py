@@ -14,15 +14,17 @@ from tests.conftest import REPO_ROOT, cli_env
 HELP = [sys.executable, "-m", "transformer.export.cli", "--help"]
 
 
-def test_a_new_test_forks_from_the_running_server(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_test_forks_from_the_running_server() -> None:
     """pytest sets PYTEST_CURRENT_TEST anew for each test: the server started in an earlier test (a value of
     its own) still forks this test's commands, and they run as that command line runs."""
     if os.environ.get("AIAYN_TEST_FORKSERVER", "1") == "0":
         pytest.skip("AIAYN_TEST_FORKSERVER=0: every command is a plain subprocess")
+    server = forkserver._start()  # started by an earlier test, or now
+    assert server is not None
     before = dict(forkserver.STARTED)
     for test in ("tests/unit/test_a.py::test_one (call)", "tests/unit/test_b.py::test_two (setup)"):
-        monkeypatch.setenv("PYTEST_CURRENT_TEST", test)
-        done = forkserver.run(HELP, cwd=REPO_ROOT, env=cli_env(), timeout=300)
+        env = {**server["env"], "PYTEST_CURRENT_TEST": test}
+        done = forkserver.run(HELP, cwd=REPO_ROOT, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "--to" in done.stdout
     assert forkserver.STARTED["forked"] - before["forked"] == 2, forkserver.STARTED
@@ -30,13 +32,17 @@ def test_a_new_test_forks_from_the_running_server(monkeypatch: pytest.MonkeyPatc
 
 
 def test_only_variables_read_at_run_time_may_differ() -> None:
-    server = cli_env()
+    server = {k: v for k, v in cli_env().items() if k not in forkserver.SET_BY_IMPORTS}
     forkable = [
         {**server, "PYTEST_CURRENT_TEST": "tests/x.py::test_y (call)"},
         {**server, "WANDB_MODE": "offline", "MULTI30K_DIR": "/data"},
+        # what the test process's own imports set (train.py, Lightning, torch's compiler), the server has
+        {**server, **forkserver.SET_BY_IMPORTS},
     ]
     for env in forkable:
         assert forkserver._forkable(HELP, REPO_ROOT, env, server), set(env) ^ set(server)
+    assert forkserver._forkable(HELP, REPO_ROOT, server, forkable[2])  # the other way round
+    assert not forkserver._forkable(HELP, REPO_ROOT, {**server, "OMP_WAIT_POLICY": "ACTIVE"}, server)
     for name in ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES"):  # read at import
         assert not forkserver._forkable(
             HELP, REPO_ROOT, {**server, name: server.get(name, "") + "0"}, server
