@@ -53,7 +53,7 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
 
 
 def test_on_start_gets_the_pid_of_the_commands_process() -> None:
-    """Forked or (an environment read at import differs) a plain subprocess: `on_start` gets the pid of
+    """Forked or (a command the server does not take) a plain subprocess: `on_start` gets the pid of
     the process that runs the command, while it runs (a test signals it from another thread)."""
     env = cli_env()
     seen: list[tuple[int, str]] = []
@@ -61,9 +61,11 @@ def test_on_start_gets_the_pid_of_the_commands_process() -> None:
     def started(pid: int) -> None:
         seen.append((pid, Path(f"/proc/{pid}/cmdline").read_text()))  # it exists: it is running
 
-    for extra in ({}, {"OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "") + "1"}):
+    before = dict(forkserver.STARTED)
+    for command in (HELP, [sys.executable, "-c", "import time; time.sleep(0.2)"]):  # forked, then plain
         seen.clear()
-        done = forkserver.run(HELP, cwd=REPO_ROOT, env={**env, **extra}, timeout=300, on_start=started)
-        assert done.returncode == 0 and len(seen) == 1, (extra, seen)
+        done = forkserver.run(command, cwd=REPO_ROOT, env=env, timeout=300, on_start=started)
+        assert done.returncode == 0 and len(seen) == 1, (command, seen)
         pid, _ = seen[0]
         assert pid != os.getpid() and not Path(f"/proc/{pid}").exists()  # ended with the command
+    assert {k: forkserver.STARTED[k] - before[k] for k in before} == {"forked": 1, "subprocess": 1}
