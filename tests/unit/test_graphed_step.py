@@ -45,11 +45,12 @@ class _Trace(TorchDispatchMode):
 
     def _frozen(self, value: Any) -> Any:
         if isinstance(value, Tensor):
-            if id(value) in self._made:
-                return ("made", self._made[id(value)])
+            made = self._made.get(id(value))
+            if made is not None:
+                return ("made", made)
             return ("outside", value.data_ptr(), tuple(value.shape), value.stride(), value.dtype)
         if isinstance(value, (list, tuple)):
-            return tuple(self._frozen(item) for item in value)
+            return tuple([self._frozen(item) for item in value])
         return value
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -62,7 +63,7 @@ class _Trace(TorchDispatchMode):
         return self._keep(func(*args, **kwargs))
 
     def _keep(self, out: Any) -> Any:
-        for tensor in tree_flatten(out)[0]:
+        for tensor in (out,) if isinstance(out, Tensor) else tree_flatten(out)[0]:
             if isinstance(tensor, Tensor) and id(tensor) not in self._made:
                 self._made[id(tensor)] = len(self._kept)
                 self._kept.append(tensor)
