@@ -3,13 +3,14 @@
 Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
 validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
 the hub download for commands without one), one Optuna trial, sweeps cut to two jobs (one under
-`hydra/launcher=local`), run directories under a temporary directory. Placeholders (`PATH`, `<run>`,
-`NAME`, `seed=S`, `[...]`, paths under `logs/` or `pretrained/` (an OPUS-MT model: a tiny one imported
-here), and any value of `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a
-checkpoint, run or file made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run
-(en -> de) where the command says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this
-machine (a GPU, SLURM, a hub-only corpus) are composed with `--cfg job` instead, each job of a sweep on its
-own. All of them run in one interpreter (`tests/driver.py`), so the libraries are imported once.
+`hydra/launcher=local`, whose first command only runs through it), run directories under a temporary
+directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths under `logs/` or `pretrained/`
+(an OPUS-MT model: a tiny one imported here), and any value of `distill.teachers`, `backtranslate.model`,
+`backtranslate.monolingual`) become a checkpoint, run or file made here: for evaluate.py a Multi30k
+de -> en run, or the quickstart's run (en -> de) where the command says `ckpt_path=<quickstart-run>/...`.
+Commands that cannot run on this machine (a GPU, SLURM, a hub-only corpus) are composed with `--cfg job`
+instead, each job of a sweep on its own. All of them run in one interpreter (`tests/driver.py`), so the
+libraries are imported once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "configs" / "experiment").glob
 HUB_ONLY = {"iwslt14_de_en", "wmt14_en_de_base"}  # corpora with no local layout: composed only
 SYNTHETIC_MODELS = ("distill.teachers", "backtranslate.model")  # docs/distillation.md's placeholders
 CANNOT_RUN_HERE = {"trainer=gpu", "trainer=ddp", "device=cuda", "hydra/launcher=slurm"}
+# each job of the local launcher is a fresh process (submitit; ~15 s here): the first such command runs
+# through it, later ones with Hydra's basic launcher (their settings run; the launcher's parallel jobs, their
+# outputs and a failing job: test_sweeps' grid under hydra/launcher=local)
+LOCAL_LAUNCHER, BASIC_LAUNCHER = "hydra/launcher=local", "hydra/launcher=basic"
 # what evaluate.py commands decode: untrained translations run to the length limit, and their decoding and
 # attention heatmaps were three quarters of this test's time; a training run's validation and test
 # translations likewise (a quarter of a tiny run)
@@ -182,9 +187,8 @@ def _plan(
     if command.dataset and not any(a.startswith("data.data_dir=") for a in args):
         args.append(f"data.data_dir={data[command.dataset]}")  # in place of the hub download
     if multirun:  # two jobs: the first swept key's first two values, the first value of any other swept
-        # key (the product of keys is Hydra's basic sweeper); one job under the local launcher, whose jobs are
-        # fresh processes (its parallel jobs, their outputs, a failing job: test_sweeps' grid runs them)
-        jobs = 1 if "hydra/launcher=local" in args else 2
+        # key (the product of keys is Hydra's basic sweeper); one under the local launcher (LOCAL_LAUNCHER)
+        jobs = 1 if LOCAL_LAUNCHER in args else 2
         for i, arg in enumerate(args):
             key, _, value = arg.partition("=")
             values = _split_values(value) if value else []
@@ -341,11 +345,16 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         fixtures["opus"] = tmp / "fixtures" / "opus" / "model.ckpt"
     fixture_steps = len(steps)
     owners: list[tuple[str, int]] = []
+    launched = False  # the first command under the local launcher runs through it, later ones in this process
     for index, command in enumerate(COMMANDS):
         _plan(command, tmp, data, fixtures, index)
         if command.dataset and command.dataset not in data:
             continue
         for step in command.steps:
+            if LOCAL_LAUNCHER in step["args"]:
+                if launched:
+                    step["args"] = [BASIC_LAUNCHER if a == LOCAL_LAUNCHER else a for a in step["args"]]
+                launched = True
             owners.append((command.where, len(steps)))
             steps.append(step)
     env = cli_env(WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
