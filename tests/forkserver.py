@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 # read when a command runs, not when a library is imported: a difference here still forks. pytest sets
-# PYTEST_CURRENT_TEST anew for each test and phase: without it here, every test after the one that started
-# the server ran its commands as plain subprocesses
+# PYTEST_CURRENT_TEST anew for each test and phase, and in-process runs of the tests set Lightning's seed
+# (PL_GLOBAL_SEED), the DDP rendezvous, cuBLAS's workspace: without them here, commands after such a test
+# ran as plain subprocesses
 RUNTIME_ENV = {
     "PROJECT_ROOT",
     "HYDRA_FULL_ERROR",
@@ -42,8 +43,16 @@ RUNTIME_ENV = {
     "MULTI30K_DIR",
     "SST2_DIR",
     "PYTEST_CURRENT_TEST",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "TOKENIZERS_PARALLELISM",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "WORLD_SIZE",
 }
-RUNTIME_PREFIXES = ("WANDB_",)
+RUNTIME_PREFIXES = ("WANDB_", "PL_")
 # set in a process by its own imports when absent, to the value they would have in the server anyway
 # (train.py and the server set OMP_WAIT_POLICY; Lightning the NVML check; torch's compiler its cache
 # directory): absent on one side and this value on the other is no difference

@@ -36,12 +36,13 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
     forkable = [
         {**server, "PYTEST_CURRENT_TEST": "tests/x.py::test_y (call)"},
         {**server, "WANDB_MODE": "offline", "MULTI30K_DIR": "/data"},
+        {**server, "PL_GLOBAL_SEED": "42", "PL_SEED_WORKERS": "1", "MASTER_PORT": "29500"},  # in-process runs
         # what the test process's own imports set (train.py, Lightning, torch's compiler), the server has
         {**server, **forkserver.SET_BY_IMPORTS},
     ]
     for env in forkable:
         assert forkserver._forkable(HELP, REPO_ROOT, env, server), set(env) ^ set(server)
-    assert forkserver._forkable(HELP, REPO_ROOT, server, forkable[2])  # the other way round
+    assert forkserver._forkable(HELP, REPO_ROOT, server, forkable[-1])  # the other way round
     assert not forkserver._forkable(HELP, REPO_ROOT, {**server, "OMP_WAIT_POLICY": "ACTIVE"}, server)
     for name in ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES"):  # read at import
         assert not forkserver._forkable(
@@ -55,7 +56,9 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
 def test_on_start_gets_the_pid_of_the_commands_process() -> None:
     """Forked or (a command the server does not take) a plain subprocess: `on_start` gets the pid of
     the process that runs the command, while it runs (a test signals it from another thread)."""
-    env = cli_env()
+    server = forkserver._start()
+    assert server is not None
+    env = server["env"]
     seen: list[tuple[int, str]] = []
 
     def started(pid: int) -> None:
