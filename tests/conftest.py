@@ -107,8 +107,11 @@ def run_script(
     stdin: str | None = None,
     timeout: float = 900,
     env: dict[str, str] | None = None,
+    fresh: bool = False,
+    on_start: Callable[[int], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`python SCRIPT ARGS...` as a user runs it (a script of the repository, or any path)."""
+    """`python SCRIPT ARGS...` as a user runs it (a script of the repository, or any path): forked from the
+    warm interpreter of tests/forkserver.py, or with `fresh` a new interpreter; `on_start(pid)` as there."""
     from tests import forkserver
 
     return forkserver.run(
@@ -117,6 +120,8 @@ def run_script(
         cwd=cwd,
         env=cli_env() if env is None else env,
         timeout=timeout,
+        on_start=on_start,
+        fresh=fresh,
     )
 
 

@@ -292,12 +292,14 @@ def run(
     input: str | None = None,
     timeout: float | None = None,
     on_start: Callable[[int], object] | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`subprocess.run(argv, cwd=, env=, input=, timeout=, capture_output=True, text=True)`; `on_start(pid)`
-    is called once the command's process exists (a test that signals it runs `run` in a thread)."""
+    is called once the command's process exists (a test that signals it runs `run` in a thread); `fresh`
+    starts a new interpreter as a user does (what its imports print is part of its output)."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
-    server = _start()
+    server = None if fresh else _start()
     cwd = Path(cwd or os.getcwd()).resolve()
     if server is None or not _forkable(argv, cwd, env, server["env"]):
         STARTED["subprocess"] += 1

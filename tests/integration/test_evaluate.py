@@ -13,7 +13,6 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -593,14 +592,8 @@ def error_runs(
     env = {**os.environ, "PROJECT_ROOT": str(REPO_ROOT), "WANDB_MODE": "offline"}
     results = dict(zip(in_one, run_in_one_interpreter(steps, env=env), strict=True))
     results.update({name: _run("evaluate.py", args[name]) for name in EVALUATE_PROCESSES[1:]})
-    results[EVALUATE_PROCESSES[0]] = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "evaluate.py"), *args[EVALUATE_PROCESSES[0]]],
-        cwd=REPO_ROOT,
-        env=cli_env(WANDB_MODE="offline"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    first = EVALUATE_PROCESSES[0]
+    results[first] = run_script("evaluate.py", args[first], env=cli_env(WANDB_MODE="offline"), fresh=True)
     return {name: (results[name], expected, root) for name, (_, expected) in cases.items()}
 
 

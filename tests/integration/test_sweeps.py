@@ -10,7 +10,6 @@ import os
 import queue
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
+from tests.conftest import REPO_ROOT, cli_env, run_script
 from tests.helpers.train_cli import TINY, train_cli
 from transformer.evaluation.sweep_report import write_report
 
@@ -57,12 +56,6 @@ def _overrides(job_dir: Path) -> dict[str, str]:
 def _trials(sweep_dir: Path, study_name: str) -> list[optuna.trial.FrozenTrial]:
     storage = f"sqlite:///{sweep_dir / 'optuna.db'}"
     return optuna.load_study(study_name=study_name, storage=storage).trials
-
-
-def _cold_train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`python train.py ARGS...` in a fresh interpreter, as a user starts it (train_cli forks a warm one)."""
-    command = [sys.executable, str(REPO_ROOT / "train.py"), *args]
-    return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=600)
 
 
 def _compose(overrides: list[str]):
@@ -120,11 +113,8 @@ def test_a_pruned_search_interrupted_by_ctrl_c_continues_and_reports(tmp_path: P
     ]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart_optuna"
     started: queue.Queue[int] = queue.Queue()  # the command's pid (forked from the warm interpreter)
-    command = [sys.executable, str(REPO_ROOT / "train.py"), *args]
     with ThreadPoolExecutor(1) as pool:
-        job = pool.submit(
-            forkserver.run, command, cwd=tmp_path, env=cli_env(), timeout=600, on_start=started.put
-        )
+        job = pool.submit(run_script, "train.py", args, cwd=tmp_path, timeout=600, on_start=started.put)
         pid = started.get(timeout=300)
         running = optuna.trial.TrialState.RUNNING
         _wait_for(sweep_dir, "quickstart_optuna", lambda ts: len(ts) >= 2 and ts[-1].state == running, job)
@@ -239,7 +229,7 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study_alone(tmp_path: Path) 
     # each a real process: the first started as a user starts it (a fresh interpreter: what its imports
     # print counts toward the one line), the others forked from the warm interpreter (tests/forkserver.py)
     for i, (extra, message) in enumerate(cases):
-        done = (_cold_train if i == 0 else train_cli)([*base, *extra], cwd=tmp_path)
+        done = run_script("train.py", [*base, *extra], cwd=tmp_path, timeout=600, fresh=i == 0)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
         assert len(errors) == 1 and message in errors[0], (extra, errors)

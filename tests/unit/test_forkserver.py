@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,13 +15,19 @@ from tests.conftest import REPO_ROOT, cli_env
 HELP = [sys.executable, "-m", "transformer.export.cli", "--help"]
 
 
-def test_a_new_test_forks_from_the_running_server() -> None:
-    """pytest sets PYTEST_CURRENT_TEST anew for each test: the server started in an earlier test (a value of
-    its own) still forks this test's commands, and they run as that command line runs."""
+@pytest.fixture
+def server() -> dict[str, Any]:
+    """This test process's fork server (started by an earlier test, or now)."""
     if os.environ.get("AIAYN_TEST_FORKSERVER", "1") == "0":
         pytest.skip("AIAYN_TEST_FORKSERVER=0: every command is a plain subprocess")
-    server = forkserver._start()  # started by an earlier test, or now
-    assert server is not None
+    started = forkserver._start()
+    assert started is not None
+    return started
+
+
+def test_a_new_test_forks_from_the_running_server(server: dict[str, Any]) -> None:
+    """pytest sets PYTEST_CURRENT_TEST anew for each test: the server started in an earlier test (a value of
+    its own) still forks this test's commands, and they run as that command line runs."""
     before = dict(forkserver.STARTED)
     for test in ("tests/unit/test_a.py::test_one (call)", "tests/unit/test_b.py::test_two (setup)"):
         env = {**server["env"], "PYTEST_CURRENT_TEST": test}
@@ -53,11 +60,9 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
     assert not forkserver._forkable(["/usr/bin/env", "true"], REPO_ROOT, server, server)
 
 
-def test_on_start_gets_the_pid_of_the_commands_process() -> None:
+def test_on_start_gets_the_pid_of_the_commands_process(server: dict[str, Any]) -> None:
     """Forked or (a command the server does not take) a plain subprocess: `on_start` gets the pid of
     the process that runs the command, while it runs (a test signals it from another thread)."""
-    server = forkserver._start()
-    assert server is not None
     env = server["env"]
     seen: list[tuple[int, str]] = []
 
@@ -72,3 +77,11 @@ def test_on_start_gets_the_pid_of_the_commands_process() -> None:
         pid, _ = seen[0]
         assert pid != os.getpid() and not Path(f"/proc/{pid}").exists()  # ended with the command
     assert {k: forkserver.STARTED[k] - before[k] for k in before} == {"forked": 1, "subprocess": 1}
+
+
+def test_fresh_is_a_new_interpreter_whatever_the_server_would_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forkserver, "_forkable", lambda *args: True)  # everything forkable but for `fresh`
+    before = dict(forkserver.STARTED)
+    done = forkserver.run([sys.executable, "-c", "print('ran')"], cwd=REPO_ROOT, timeout=300, fresh=True)
+    assert done.returncode == 0 and done.stdout == "ran\n", done.stderr
+    assert {k: forkserver.STARTED[k] - before[k] for k in before} == {"forked": 0, "subprocess": 1}
