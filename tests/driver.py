@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from tests import forkserver
 from tests.forkserver import exit_status
 
 
@@ -70,19 +71,18 @@ def run_in_one_interpreter(
     steps: list[dict[str, Any]], *, timeout: float = 900, env: dict[str, str] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
     """Each step ({"script", "args", "stdin", "cwd", "subprocess"}) as a `CompletedProcess`, run in order
-    in one new interpreter (the repository root its working directory unless "cwd" says otherwise)."""
+    in one interpreter forked from tests/forkserver.py's warm one (the repository root its working directory
+    unless "cwd" says otherwise)."""
     from tests.conftest import REPO_ROOT, cli_env
 
     steps = [{**step, "script": str(REPO_ROOT / step["script"])} for step in steps]
     with tempfile.TemporaryDirectory(prefix="driver_") as tmp:
         plan, out = Path(tmp) / "plan.json", Path(tmp) / "results.json"
         plan.write_text(json.dumps(steps))
-        done = subprocess.run(
+        done = forkserver.run(  # forked from the test process's warm interpreter
             [sys.executable, "-m", "tests.driver", str(plan), str(out)],
             cwd=REPO_ROOT,
             env=cli_env() if env is None else env,
-            capture_output=True,
-            text=True,
             timeout=timeout,
         )
         ran = json.loads(out.read_text()) if out.is_file() else []

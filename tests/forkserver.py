@@ -1,17 +1,17 @@
 """`python train.py ...` and `python evaluate.py ...` as forked children of a warm interpreter.
 
 Importing torch, Lightning, Hydra and the project is most of what a tiny training run in a test costs
-(about two thirds of one, measured with cProfile on the 2-core CI machine). `run(argv, ...)`, a drop-in
-for `subprocess.run(argv, capture_output=True, text=True, ...)`, hands a command of the form
-`[sys.executable, SCRIPT, *ARGS]` (or `-m transformer.MODULE`) to a server process that imported those
-libraries once (`python -m tests.forkserver`, one per test process) and forks a child for it. The child
-is a real process, as the command line makes one: its own pid, exit status, stdout, stderr, working
-directory, environment, stdin, `sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators, atexit
-handlers run at its end; only the imports are skipped. Everything else runs as a plain subprocess: other
-command forms, scripts of another tree (they would get this tree's modules), and commands whose
-environment differs from the server's in a variable that is not on `RUNTIME_ENV` (variables libraries
-read when they are imported: `OMP_*`, `HF_*`, `CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every
-command a plain subprocess.
+(about two thirds of one, measured with cProfile on the 2-core CI machine). `run(argv, ...)`, a drop-in for
+`subprocess.run(argv, capture_output=True, text=True, ...)`, hands a command of the form `[sys.executable,
+SCRIPT, *ARGS]` (or `-m transformer.MODULE`, `-m tests.driver`, `-c CODE`) to a server process that
+imported those libraries once (`python -m tests.forkserver`, one per test process) and forks a child for
+it. The child is a real process, as the command line makes one: its own pid, exit status, stdout, stderr,
+working directory, environment, stdin, `sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators,
+atexit handlers run at its end; only the imports are skipped. Everything else runs as a plain subprocess:
+other command forms, scripts of another tree (they would get this tree's modules), and commands whose
+environment differs from the server's in a variable that is not on `RUNTIME_ENV` (variables libraries read
+when they are imported: `OMP_*`, `HF_*`, `CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every command a
+plain subprocess.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ SET_BY_IMPORTS = {
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
 }
+# `python -m MODULE` forms the server takes: the project's command-line modules, and tests/driver.py (which
+# runs many commands in one interpreter: forked, it starts with the libraries imported)
+FORKABLE_MODULES = ("transformer.", "tests.driver")
 STARTED = {"forked": 0, "subprocess": 0}  # how this process's commands ran (tests/unit/test_forkserver.py)
 
 
@@ -131,10 +134,13 @@ def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
         sys.stdout.reconfigure(write_through=unbuffered)
         sys.stderr.reconfigure(write_through=True)
         os.chdir(request["cwd"])
-        module = request.get("module")
+        module, code = request.get("module"), request.get("code")
         if module:  # python -m MODULE: argv[0] becomes the module's file, sys.path[0] the directory
             sys.argv = ["-m", *request["args"]]
             sys.path[0] = request["cwd"]
+        elif code is not None:  # python -c CODE
+            sys.argv = ["-c", *request["args"]]
+            sys.path[0] = ""
         else:
             script = os.path.abspath(os.path.join(request["cwd"], request["script"]))
             sys.argv = [request["script"], *request["args"]]
@@ -150,6 +156,8 @@ def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
         try:
             if module:
                 runpy.run_module(module, run_name="__main__", alter_sys=True)
+            elif code is not None:
+                exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
             else:
                 runpy.run_path(script, run_name="__main__")
             status = 0
@@ -252,7 +260,10 @@ def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[
     from tests.conftest import REPO_ROOT
 
     if argv[1] == "-m":  # this tree's package, run from this tree
-        if len(argv) < 3 or not argv[2].startswith("transformer.") or cwd != REPO_ROOT:
+        if len(argv) < 3 or not argv[2].startswith(FORKABLE_MODULES) or cwd != REPO_ROOT:
+            return False
+    elif argv[1] == "-c":  # code run from this tree (its imports are this tree's modules)
+        if len(argv) < 3 or cwd != REPO_ROOT:
             return False
     elif not argv[1].endswith(".py") or (cwd / argv[1]).resolve().parent != REPO_ROOT:
         return False  # another tree's script would get this tree's modules
@@ -325,10 +336,12 @@ def run(
         files = {name: os.path.join(folder, name) for name in ("stdin", "stdout", "stderr")}
         for name, text in (("stdin", input or ""), ("stdout", ""), ("stderr", "")):
             Path(files[name]).write_text(text, encoding="utf-8")
+        option = argv[1] in ("-m", "-c")
         request = {
             "script": argv[1],
             "module": argv[2] if argv[1] == "-m" else None,
-            "args": argv[3:] if argv[1] == "-m" else argv[2:],
+            "code": argv[2] if argv[1] == "-c" else None,
+            "args": argv[3:] if option else argv[2:],
             "cwd": str(cwd),
             "env": env,
             **files,

@@ -240,10 +240,10 @@ _WRITER = """
 import sys, torch
 from pathlib import Path
 from transformer.training.checkpoint_io import atomic_torch_save
-path = Path(sys.argv[1])
+path, started = Path(sys.argv[1]), Path(sys.argv[2])
 for i in range(1, 10**6):
     atomic_torch_save({"version": i, "weights": torch.full((4_000_000,), float(i))}, path)
-    print(i, flush=True)
+    started.touch()  # one version is complete
 """
 
 
@@ -251,22 +251,28 @@ for i in range(1, 10**6):
 def test_atomic_save_survives_sigkill_mid_write(tmp_path: Path) -> None:
     """A process rewriting a 16 MB checkpoint in a loop, SIGKILLed at random moments: the file is always
     one complete version (old or new), never a truncated mix."""
-    path = tmp_path / "last.ckpt"
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    path.parent.mkdir()
     rng = random.Random(1)
-    for _ in range(4):
-        process = subprocess.Popen(
-            [sys.executable, "-c", _WRITER, str(path)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
-        )
-        assert process.stdout is not None
-        process.stdout.readline()  # one version is complete
-        time.sleep(rng.uniform(0.0, 0.3))
-        process.kill()
-        process.wait()
+    for attempt in range(4):
+        started, pid = tmp_path / f"started{attempt}", queue.Queue()  # the writer's pid (forked)
+        command = [sys.executable, "-c", _WRITER, str(path), str(started)]
+        writer = {"cwd": REPO_ROOT, "env": cli_env(), "timeout": 300, "on_start": pid.put}
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            run = pool.submit(forkserver.run, command, **writer)
+            killed = pid.get(timeout=300)
+            deadline = time.monotonic() + 300
+            while not started.exists() and not run.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not run.done(), run.result().stderr[-3000:]
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.kill(killed, signal.SIGKILL)
+            assert run.result().returncode == -signal.SIGKILL
         checkpoint = _load(path)
         assert torch.equal(checkpoint["weights"], torch.full((4_000_000,), float(checkpoint["version"])))
     # the kills left temporary files behind (some of them); the next save clears every one
     atomic_torch_save({"version": 0}, path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]
     assert _load(path) == {"version": 0}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
 
 HELP = [sys.executable, "-m", "transformer.export.cli", "--help"]
+TEXT = {"capture_output": True, "text": True, "timeout": 300}
 
 
 @pytest.fixture
@@ -38,6 +40,16 @@ def test_a_new_test_forks_from_the_running_server(server: dict[str, Any]) -> Non
     assert forkserver.STARTED["subprocess"] == before["subprocess"]
 
 
+def test_code_runs_forked_as_python_c_runs_it(server: dict[str, Any]) -> None:
+    code = "import sys; print(__name__, sys.argv, repr(sys.path[0])); sys.exit(sys.stdin.read().strip())"
+    before = dict(forkserver.STARTED)
+    done = forkserver.run([sys.executable, "-c", code, "a", "b"], cwd=REPO_ROOT, env=server["env"], input="3")
+    assert forkserver.STARTED["forked"] - before["forked"] == 1, forkserver.STARTED
+    assert (done.returncode, done.stdout, done.stderr) == (1, "__main__ ['-c', 'a', 'b'] ''\n", "3\n")
+    plain = subprocess.run([sys.executable, "-c", code, "a", "b"], cwd=REPO_ROOT, input="3", **TEXT)
+    assert (plain.returncode, plain.stdout, plain.stderr) == (done.returncode, done.stdout, done.stderr)
+
+
 def test_only_variables_read_at_run_time_may_differ() -> None:
     server = {k: v for k, v in cli_env().items() if k not in forkserver.SET_BY_IMPORTS}
     forkable = [
@@ -58,6 +70,12 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
     elsewhere = REPO_ROOT / "tests"
     assert not forkserver._forkable(HELP, elsewhere, server, server)  # -m from another directory
     assert not forkserver._forkable(["/usr/bin/env", "true"], REPO_ROOT, server, server)
+    driver = [sys.executable, "-m", "tests.driver", "plan.json", "results.json"]  # run_in_one_interpreter
+    assert forkserver._forkable(driver, REPO_ROOT, server, server)
+    assert not forkserver._forkable([*driver[:2], "tests.forkserver"], REPO_ROOT, server, server)
+    code = [sys.executable, "-c", "pass"]
+    assert forkserver._forkable(code, REPO_ROOT, server, server)
+    assert not forkserver._forkable(code, elsewhere, server, server)  # its imports: another folder's
 
 
 def test_on_start_gets_the_pid_of_the_commands_process(server: dict[str, Any]) -> None:
@@ -70,9 +88,10 @@ def test_on_start_gets_the_pid_of_the_commands_process(server: dict[str, Any]) -
         seen.append((pid, Path(f"/proc/{pid}/cmdline").read_text()))  # it exists: it is running
 
     before = dict(forkserver.STARTED)
-    for command in (HELP, [sys.executable, "-c", "import time; time.sleep(0.2)"]):  # forked, then plain
+    sleep = [sys.executable, "-c", "import time; time.sleep(0.2)"]
+    for command, cwd in ((HELP, REPO_ROOT), (sleep, REPO_ROOT / "tests")):  # forked, then plain
         seen.clear()
-        done = forkserver.run(command, cwd=REPO_ROOT, env=env, timeout=300, on_start=started)
+        done = forkserver.run(command, cwd=cwd, env=env, timeout=300, on_start=started)
         assert done.returncode == 0 and len(seen) == 1, (command, seen)
         pid, _ = seen[0]
         assert pid != os.getpid() and not Path(f"/proc/{pid}").exists()  # ended with the command
