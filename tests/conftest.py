@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,29 +33,13 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: the files in this hook's order, below
-        config.option.loadscopereorder = False
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _longest_first(items)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
-
-
-def _longest_first(items: list[pytest.Item]) -> None:
-    """pytest-xdist's `--dist loadfile` hands whole files to the workers in this order: the end-to-end
-    files (seconds a test) first, the unit files (milliseconds a test) last, each group by its number of
-    tests, so that no long file starts last and runs alone at the end (xdist's own order, by number of
-    tests, left the one-test end-to-end files for last)."""
-    count = Counter(item.path for item in items)
-    order = {path: (path.parent.name != "integration", -n, str(path)) for path, n in count.items()}
-    items.sort(key=lambda item: order[item.path])
 
 
 @pytest.fixture(autouse=True)

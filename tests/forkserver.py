@@ -3,15 +3,14 @@
 Importing torch, Lightning, Hydra and the project is most of what a tiny training run in a test costs
 (about two thirds of one, measured with cProfile on the 2-core CI machine). `run(argv, ...)`, a drop-in for
 `subprocess.run(argv, capture_output=True, text=True, ...)`, hands a command of the form `[sys.executable,
-SCRIPT, *ARGS]` (or `-m transformer.MODULE`, `-m tests.driver`, `-c CODE`) to a server process that
-imported those libraries once (`python -m tests.forkserver`, one per test process) and forks a child for
-it. The child is a real process, as the command line makes one: its own pid, exit status, stdout, stderr,
-working directory, environment, stdin, `sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators,
-atexit handlers run at its end; only the imports are skipped. Everything else runs as a plain subprocess:
-other command forms, scripts of another tree (they would get this tree's modules), and commands whose
-environment differs from the server's in a variable that is not on `RUNTIME_ENV` (variables libraries read
-when they are imported: `OMP_*`, `HF_*`, `CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every command a
-plain subprocess.
+SCRIPT, *ARGS]` (or `-m MODULE` of this tree, `-c CODE`) to a server process that imported those libraries
+once (`python -m tests.forkserver`, one per test process) and forks a child for it. The child is a real
+process, as the command line makes one: its own pid, exit status, stdout, stderr, working directory,
+environment, stdin, `sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators, atexit handlers run
+at its end; only the imports are skipped. Everything else runs as a plain subprocess: other command forms,
+scripts of another tree (they would get this tree's modules), and commands whose environment differs from
+the server's in a variable that is not on `RUNTIME_ENV` (variables libraries read when they are imported:
+`OMP_*`, `HF_*`, `CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every command a plain subprocess.
 """
 
 from __future__ import annotations
@@ -61,9 +60,9 @@ SET_BY_IMPORTS = {
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
 }
-# `python -m MODULE` forms the server takes: the project's command-line modules, and tests/driver.py (which
-# runs many commands in one interpreter: forked, it starts with the libraries imported)
-FORKABLE_MODULES = ("transformer.", "tests.driver")
+# `python -m MODULE` forms the server takes: modules of this tree's packages (the command-line modules, the
+# benchmarks, tests/driver.py), not the server itself
+FORKABLE_MODULES = ("transformer.", "benchmarks.", "tests.")
 STARTED = {"forked": 0, "subprocess": 0}  # how this process's commands ran (tests/unit/test_forkserver.py)
 
 
@@ -260,7 +259,8 @@ def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[
     from tests.conftest import REPO_ROOT
 
     if argv[1] == "-m":  # this tree's package, run from this tree
-        if len(argv) < 3 or not argv[2].startswith(FORKABLE_MODULES) or cwd != REPO_ROOT:
+        module = argv[2] if len(argv) > 2 else ""
+        if not module.startswith(FORKABLE_MODULES) or module == "tests.forkserver" or cwd != REPO_ROOT:
             return False
     elif argv[1] == "-c":  # code run from this tree (its imports are this tree's modules)
         if len(argv) < 3 or cwd != REPO_ROOT:

@@ -4,15 +4,20 @@ raised."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import queue
 import re
-import subprocess
+import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
 
 pytestmark = pytest.mark.slow
@@ -21,10 +26,10 @@ pytestmark = pytest.mark.slow
 def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) -> None:
     # nosuch: a case that fails
     models = "ours,ours:compiled,torch,torch:no-cudnn,torch:compiled,marian,nosuch"
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--models", models,
          "--results-dir", str(tmp_path)],
-        cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=600,
+        cwd=REPO_ROOT, env=cli_env(), timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("{"))
@@ -58,10 +63,10 @@ def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) ->
 
 def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> None:
     """Cases in value order under --budget-s; those past it are in the table and the JSON as skipped."""
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--budget-s", "0",
          "--results-dir", str(tmp_path)],
-        cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True, timeout=600,
+        cwd=REPO_ROOT, env=cli_env(), timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
@@ -72,24 +77,27 @@ def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> 
 
 def test_bench_gpu_leaves_every_finished_row_when_it_is_killed(tmp_path: Path) -> None:
     """The results file grows row by row: a run killed (a time limit) keeps what it measured."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--models", "ours,torch",
-         "--results-dir", str(tmp_path)],
-        cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        rows: list[str] = []
-        while time.monotonic() < deadline and process.poll() is None:
-            text = "".join(p.read_text() for p in tmp_path.glob("*_bench_gpu.txt"))
-            rows = [line for line in text.splitlines() if line.startswith("torch ")]
-            if rows:
-                break
-            time.sleep(0.2)
-        process.kill()
-        process.wait()
-    finally:
-        process.kill()
+    command = [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--models", "ours,torch",
+               "--results-dir", str(tmp_path)]  # fmt: skip
+    started: queue.Queue[int] = queue.Queue()  # the run's pid (a process forked by tests/forkserver.py)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        run = pool.submit(
+            forkserver.run, command, cwd=REPO_ROOT, env=cli_env(), timeout=600, on_start=started.put
+        )
+        pid = started.get(timeout=300)
+        try:
+            deadline = time.monotonic() + 300
+            rows: list[str] = []
+            while time.monotonic() < deadline and not run.done():
+                text = "".join(p.read_text() for p in tmp_path.glob("*_bench_gpu.txt"))
+                rows = [line for line in text.splitlines() if line.startswith("torch ")]
+                if rows:
+                    break
+                time.sleep(0.2)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        run.result()
     assert rows, "the torch row never appeared in the results file"
     (written,) = tmp_path.glob("*_cpu_smoke_bench_gpu.txt")
     text = written.read_text()

@@ -1,6 +1,7 @@
 """Every benchmark's `--smoke` mode (tiny shapes on the CPU) runs as `python -m benchmarks.<group>.<name>`
 and prints its JSON line. The scripts that run in-process run one after another in a single child
 interpreter (the libraries imported once); those that start processes of their own run alone and are slow.
+Both forked from the warm interpreter of tests/forkserver.py.
 `decode_ab --kv-cache` is left out: its compiled mode needs inductor's C++ compiler and minutes."""
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import contextlib
 import json
 import os
 import runpy
-import subprocess
 import sys
 import time
 import traceback
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkserver
 from tests.conftest import REPO_ROOT, cli_env
 
 CKPT, DATA = "{smoke_ckpt}", "{multi30k}"  # a tiny translation checkpoint made by the fixture; $MULTI30K_DIR
@@ -105,10 +106,9 @@ def in_process(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> tupl
     ckpt = smoke_checkpoint(out / "smoke.ckpt", multi30k)
     given = {CKPT: str(ckpt), DATA: str(multi30k)}
     cases = [[case, [given.get(a, a) for a in args]] for case, args in IN_PROCESS.items()]
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "tests.integration.test_benchmarks_smoke", json.dumps(cases), str(out)],
-        cwd=REPO_ROOT, env=cli_env(MULTI30K_DIR=str(multi30k)), capture_output=True, text=True,
-        timeout=900,
+        cwd=REPO_ROOT, env=cli_env(MULTI30K_DIR=str(multi30k)), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0 and (out / "results.json").is_file(), done.stderr[-3000:]
     return json.loads((out / "results.json").read_text()), out
@@ -129,10 +129,9 @@ def test_smoke_in_process(case: str, in_process: tuple[dict, Path]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(OWN_PROCESSES))
 def test_smoke_own_processes(case: str, multi30k: Path) -> None:
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", _module(case), *OWN_PROCESSES[case]],
-        cwd=REPO_ROOT, env=cli_env(MULTI30K_DIR=str(multi30k)), capture_output=True, text=True,
-        timeout=600,
+        cwd=REPO_ROOT, env=cli_env(MULTI30K_DIR=str(multi30k)), timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert _last_json(done.stdout)

@@ -73,6 +73,10 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
     driver = [sys.executable, "-m", "tests.driver", "plan.json", "results.json"]  # run_in_one_interpreter
     assert forkserver._forkable(driver, REPO_ROOT, server, server)
     assert not forkserver._forkable([*driver[:2], "tests.forkserver"], REPO_ROOT, server, server)
+    bench = [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke"]
+    assert forkserver._forkable(bench, REPO_ROOT, server, server)
+    assert not forkserver._forkable(bench, elsewhere, server, server)
+    assert not forkserver._forkable([*bench[:2], "json.tool"], REPO_ROOT, server, server)  # not this tree's
     code = [sys.executable, "-c", "pass"]
     assert forkserver._forkable(code, REPO_ROOT, server, server)
     assert not forkserver._forkable(code, elsewhere, server, server)  # its imports: another folder's
