@@ -20,6 +20,7 @@ import contextlib
 import getpass
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -27,7 +28,8 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +366,18 @@ def run(
             raise RuntimeError(f"the test fork server lost the command {argv}")
         read = {name: Path(files[name]).read_text(encoding="utf-8", errors="replace") for name in files}
     return subprocess.CompletedProcess(argv, answer["returncode"], read["stdout"], read["stderr"])
+
+
+@contextlib.contextmanager
+def in_a_thread(
+    start: Callable[..., subprocess.CompletedProcess[str]], *args: Any, **kwargs: Any
+) -> Iterator[tuple[int, Future[subprocess.CompletedProcess[str]]]]:
+    """`start(*args, **kwargs, on_start=...)` (`run`, or a helper that calls it) in a thread: yields the pid
+    of the command's process once it exists and the future of its result, for a test that signals it."""
+    started: queue.Queue[int] = queue.Queue()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(start, *args, **kwargs, on_start=started.put)
+        yield started.get(timeout=300), future
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import re
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -79,12 +77,8 @@ def test_bench_gpu_leaves_every_finished_row_when_it_is_killed(tmp_path: Path) -
     """The results file grows row by row: a run killed (a time limit) keeps what it measured."""
     command = [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--models", "ours,torch",
                "--results-dir", str(tmp_path)]  # fmt: skip
-    started: queue.Queue[int] = queue.Queue()  # the run's pid (a process forked by tests/forkserver.py)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        run = pool.submit(
-            forkserver.run, command, cwd=REPO_ROOT, env=cli_env(), timeout=600, on_start=started.put
-        )
-        pid = started.get(timeout=300)
+    bench = forkserver.in_a_thread(forkserver.run, command, cwd=REPO_ROOT, env=cli_env(), timeout=600)
+    with bench as (pid, run):
         try:
             deadline = time.monotonic() + 300
             rows: list[str] = []

@@ -11,7 +11,6 @@ import csv
 import ctypes
 import os
 import pickle
-import queue
 import random
 import re
 import signal
@@ -213,10 +212,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
         run_dir = tmp_path / f"run{attempt}"
         long_run = ["trainer.max_steps=200", "trainer.max_epochs=20"]  # far longer than the wait below
         args = [*EVERY_STEP, *long_run, *([f"ckpt_path={ckpt}"] if ckpt else [])]
-        started: queue.Queue[int] = queue.Queue()  # the run's pid (a process forked by tests/forkserver.py)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            run = pool.submit(_cli, run_dir, args, on_start=started.put)
-            pid = started.get(timeout=300)
+        with forkserver.in_a_thread(_cli, run_dir, args) as (pid, run):
             last = run_dir / "checkpoints" / "last.ckpt"
             deadline = time.monotonic() + 300
             while not last.exists() and not run.done() and time.monotonic() < deadline:
@@ -255,18 +251,16 @@ def test_atomic_save_survives_sigkill_mid_write(tmp_path: Path) -> None:
     path.parent.mkdir()
     rng = random.Random(1)
     for attempt in range(4):
-        started, pid = tmp_path / f"started{attempt}", queue.Queue()  # the writer's pid (forked)
+        started = tmp_path / f"started{attempt}"
         command = [sys.executable, "-c", _WRITER, str(path), str(started)]
-        writer = {"cwd": REPO_ROOT, "env": cli_env(), "timeout": 300, "on_start": pid.put}
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            run = pool.submit(forkserver.run, command, **writer)
-            killed = pid.get(timeout=300)
+        writer = forkserver.in_a_thread(forkserver.run, command, cwd=REPO_ROOT, env=cli_env(), timeout=300)
+        with writer as (pid, run):
             deadline = time.monotonic() + 300
             while not started.exists() and not run.done() and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert not run.done(), run.result().stderr[-3000:]
             time.sleep(rng.uniform(0.0, 0.3))
-            os.kill(killed, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
             assert run.result().returncode == -signal.SIGKILL
         checkpoint = _load(path)
         assert torch.equal(checkpoint["weights"], torch.full((4_000_000,), float(checkpoint["version"])))

@@ -7,12 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import queue
 import signal
 import statistics
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -112,10 +111,7 @@ def test_a_pruned_search_interrupted_by_ctrl_c_continues_and_reports(tmp_path: P
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart_optuna"
-    started: queue.Queue[int] = queue.Queue()  # the command's pid (forked from the warm interpreter)
-    with ThreadPoolExecutor(1) as pool:
-        job = pool.submit(run_script, "train.py", args, cwd=tmp_path, timeout=600, on_start=started.put)
-        pid = started.get(timeout=300)
+    with forkserver.in_a_thread(run_script, "train.py", args, cwd=tmp_path, timeout=600) as (pid, job):
         running = optuna.trial.TrialState.RUNNING
         _wait_for(sweep_dir, "quickstart_optuna", lambda ts: len(ts) >= 2 and ts[-1].state == running, job)
         os.kill(pid, signal.SIGINT)  # Ctrl-C during the second trial
