@@ -1,16 +1,16 @@
 """Every `python train.py ...` and `python evaluate.py ...` command that README.md and docs/ show runs.
 
-Each command runs as written, with tiny overrides appended: one epoch of two training steps, one
-validation and one test batch, small copies of the real datasets in place of `data.data_dir` (and of
-the hub download for commands without one), one Optuna trial, sweeps cut to two jobs (one under
-`hydra/launcher=local`, whose first command only runs through it), run directories under a temporary
-directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths under `logs/` or `pretrained/`
-(an OPUS-MT model: a tiny one imported here), and any value of `distill.teachers`, `backtranslate.model`,
-`backtranslate.monolingual`) become a checkpoint, run or file made here: for evaluate.py a Multi30k
-de -> en run, or the quickstart's run (en -> de) where the command says `ckpt_path=<quickstart-run>/...`.
-Commands that cannot run on this machine (a GPU, SLURM, a hub-only corpus) are composed with `--cfg job`
-instead, each job of a sweep on its own. All of them run in one interpreter (`tests/driver.py`), so the
-libraries are imported once.
+Each command runs as written, with tiny overrides appended: one epoch of two training steps of small
+batches (`data.max_tokens`), one validation and one test batch, small copies of the real datasets in
+place of `data.data_dir` (and of the hub download for commands without one), one Optuna trial, sweeps cut
+to two jobs (one under `hydra/launcher=local`, whose first command only runs through it), run directories
+under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths under
+`logs/` or `pretrained/` (an OPUS-MT model: a tiny one imported here), and any value of
+`distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint, run or file
+made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where the command
+says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a hub-only
+corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them run in one
+interpreter (`tests/driver.py`), so the libraries are imported once.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ LOCAL_LAUNCHER, BASIC_LAUNCHER = "hydra/launcher=local", "hydra/launcher=basic"
 # attention heatmaps were three quarters of this test's time; a training run's validation and test
 # translations likewise (a quarter of a tiny run)
 EVAL_LENGTH = {"max_len_a": 0, "max_len_b": 8}
+# padded tokens per training batch (the experiments' 2048-4096 made each command's two steps, its validation
+# batch and its test batch most of its time; every example of the tiny data fits: data.max_len is at most 128)
+TINY_BATCH = 256
 COMMAND = re.compile(
     r"""(?:echo\s+(?P<stdin>"[^"]*"|'[^']*')\s*\|\s*)?python\s+(?P<script>train|evaluate)\.py\b(?P<rest>.*)"""
 )
@@ -213,6 +216,8 @@ def _plan(
             f"paths.log_dir={tmp / 'logs' / str(index)}",
             f"paths.cache_dir={tmp / 'cache'}",
         ]
+        if not _sets(args, "data.max_tokens"):  # batches of a few sentences: the steps were half the time
+            tiny.append(f"data.max_tokens={TINY_BATCH}")
         if any(a.startswith("hparams_search=") for a in args):
             tiny.append("hydra.sweeper.n_trials=1")
         if command.dataset != "sst2" and not any(a.startswith("model=") for a in args):  # translation
@@ -316,6 +321,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                     *base,
                     "experiment=multi30k_de_en",
                     f"data.data_dir={data['multi30k']}",
+                    f"data.max_tokens={TINY_BATCH}",
                     "trainer.max_steps=10",
                     "++trainer.limit_train_batches=2",
                     "++trainer.limit_val_batches=1",
@@ -332,6 +338,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                     *base,
                     "experiment=multi30k_en_de",
                     f"data.data_dir={data['multi30k']}",
+                    f"data.max_tokens={TINY_BATCH}",
                     "trainer.max_steps=2",
                     "++trainer.limit_val_batches=1",
                     "test=false",
