@@ -139,7 +139,12 @@ def _build(cfg: DictConfig, group: str) -> None:
 
 @functools.cache
 def _composed(base: tuple[str, ...]) -> DictConfig:
-    return compose_train_cfg(list(base), output_dir=Path("/nonexistent/run"))
+    """The config of `base`, without its `hydra` node (`${hydra:...}` resolves through Hydra's runtime
+    config, which compose_train_cfg sets; no check reads the node): half of it, and each case copies it."""
+    cfg = compose_train_cfg(list(base), output_dir=Path("/nonexistent/run"))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 # a small network, so that building one per case is quick (a case's own key replaces these)
