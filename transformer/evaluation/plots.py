@@ -173,8 +173,10 @@ def save_bar_chart(
         raise ValueError(
             f"got {len(labels)} labels, {len(values)} values and {counts and len(counts)} counts"
         )
-    figure = Figure(figsize=(max(4.0, 0.8 * len(labels) + 2.0), 3.2), layout="constrained")
-    ax = figure.subplots()
+    width, height = max(4.0, 0.8 * len(labels) + 2.0), 3.2
+    figure = Figure(figsize=(width, height))
+    # a fixed layout, in inches (as the learning curves): room for the title, the axis labels and ticks
+    ax = figure.add_axes((0.75 / width, 0.55 / height, 1 - 0.9 / width, 1 - 0.9 / height))
     bars = ax.bar(range(len(values)), values, color="tab:blue")
     if counts is not None:
         ax.bar_label(bars, labels=[f"n={c}" for c in counts], fontsize=7)
@@ -257,8 +259,23 @@ def save_learning_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path
     order = [panel for panel in _CURVE_PANELS if panel in panels]
     cols = min(len(order), 3)
     rows = math.ceil(len(order) / cols)
-    figure = Figure(figsize=(4.2 * cols, 3.0 * rows), layout="constrained")
-    axes = figure.subplots(rows, cols, squeeze=False)
+    # a fixed layout, in inches (as the attention heatmaps): constrained layout measured every tick label
+    # to place the panels, half of the figure's time; the margins hold a title, "step" and tick labels
+    width, height, left, right, bottom, top = 4.2 * cols, 3.0 * rows, 0.75, 0.15, 0.5, 0.3
+    axes = Figure(figsize=(width, height)).subplots(
+        rows,
+        cols,
+        squeeze=False,
+        gridspec_kw={
+            "left": left / width,
+            "right": 1 - right / width,
+            "bottom": bottom / height,
+            "top": 1 - top / height,
+            "wspace": 0.9 / (4.2 - 0.9),  # between panels: the next panel's tick labels, as a fraction of one
+            "hspace": 0.8 / (3.0 - 0.8),  # "step" and the next row's title
+        },
+    )
+    figure = axes[0, 0].figure
     for ax, panel in zip(axes.flat, order):
         for name in sorted(panels[panel]):
             steps, values = zip(*curves[name])
