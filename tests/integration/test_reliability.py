@@ -596,22 +596,25 @@ def hostile_runs(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -
     root = tmp_path_factory.mktemp("hostile")
     cases = _hostile_cases(root, finished_run)
     before = snapshot(finished_run)
+    in_driver = [name for name in cases if name != HOSTILE_FORKED]
     steps = [
         {
             "script": "train.py",
-            "args": _cmd(root / name, args)[2:],
+            "args": _cmd(root / name, cases[name][0])[2:],
             "cwd": str(root),
-            "subprocess": name in HOSTILE_PROCESSES,
+            "subprocess": name == HOSTILE_FRESH,
         }
-        for name, (args, _) in cases.items()
+        for name in in_driver
     ]
-    results = dict(zip(cases, run_in_one_interpreter(steps), strict=True))
+    results = dict(zip(in_driver, run_in_one_interpreter(steps), strict=True))
+    results[HOSTILE_FORKED] = _cli(root / HOSTILE_FORKED, cases[HOSTILE_FORKED][0])
     return {"root": root, "cases": cases, "results": results, "before": before, "run": finished_run}
 
 
-# each case runs in one interpreter (tests/driver.py), these also as a process of their own: the exit
-# status, stderr and "no traceback" of a real `python train.py` (Hydra's errors; a pickle's payload)
-HOSTILE_PROCESSES = ("unknown_key", "malicious_raw_pickle")
+# the cases run in one interpreter (tests/driver.py), but two as a process of their own, with the exit status,
+# stderr and "no traceback" of a real `python train.py`: Hydra's errors in a fresh interpreter, as a user
+# starts it (what its imports print counts too); the pickle's payload in a process forked from the warm one
+HOSTILE_FRESH, HOSTILE_FORKED = "unknown_key", "malicious_raw_pickle"
 HOSTILE = [
     "unknown_key",
     "unknown_top_key",
