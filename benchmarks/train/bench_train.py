@@ -116,9 +116,9 @@ def epoch_throughput(times: list[tuple[Batch, float]]) -> dict[str, float]:
     }
 
 
-def _peak(device: torch.device, bf16: bool) -> dict[str, float]:
+def _peak(device: torch.device, bf16: bool, repeats: int = 20) -> dict[str, float]:
     """Measured matmul ceiling in GFLOP/s (bf16 on GPUs, where the data-sheet peak is used if known)."""
-    peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32)
+    peak = measure_matmul_peak(device, torch.bfloat16 if bf16 else torch.float32, repeats)
     if device.type == "cuda":
         name = torch.cuda.get_device_name()
         sheet = gpu_bf16_peak_tflops(name)
@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
         args.steps, args.batch_size, args.e2e_sentences, args.rss_steps = 1, 16, 96, 1
     names = args.models.split(",") + ([f"ours@{args.baseline}"] if args.baseline else [])
     revisions = {args.baseline: load_revision(args.baseline)} if args.baseline else {}
-    peak = _peak(device, args.bf16)
+    repeats = 1 if args.smoke else 20  # a smoke run checks the code path: 40 big matmuls were half its time
+    peak = _peak(device, args.bf16, repeats)
     result = describe_run(args, device)
     ratios: dict[str, float] = {}
     for case in args.cases.split(","):
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
         result["rss_mb"], rss_ratios = rss_part(args, names)
         ratios.update(rss_ratios)
 
-    end_peak = _peak(device, args.bf16)  # the ceiling again: on a shared machine one look can be unlucky
+    # the ceiling again: on a shared machine one look can be unlucky
+    end_peak = _peak(device, args.bf16, repeats)
     best = max(peak["peak"], end_peak["peak"])
     print(
         f"\nmatmul peak {best:.0f} GFLOP/s (start {peak['peak']:.0f}, end {end_peak['peak']:.0f}; "
