@@ -1,10 +1,14 @@
 """Digests of what a datamodule feeds the model: tokenizers, token ids of every split, batches of two epochs.
 
 Only the datamodules' public API is used, so the same function runs on older revisions of `data/`: the
-golden values in the tests were computed with it on commit 859cf18 (before the prepared-data cache), e.g.
+golden values in the tests were computed with it on commit 859cf18 (before the prepared-data cache), from
+a folder outside the repository (`python -c` puts the working directory first on sys.path), e.g.
 
     git worktree add /tmp/before 859cf18
-    PYTHONPATH=/tmp/before:. python -c "from tests.data_digest import main; main()"
+    mkdir /tmp/digest && cp tests/data_digest.py /tmp/digest && cd /tmp/digest
+    PYTHONPATH=/tmp/before python -c "from data_digest import main; main()"
+
+(2026-11-28: the same values from this tree; ids and batches are hashed as int64 bytes since then.)
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from data.synthetic import make_synthetic_splits
@@ -26,8 +32,37 @@ def _sha(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _sha_arrays(arrays: Iterable[tuple[str, Any]]) -> str:
+    """A hash of named integer arrays: each name, shape and its values as int64 (what a tensor holds, not
+    its dtype), in the order given. Hashing bytes: `tolist()` + JSON took half of a real-data digest."""
+    sha = hashlib.sha256()
+    for name, array in arrays:
+        values = np.ascontiguousarray(np.asarray(array), dtype=np.int64)
+        sha.update(f"{name}{values.shape};".encode())
+        sha.update(values.tobytes())
+    return sha.hexdigest()[:16]
+
+
 def _batches(loader: Any) -> str:
-    return _sha([{key: tensor.tolist() for key, tensor in batch.items()} for batch in loader])
+    return _sha_arrays(
+        (f"{i}.{key}", tensor.numpy())
+        for i, batch in enumerate(loader)
+        for key, tensor in sorted(batch.items())
+    )
+
+
+def _columns(rows: Any) -> Iterator[tuple[str, Any]]:
+    """A split's id and label columns (an Arrow table) as arrays: a list column as its lengths and values."""
+    import pyarrow.compute as pc
+
+    for name in sorted(rows.column_names):
+        if not name.endswith(("_ids", "id", "label")):
+            continue
+        column = rows.column(name)
+        if hasattr(column.type, "value_type"):  # a list per example
+            yield f"{name}.lengths", pc.list_value_length(column).to_numpy()
+            column = pc.list_flatten(column)
+        yield name, column.to_numpy()
 
 
 def digest(dm: Any) -> dict[str, str]:
@@ -38,8 +73,7 @@ def digest(dm: Any) -> dict[str, str]:
     result = {"tokenizer": _sha([tok.to_json() for tok in sides])}
     for role in ("train", "val", "test"):
         split = dm.splits[role]
-        rows = dm.tokenized(split)[:]
-        result[role] = _sha({col: rows[col] for col in sorted(rows) if col.endswith(("_ids", "id", "label"))})
+        result[role] = _sha_arrays(_columns(dm.tokenized(split).with_format("arrow")[:]))
     loader = dm.train_dataloader()
     for epoch in (0, 1):
         loader.sampler.set_epoch(epoch)

@@ -62,22 +62,22 @@ def test_ddp_ranks_tokenize_once_then_later_runs_only_read(tmp_path: Path) -> No
 # data settings)
 GOLDEN_REAL = {
     "multi30k": {
-        "test": "a3a64278847d95e2",
+        "test": "44b7190e8e475b54",
         "tokenizer": "3866cae1db8e0f9e",
-        "train": "08cf912d939ddd97",
-        "train_epoch0": "8794a90684a3c33c",
-        "train_epoch1": "fc2708f028cc246e",
-        "val": "89bed63aedfb1c13",
-        "val_batches": "a5c3389ebcfaac1f",
+        "train": "229a7f5f92b89024",
+        "train_epoch0": "377b804c2d70edd2",
+        "train_epoch1": "bcd2ade13a26db98",
+        "val": "e3d5a8807752e663",
+        "val_batches": "68da12af59cb7d65",
     },
     "sst2": {
-        "test": "32d25b47af235cd1",
+        "test": "83630ed11f81a239",
         "tokenizer": "a0c212daec565f89",
-        "train": "8f918ced06c31596",
-        "train_epoch0": "7246e4671ebb5627",
-        "train_epoch1": "2365eaf4be457ac2",
-        "val": "32d25b47af235cd1",
-        "val_batches": "1371a16544ba1a38",
+        "train": "998d2030fca26b49",
+        "train_epoch0": "19b789867fcd6a93",
+        "train_epoch1": "30670049e05713e6",
+        "val": "83630ed11f81a239",
+        "val_batches": "569c04169ad30702",
     },
 }
 
