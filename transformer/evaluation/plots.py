@@ -46,6 +46,36 @@ def _save(figure: Figure, path: str | Path) -> Path:
     return path
 
 
+def _panels(
+    rows: int,
+    cols: int,
+    panel: tuple[float, float],
+    gap: tuple[float, float],
+    margins: tuple[float, float, float, float],
+) -> tuple[Figure, np.ndarray]:
+    """A figure of rows x cols axes of `panel` (width, height) inches, `gap` (across, down) inches apart, with
+    `margins` (left, right, bottom, top) in inches around them: a fixed layout (matplotlib's constrained
+    layout measured every tick label to place the panels, half of a figure's time); (figure, axes array)."""
+    (panel_w, panel_h), (gap_w, gap_h), (left, right, bottom, top) = panel, gap, margins
+    width = left + (cols * panel_w + (cols - 1) * gap_w) + right
+    height = bottom + (rows * panel_h + (rows - 1) * gap_h) + top
+    figure = Figure(figsize=(width, height))
+    axes = figure.subplots(
+        rows,
+        cols,
+        squeeze=False,
+        gridspec_kw={
+            "left": left / width,
+            "right": (width - right) / width,
+            "bottom": bottom / height,
+            "top": (height - top) / height,
+            "wspace": gap_w / panel_w,
+            "hspace": gap_h / panel_h,
+        },
+    )
+    return figure, axes
+
+
 def _label_axis(ax: Axes, tokens: Sequence[str], axis: str) -> None:
     if len(tokens) > _MAX_TICK_LABELS:
         return
@@ -81,27 +111,12 @@ def save_attention_heads(
     cols = min(H, 4)
     rows = math.ceil(H / cols)
     side = max(2.5, 0.18 * max(len(query_tokens), len(key_tokens)) + 1.0)
-    # a fixed layout, in inches: matplotlib's constrained layout measured every tick label of every head
-    # to place the panels (half of a figure's time); the margins hold the longest label at this font size
-    left = _label_margin(query_tokens) + 0.15
-    bottom = _label_margin(key_tokens) + 0.15
-    top, gap, colorbar = 0.6, 0.35, 0.9
-    panels_width, panels_height = cols * side + (cols - 1) * gap, rows * side + (rows - 1) * gap
-    width, height = left + panels_width + colorbar, bottom + panels_height + top
-    figure = Figure(figsize=(width, height))
-    axes = figure.subplots(
-        rows,
-        cols,
-        squeeze=False,
-        gridspec_kw={
-            "left": left / width,
-            "right": (width - colorbar) / width,
-            "bottom": bottom / height,
-            "top": (height - top) / height,
-            "wspace": gap / side,
-            "hspace": gap / side,
-        },
-    )
+    # the margins hold the longest label at this font size, the title and the colour bar
+    bottom, gap = _label_margin(key_tokens) + 0.15, 0.35
+    margins = (_label_margin(query_tokens) + 0.15, 0.9, bottom, 0.6)
+    figure, axes = _panels(rows, cols, (side, side), (gap, gap), margins)
+    width, height = figure.get_size_inches()
+    panels_height = rows * side + (rows - 1) * gap
     image = None
     for h, ax in enumerate(axes.flat):
         if h >= H:
@@ -173,10 +188,11 @@ def save_bar_chart(
         raise ValueError(
             f"got {len(labels)} labels, {len(values)} values and {counts and len(counts)} counts"
         )
-    width, height = max(4.0, 0.8 * len(labels) + 2.0), 3.2
-    figure = Figure(figsize=(width, height))
-    # a fixed layout, in inches (as the learning curves): room for the title, the axis labels and ticks
-    ax = figure.add_axes((0.75 / width, 0.55 / height, 1 - 0.9 / width, 1 - 0.9 / height))
+    # 4 inches wide or more, 3.2 high; the margins hold the title, the axis labels and ticks
+    figure, axes = _panels(
+        1, 1, (max(3.1, 0.8 * len(labels) + 1.1), 2.3), (0.0, 0.0), (0.75, 0.15, 0.55, 0.35)
+    )
+    ax = axes[0, 0]
     bars = ax.bar(range(len(values)), values, color="tab:blue")
     if counts is not None:
         ax.bar_label(bars, labels=[f"n={c}" for c in counts], fontsize=7)
@@ -259,23 +275,9 @@ def save_learning_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path
     order = [panel for panel in _CURVE_PANELS if panel in panels]
     cols = min(len(order), 3)
     rows = math.ceil(len(order) / cols)
-    # a fixed layout, in inches (as the attention heatmaps): constrained layout measured every tick label
-    # to place the panels, half of the figure's time; the margins hold a title, "step" and tick labels
-    width, height, left, right, bottom, top = 4.2 * cols, 3.0 * rows, 0.75, 0.15, 0.5, 0.3
-    axes = Figure(figsize=(width, height)).subplots(
-        rows,
-        cols,
-        squeeze=False,
-        gridspec_kw={
-            "left": left / width,
-            "right": 1 - right / width,
-            "bottom": bottom / height,
-            "top": 1 - top / height,
-            "wspace": 0.9 / (4.2 - 0.9),  # between panels: the next panel's tick labels, as a fraction of one
-            "hspace": 0.8 / (3.0 - 0.8),  # "step" and the next row's title
-        },
-    )
-    figure = axes[0, 0].figure
+    # 4.2 x 3.0 inches a panel with its share of the margins; the gaps hold the next panel's tick labels
+    # across, "step" and the next row's title down
+    figure, axes = _panels(rows, cols, (3.3, 2.2), (0.9, 0.8), (0.75, 0.15, 0.5, 0.3))
     for ax, panel in zip(axes.flat, order):
         for name in sorted(panels[panel]):
             steps, values = zip(*curves[name])
