@@ -11,6 +11,11 @@ at its end; only the imports are skipped. Everything else runs as a plain subpro
 scripts of another tree (they would get this tree's modules), and commands whose environment differs from
 the server's in a variable that is not on `RUNTIME_ENV` (variables libraries read when they are imported:
 `OMP_*`, `HF_*`, `CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every command a plain subprocess.
+
+Inside a forked command, a command of the same kind that it starts itself with `subprocess.Popen` (Lightning's
+DDP launcher re-running the command line for each other rank) forks from the server too, when its standard
+streams are inherited or files (not pipes): its `Popen` object has the pid, `poll`, `wait`, signals and exit
+status of a child, but the process is the server's child (its parent pid is the server's).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -65,6 +71,7 @@ SET_BY_IMPORTS = {
 # `python -m MODULE` forms the server takes: modules of this tree's packages (the command-line modules, the
 # benchmarks, tests/driver.py), not the server itself
 FORKABLE_MODULES = ("transformer.", "benchmarks.", "tests.")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTED = {"forked": 0, "subprocess": 0}  # how this process's commands ran (tests/unit/test_forkserver.py)
 
 
@@ -109,22 +116,33 @@ def exit_status(exit_: SystemExit) -> int:
     return 1
 
 
-def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
-    """In the forked child: become `python SCRIPT ARGS` and run it; never returns."""
+def _child(
+    request: dict[str, Any], closing: list[socket.socket], fds: list[int], server: dict[str, Any]
+) -> None:
+    """In the forked child: become `python SCRIPT ARGS` and run it (standard streams: the request's files, or
+    `fds` its client passed); never returns."""
     status = 1
     try:
         for sock in closing:
             sock.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for fd, path, flags in (
-            (0, request["stdin"], os.O_RDONLY),
-            (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
-            (2, request["stderr"], os.O_WRONLY | os.O_TRUNC),
-        ):
-            opened = os.open(path, flags)
-            os.dup2(opened, fd)
-            os.close(opened)
+        if fds:
+            for fd, passed in enumerate(fds):
+                os.dup2(passed, fd)
+            for passed in set(fds) - {0, 1, 2}:
+                os.close(passed)
+        else:
+            for fd, path, flags in (
+                (0, request["stdin"], os.O_RDONLY),
+                (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
+                (2, request["stderr"], os.O_WRONLY | os.O_TRUNC),
+            ):
+                opened = os.open(path, flags)
+                os.dup2(opened, fd)
+                os.close(opened)
+        _SERVER.update(server)  # the command's own `python SCRIPT` children fork from the server too
+        subprocess.Popen = _ServedPopen  # type: ignore[misc]
         env = request["env"]
         os.environ.clear()
         os.environ.update(env)
@@ -187,6 +205,7 @@ def _child(request: dict[str, Any], closing: list[socket.socket]) -> None:
 
 def serve(path: str, parent: int) -> None:
     """Accept commands on the UNIX socket `path` until the test process `parent` is gone."""
+    served = {"path": path, "env": dict(os.environ)}  # what its clients compare their commands' with
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py sets it, before torch is imported
     import hydra  # noqa: F401
     import lightning  # noqa: F401
@@ -214,9 +233,12 @@ def serve(path: str, parent: int) -> None:
             if request is None:
                 sock.close()
                 continue
+            fds = socket.recv_fds(sock, 1, 3)[1] if request.get("fds") else []
             pid = os.fork()
             if pid == 0:
-                _child(request, [server, sock, *waiting, *running.values()])
+                _child(request, [server, sock, *waiting, *running.values()], fds, served)
+            for fd in fds:
+                os.close(fd)
             _send(sock, {"pid": pid})
             running[pid] = sock
         while running:
@@ -258,8 +280,6 @@ def _start() -> dict[str, Any] | None:
 def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[str, str]) -> bool:
     if len(argv) < 2 or argv[0] != sys.executable:
         return False
-    from tests.conftest import REPO_ROOT
-
     if argv[1] == "-m":  # this tree's package, run from this tree
         module = argv[2] if len(argv) > 2 else ""
         if not module.startswith(FORKABLE_MODULES) or module == "tests.forkserver" or cwd != REPO_ROOT:
@@ -295,6 +315,18 @@ def _connect(server: dict[str, Any], timeout: float) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _request(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    option = argv[1] in ("-m", "-c")
+    return {
+        "script": argv[1],
+        "module": argv[2] if argv[1] == "-m" else None,
+        "code": argv[2] if argv[1] == "-c" else None,
+        "args": argv[3:] if option else argv[2:],
+        "cwd": str(cwd),
+        "env": env,
+    }
 
 
 def run(
@@ -338,16 +370,7 @@ def run(
         files = {name: os.path.join(folder, name) for name in ("stdin", "stdout", "stderr")}
         for name, text in (("stdin", input or ""), ("stdout", ""), ("stderr", "")):
             Path(files[name]).write_text(text, encoding="utf-8")
-        option = argv[1] in ("-m", "-c")
-        request = {
-            "script": argv[1],
-            "module": argv[2] if argv[1] == "-m" else None,
-            "code": argv[2] if argv[1] == "-c" else None,
-            "args": argv[3:] if option else argv[2:],
-            "cwd": str(cwd),
-            "env": env,
-            **files,
-        }
+        request = {**_request(argv, cwd, env), **files}
         sock = _connect(server, timeout=300)
         try:
             _send(sock, request)
@@ -366,6 +389,110 @@ def run(
             raise RuntimeError(f"the test fork server lost the command {argv}")
         read = {name: Path(files[name]).read_text(encoding="utf-8", errors="replace") for name in files}
     return subprocess.CompletedProcess(argv, answer["returncode"], read["stdout"], read["stderr"])
+
+
+# --- inside a forked command: its own `python SCRIPT` children --------------------------------------
+
+_SERVER: dict[str, Any] = {}  # in a forked command: the server's socket path and environment
+# `Popen` keyword arguments a served child honours (the streams only when inherited, a file or an fd)
+_SERVABLE = {"env", "cwd", "stdin", "stdout", "stderr", "close_fds"}
+
+
+class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
+    """`subprocess.Popen` in a forked command: `[sys.executable, SCRIPT, ...]` of this tree (the forms `run`
+    forks) whose streams are not pipes forks from the server; anything else is a plain `Popen`."""
+
+    _sock: socket.socket | None = None  # the connection the server answers with the exit status, if served
+
+    def __init__(self, args: Any, *positional: Any, **kwargs: Any) -> None:
+        fds = self._served_fds(args, positional, kwargs)
+        if fds is None:
+            super().__init__(args, *positional, **kwargs)
+            return
+        argv = [os.fspath(a) for a in args]
+        cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
+        env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(_SERVER["path"])
+            _send(sock, {**_request(argv, cwd, env), "fds": True})
+            socket.send_fds(sock, [b"\0"], fds)
+            answer = _receive(sock)
+        finally:
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+        if answer is None:
+            sock.close()
+            raise OSError(f"the test fork server did not start {argv}")
+        self.args, self.pid, self.returncode = args, answer["pid"], None
+        self.stdin = self.stdout = self.stderr = None
+        self.text_mode, self.encoding, self.errors = False, None, None
+        self._child_created = False  # not this process's child: Popen's own waitpid must not reap it
+        self._communication_started, self._input, self._sigint_wait_secs = False, None, 0
+        self._sock, self._lock = sock, threading.Lock()
+
+    @staticmethod
+    def _served_fds(args: Any, positional: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int] | None:
+        if positional or not set(kwargs) <= _SERVABLE or not isinstance(args, list | tuple):
+            return None
+        if kwargs.get("close_fds", True) is not True:
+            return None
+        cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
+        env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+        if not _forkable([os.fspath(a) for a in args], cwd, env, _SERVER["env"]):
+            return None
+        fds = []
+        for fd, stream in enumerate(kwargs.get(name) for name in ("stdin", "stdout", "stderr")):
+            if stream is None:
+                fds.append(os.dup(fd))
+            elif stream == subprocess.DEVNULL:
+                fds.append(os.open(os.devnull, os.O_RDWR))
+            elif isinstance(stream, int) and stream >= 0:
+                fds.append(os.dup(stream))
+            elif hasattr(stream, "fileno"):
+                fds.append(os.dup(stream.fileno()))
+            else:  # a pipe (or STDOUT): Popen makes it
+                for opened in fds:
+                    os.close(opened)
+                return None
+        return fds
+
+    def _returned(self, answer: dict[str, Any] | None) -> None:
+        self._sock.close()
+        # the server lost it (it ended with the test process): as a child killed
+        self.returncode = -signal.SIGKILL if answer is None else answer["returncode"]
+
+    def poll(self) -> int | None:
+        if self._sock is None:
+            return super().poll()
+        if self.returncode is None and self._lock.acquire(blocking=False):
+            try:
+                if self.returncode is None and select.select([self._sock], [], [], 0)[0]:
+                    self._returned(_receive(self._sock))
+            finally:
+                self._lock.release()
+        return self.returncode
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> Any:
+        if self._sock is None:
+            return super().communicate(input, timeout)
+        if input:
+            raise ValueError("a served child's stdin is not a pipe")
+        self.wait(timeout)
+        return None, None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._sock is None:
+            return super().wait(timeout)
+        with self._lock:
+            if self.returncode is None:
+                self._sock.settimeout(timeout)
+                try:
+                    self._returned(_receive(self._sock))
+                except TimeoutError:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+        return self.returncode
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,40 @@ def test_fresh_is_a_new_interpreter_whatever_the_server_would_take(monkeypatch: 
     done = forkserver.run([sys.executable, "-c", "print('ran')"], cwd=REPO_ROOT, timeout=300, fresh=True)
     assert done.returncode == 0 and done.stdout == "ran\n", done.stderr
     assert {k: forkserver.STARTED[k] - before[k] for k in before} == {"forked": 0, "subprocess": 1}
+
+
+# a forked command that starts children of its own: `python -c` of this tree with inherited streams forks
+# from the server (its parent is the server), one with a pipe is the command's own child
+CHILDREN = """
+import os, signal, subprocess, sys, time
+def python(code):
+    return [sys.executable, "-c", "import os, sys, time; " + code]
+served = subprocess.Popen(python("print('child', os.getppid()); sys.exit(3)"))
+assert served.wait(timeout=300) == 3 and served.poll() == 3 and served.returncode == 3
+piped = subprocess.run(python("print(os.getppid())"), capture_output=True, text=True)
+print("piped", piped.stdout.strip(), "mine", os.getpid())
+sleep = "print('sleeping', os.getppid(), flush=True); open(READY, 'w'); time.sleep(300)"
+sleeper = subprocess.Popen(python(sleep))
+while not os.path.exists(READY):
+    time.sleep(0.01)
+assert sleeper.poll() is None
+sleeper.send_signal(signal.SIGTERM)
+print("terminated", sleeper.wait(timeout=300), flush=True)
+"""
+
+
+def test_a_forked_commands_own_python_children_fork_from_the_server(
+    server: dict[str, Any], tmp_path: Path
+) -> None:
+    """Lightning's DDP launcher re-runs the command line for each other rank with `subprocess.Popen`: in a
+    forked command such a child forks from the server too (its parent pid is the server's), with the exit
+    status, `wait`, `poll` and signals of a child; a child with pipes stays the command's own process."""
+    code = CHILDREN.replace("READY", repr(str(tmp_path / "ready")))
+    done = forkserver.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=server["env"], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert lines["child"] == str(server["process"].pid), done.stdout  # the served child's parent
+    piped, mine = lines["piped"].split(" mine ")
+    assert piped == mine, done.stdout  # a pipe: a plain child of the command
+    assert lines["sleeping"] == str(server["process"].pid), done.stdout
+    assert lines["terminated"] == str(-signal.SIGTERM), done.stdout
