@@ -13,7 +13,8 @@ the server's in a variable that is not on `RUNTIME_ENV` (variables libraries rea
 `OMP_*`, `HF_*`, `CUDA_*`, ...). `AIAYN_TEST_FORKSERVER=0` makes every command a plain subprocess.
 
 Inside a forked command, a command of the same kind that it starts itself with `subprocess.Popen` (Lightning's
-DDP launcher re-running the command line for each other rank) forks from the server too, when its standard
+DDP launcher re-running the command line for each other rank; submitit's local job controller and job,
+`python [-u] -m submitit...`, under `hydra/launcher=local`) forks from the server too, when its standard
 streams are inherited or files (not pipes): its `Popen` object has the pid, `poll`, `wait`, signals and exit
 status of a child, but the process is the server's child (its parent pid is the server's).
 """
@@ -59,7 +60,7 @@ RUNTIME_ENV = {
     "NODE_RANK",
     "WORLD_SIZE",
 }
-RUNTIME_PREFIXES = ("WANDB_", "PL_")
+RUNTIME_PREFIXES = ("WANDB_", "PL_", "SUBMITIT_")
 # set in a process by its own imports when absent, to the value they would have in the server anyway
 # (train.py and the server set OMP_WAIT_POLICY; Lightning the NVML check; torch's compiler its cache
 # directory): absent on one side and this value on the other is no difference
@@ -71,6 +72,9 @@ SET_BY_IMPORTS = {
 # `python -m MODULE` forms the server takes: modules of this tree's packages (the command-line modules, the
 # benchmarks, tests/driver.py), not the server itself
 FORKABLE_MODULES = ("transformer.", "benchmarks.", "tests.")
+# `python -m MODULE` of a library the server imported, from any directory: submitit's local job controller
+# and job (`hydra/launcher=local`), which a forked sweep starts
+LIBRARY_MODULES = ("submitit.local._local", "submitit.core._submit")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTED = {"forked": 0, "subprocess": 0}  # how this process's commands ran (tests/unit/test_forkserver.py)
 
@@ -146,7 +150,7 @@ def _child(
         env = request["env"]
         os.environ.clear()
         os.environ.update(env)
-        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+        unbuffered = bool(env.get("PYTHONUNBUFFERED")) or request.get("unbuffered", False)
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False, buffering=1 if unbuffered else -1)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
@@ -280,7 +284,13 @@ def _start() -> dict[str, Any] | None:
 def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[str, str]) -> bool:
     if len(argv) < 2 or argv[0] != sys.executable:
         return False
-    if argv[1] == "-m":  # this tree's package, run from this tree
+    if argv[1] == "-u":  # unbuffered streams (submitit's job)
+        argv = [argv[0], *argv[2:]]
+        if len(argv) < 2:
+            return False
+    if argv[1] == "-m" and len(argv) > 2 and argv[2] in LIBRARY_MODULES:
+        pass
+    elif argv[1] == "-m":  # this tree's package, run from this tree
         module = argv[2] if len(argv) > 2 else ""
         if not module.startswith(FORKABLE_MODULES) or module == "tests.forkserver" or cwd != REPO_ROOT:
             return False
@@ -294,8 +304,16 @@ def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[
         k in RUNTIME_ENV
         or k.startswith(RUNTIME_PREFIXES)
         or {env.get(k), server_env.get(k)} == {None, SET_BY_IMPORTS.get(k)}
+        or (k.startswith("CUDA_") and _torch_without_cuda())
         for k in differing
     )
+
+
+def _torch_without_cuda() -> bool:
+    """A torch built without CUDA reads no `CUDA_*` variable (submitit's jobs set `CUDA_VISIBLE_DEVICES`);
+    unknown (torch not imported here) counts as built with it."""
+    torch = sys.modules.get("torch")
+    return torch is not None and getattr(getattr(torch, "version", None), "cuda", "") is None
 
 
 def _connect(server: dict[str, Any], timeout: float) -> socket.socket:
@@ -318,8 +336,12 @@ def _connect(server: dict[str, Any], timeout: float) -> socket.socket:
 
 
 def _request(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    unbuffered = argv[1] == "-u"
+    if unbuffered:
+        argv = [argv[0], *argv[2:]]
     option = argv[1] in ("-m", "-c")
     return {
+        "unbuffered": unbuffered,
         "script": argv[1],
         "module": argv[2] if argv[1] == "-m" else None,
         "code": argv[2] if argv[1] == "-c" else None,
@@ -395,7 +417,8 @@ def run(
 
 _SERVER: dict[str, Any] = {}  # in a forked command: the server's socket path and environment
 # `Popen` keyword arguments a served child honours (the streams only when inherited, a file or an fd)
-_SERVABLE = {"env", "cwd", "stdin", "stdout", "stderr", "close_fds"}
+# (text, encoding and errors only concern pipes, which a served child has none of)
+_SERVABLE = {"env", "cwd", "stdin", "stdout", "stderr", "close_fds", "shell", "text", "encoding", "errors"}
 
 
 class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
@@ -436,7 +459,7 @@ class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
     def _served_fds(args: Any, positional: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int] | None:
         if positional or not set(kwargs) <= _SERVABLE or not isinstance(args, list | tuple):
             return None
-        if kwargs.get("close_fds", True) is not True:
+        if kwargs.get("close_fds", True) is not True or kwargs.get("shell"):
             return None
         cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
         env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])

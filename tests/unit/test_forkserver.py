@@ -51,7 +51,7 @@ def test_code_runs_forked_as_python_c_runs_it(server: dict[str, Any]) -> None:
     assert (plain.returncode, plain.stdout, plain.stderr) == (done.returncode, done.stdout, done.stderr)
 
 
-def test_only_variables_read_at_run_time_may_differ() -> None:
+def test_only_variables_read_at_run_time_may_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     server = {k: v for k, v in cli_env().items() if k not in forkserver.SET_BY_IMPORTS}
     forkable = [
         {**server, "PYTEST_CURRENT_TEST": "tests/x.py::test_y (call)"},
@@ -65,9 +65,15 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
     assert forkserver._forkable(HELP, REPO_ROOT, server, forkable[-1])  # the other way round
     assert not forkserver._forkable(HELP, REPO_ROOT, {**server, "OMP_WAIT_POLICY": "ACTIVE"}, server)
     for name in ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES"):  # read at import
-        assert not forkserver._forkable(
-            HELP, REPO_ROOT, {**server, name: server.get(name, "") + "0"}, server
-        ), name
+        with monkeypatch.context() as patched:  # CUDA_*: by a torch built with CUDA
+            patched.setattr(forkserver, "_torch_without_cuda", lambda: False)
+            assert not forkserver._forkable(
+                HELP, REPO_ROOT, {**server, name: server.get(name, "") + "0"}, server
+            ), name
+    # submitit's local jobs set CUDA_VISIBLE_DEVICES (empty without GPUs): nothing reads it in a CPU build
+    monkeypatch.setattr(forkserver, "_torch_without_cuda", lambda: True)
+    assert forkserver._forkable(HELP, REPO_ROOT, {**server, "CUDA_VISIBLE_DEVICES": ""}, server)
+    assert not forkserver._forkable(HELP, REPO_ROOT, {**server, "OMP_NUM_THREADS": "7"}, server)
     elsewhere = REPO_ROOT / "tests"
     assert not forkserver._forkable(HELP, elsewhere, server, server)  # -m from another directory
     assert not forkserver._forkable(["/usr/bin/env", "true"], REPO_ROOT, server, server)
@@ -81,6 +87,12 @@ def test_only_variables_read_at_run_time_may_differ() -> None:
     code = [sys.executable, "-c", "pass"]
     assert forkserver._forkable(code, REPO_ROOT, server, server)
     assert not forkserver._forkable(code, elsewhere, server, server)  # its imports: another folder's
+    # submitit's job controller and (unbuffered) job, which a sweep under hydra/launcher=local starts
+    jobs = {**server, "SUBMITIT_LOCAL_JOB_ID": "123"}
+    for job in (["-m", "submitit.local._local", "folder"], ["-u", "-m", "submitit.core._submit", "folder"]):
+        assert forkserver._forkable([sys.executable, *job], elsewhere, jobs, server), job
+    assert not forkserver._forkable([sys.executable, "-u"], REPO_ROOT, server, server)
+    assert not forkserver._forkable([sys.executable, "-m", "submitit.other"], elsewhere, server, server)
 
 
 def test_on_start_gets_the_pid_of_the_commands_process(server: dict[str, Any]) -> None:
