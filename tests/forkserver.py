@@ -422,8 +422,9 @@ _SERVABLE = {"env", "cwd", "stdin", "stdout", "stderr", "close_fds", "shell", "t
 
 
 class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
-    """`subprocess.Popen` in a forked command: `[sys.executable, SCRIPT, ...]` of this tree (the forms `run`
-    forks) whose streams are not pipes forks from the server; anything else is a plain `Popen`."""
+    """`subprocess.Popen` in a forked command: a command `_forkable` takes (`[sys.executable, SCRIPT, ...]` of
+    this tree, submitit's jobs) whose streams are not pipes forks from the server; anything else is a plain
+    `Popen`."""
 
     _sock: socket.socket | None = None  # the connection the server answers with the exit status, if served
 
@@ -442,9 +443,8 @@ class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
             socket.send_fds(sock, [b"\0"], fds)
             answer = _receive(sock)
         finally:
-            for fd in fds:
-                if fd > 2:
-                    os.close(fd)
+            for fd in fds:  # this process's copies: the server's child has its own
+                os.close(fd)
         if answer is None:
             sock.close()
             raise OSError(f"the test fork server did not start {argv}")
@@ -459,11 +459,14 @@ class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
     def _served_fds(args: Any, positional: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int] | None:
         if positional or not set(kwargs) <= _SERVABLE or not isinstance(args, list | tuple):
             return None
-        if kwargs.get("close_fds", True) is not True or kwargs.get("shell"):
+        argv = [os.fspath(a) for a in args]
+        if not argv or argv[0] != sys.executable or kwargs.get("close_fds", True) is not True:
+            return None
+        if kwargs.get("shell"):
             return None
         cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
         env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
-        if not _forkable([os.fspath(a) for a in args], cwd, env, _SERVER["env"]):
+        if not _forkable(argv, cwd, env, _SERVER["env"]):
             return None
         fds = []
         for fd, stream in enumerate(kwargs.get(name) for name in ("stdin", "stdout", "stderr")):
