@@ -1,7 +1,9 @@
 """Every `python train.py ...` and `python evaluate.py ...` command that README.md and docs/ show runs.
 
 Each command runs as written, with tiny overrides appended: one epoch of two training steps of small
-batches (`data.max_tokens`), one validation and one test batch, small copies of the real datasets in
+batches (`data.max_tokens`) of a model a quarter of the experiment's width where the command trains a new
+one (not `model.init_from`, a resumed run or an Optuna search space), one validation and one test batch,
+small copies of the real datasets in
 place of `data.data_dir` (and of the hub download for commands without one), one Optuna trial, sweeps cut
 to two jobs (one under `hydra/launcher=local`, whose first command only runs through it), run directories
 under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths under
@@ -49,10 +51,11 @@ EVAL_LENGTH = {"max_len_a": 0, "max_len_b": 8}
 # padded tokens per training batch (the experiments' 2048-4096 made each command's two steps, its validation
 # batch and its test batch most of its time; every example of the tiny data fits: data.max_len is at most 128)
 TINY_BATCH = 256
-# the Multi30k runs that stand for `logs/...` checkpoints (evaluated, averaged, ensembled, fine-tuned,
-# distilled from): a quarter of the experiment's width, so that each command loads, averages and decodes
-# 5 MB checkpoints instead of 72 MB ones (the commands' own runs keep the experiment's model)
-FIXTURE_MODEL = ["model.config.d_model=64", "model.config.d_ff=256"]
+# a quarter of the experiments' width (the layers, heads and every setting stay): a new model's training
+# command ran 2.0 s with the experiment's width and 1.25 s with this one (checkpoints of 5 MB, not 72 MB);
+# the Multi30k runs that stand for `logs/...` checkpoints too (evaluated, averaged, ensembled, fine-tuned,
+# distilled from), so that each evaluate.py command loads, averages and decodes the small ones
+SMALL_MODEL = ["model.config.d_model=64", "model.config.d_ff=256"]
 COMMAND = re.compile(
     r"""(?:echo\s+(?P<stdin>"[^"]*"|'[^']*')\s*\|\s*)?python\s+(?P<script>train|evaluate)\.py\b(?P<rest>.*)"""
 )
@@ -224,6 +227,8 @@ def _plan(
             tiny.append(f"data.max_tokens={TINY_BATCH}")
         if any(a.startswith("hparams_search=") for a in args):
             tiny.append("hydra.sweeper.n_trials=1")
+        elif not any(a.lstrip("+").startswith(("model.init_from=", "ckpt_path=", "model=")) for a in args):
+            tiny += [a for a in SMALL_MODEL if not _sets(args, a.split("=", 1)[0])]
         if command.dataset != "sst2" and not any(a.startswith("model=") for a in args):  # translation
             tiny += [
                 f"model.decoding.{k}={v}"
@@ -326,7 +331,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                     "experiment=multi30k_de_en",
                     f"data.data_dir={data['multi30k']}",
                     f"data.max_tokens={TINY_BATCH}",
-                    *FIXTURE_MODEL,
+                    *SMALL_MODEL,
                     "trainer.max_steps=10",
                     "++trainer.limit_train_batches=2",
                     "++trainer.limit_val_batches=1",
@@ -344,7 +349,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                     "experiment=multi30k_en_de",
                     f"data.data_dir={data['multi30k']}",
                     f"data.max_tokens={TINY_BATCH}",
-                    *FIXTURE_MODEL,
+                    *SMALL_MODEL,
                     "trainer.max_steps=2",
                     "++trainer.limit_val_batches=1",
                     "test=false",
