@@ -284,10 +284,9 @@ def _start() -> dict[str, Any] | None:
 def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[str, str]) -> bool:
     if len(argv) < 2 or argv[0] != sys.executable:
         return False
-    if argv[1] == "-u":  # unbuffered streams (submitit's job)
-        argv = [argv[0], *argv[2:]]
-        if len(argv) < 2:
-            return False
+    argv, _ = _unbuffered(argv)
+    if len(argv) < 2:
+        return False
     if argv[1] == "-m" and len(argv) > 2 and argv[2] in LIBRARY_MODULES:
         pass
     elif argv[1] == "-m":  # this tree's package, run from this tree
@@ -335,10 +334,15 @@ def _connect(server: dict[str, Any], timeout: float) -> socket.socket:
             time.sleep(0.1)
 
 
+def _unbuffered(argv: list[str]) -> tuple[list[str], bool]:
+    """`python -u ...` (unbuffered streams, as submitit starts its job) as `python ...` and whether it was."""
+    if len(argv) > 1 and argv[1] == "-u":
+        return [argv[0], *argv[2:]], True
+    return argv, False
+
+
 def _request(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
-    unbuffered = argv[1] == "-u"
-    if unbuffered:
-        argv = [argv[0], *argv[2:]]
+    argv, unbuffered = _unbuffered(argv)
     option = argv[1] in ("-m", "-c")
     return {
         "unbuffered": unbuffered,
@@ -429,17 +433,15 @@ class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
     _sock: socket.socket | None = None  # the connection the server answers with the exit status, if served
 
     def __init__(self, args: Any, *positional: Any, **kwargs: Any) -> None:
-        fds = self._served_fds(args, positional, kwargs)
-        if fds is None:
+        served = self._served(args, positional, kwargs)
+        if served is None:
             super().__init__(args, *positional, **kwargs)
             return
-        argv = [os.fspath(a) for a in args]
-        cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
-        env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+        request, fds = served
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(_SERVER["path"])
-            _send(sock, {**_request(argv, cwd, env), "fds": True})
+            _send(sock, {**request, "fds": True})
             socket.send_fds(sock, [b"\0"], fds)
             answer = _receive(sock)
         finally:
@@ -447,7 +449,7 @@ class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
                 os.close(fd)
         if answer is None:
             sock.close()
-            raise OSError(f"the test fork server did not start {argv}")
+            raise OSError(f"the test fork server did not start {args}")
         self.args, self.pid, self.returncode = args, answer["pid"], None
         self.stdin = self.stdout = self.stderr = None
         self.text_mode, self.encoding, self.errors = False, None, None
@@ -456,7 +458,10 @@ class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
         self._sock, self._lock = sock, threading.Lock()
 
     @staticmethod
-    def _served_fds(args: Any, positional: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int] | None:
+    def _served(
+        args: Any, positional: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[int]] | None:
+        """The request and the standard streams (copies of their fds) of a command the server takes."""
         if positional or not set(kwargs) <= _SERVABLE or not isinstance(args, list | tuple):
             return None
         argv = [os.fspath(a) for a in args]
@@ -482,7 +487,7 @@ class _ServedPopen(subprocess.Popen):  # type: ignore[type-arg]
                 for opened in fds:
                     os.close(opened)
                 return None
-        return fds
+        return _request(argv, cwd, env), fds
 
     def _returned(self, answer: dict[str, Any] | None) -> None:
         self._sock.close()
