@@ -206,11 +206,12 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
     """SIGKILL a run (checkpointing every step) at random moments, three times in a row, each time
     resuming from the killed run's last.ckpt: it always loads, and the last resume finishes the run."""
     rng = random.Random(0)
+    endless = ["trainer.max_epochs=-1", "~callbacks.early_stopping"]  # only max_steps ends a run
     ckpt: Path | None = None
     steps = []
     for attempt in range(3):
         run_dir = tmp_path / f"run{attempt}"
-        long_run = ["trainer.max_steps=200", "trainer.max_epochs=20"]  # far longer than the wait below
+        long_run = ["trainer.max_steps=1000000", *endless]  # only the SIGKILL ends it
         args = [*EVERY_STEP, *long_run, *([f"ckpt_path={ckpt}"] if ckpt else [])]
         with forkserver.in_a_thread(_cli, run_dir, args) as (pid, run):
             last = run_dir / "checkpoints" / "last.ckpt"
@@ -226,7 +227,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
         ckpt = last
     assert steps == sorted(steps) and steps[0] >= 1
     end = steps[-1] + 3
-    finish = [*EVERY_STEP, "trainer.max_epochs=20", f"trainer.max_steps={end}", f"ckpt_path={ckpt}"]
+    finish = [*EVERY_STEP, *endless, f"trainer.max_steps={end}", f"ckpt_path={ckpt}"]
     final = _cli(tmp_path / "final", finish)
     assert final.returncode == 0, final.stderr[-3000:]
     assert _load(tmp_path / "final" / "checkpoints" / "last.ckpt")["global_step"] == end
