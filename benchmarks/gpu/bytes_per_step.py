@@ -4,21 +4,25 @@ run on fake tensors (no memory, no arithmetic) under the CUDA code path's settin
 the bytes of the tensors it reads and writes.
 
     python -m benchmarks.gpu.bytes_per_step [--batch-tokens 25000] [--vocab 32000] [--smoke]
-        [--results-dir DIR]
+        [--low-precision-residual] [--fused-loss] [--packing] [--results-dir DIR]
 
 What makes it the GPU's step on a CPU-only torch:
 - the CUDA branches of the project's kernels (attention without the fully-masked-row fix-up, the loss's
   64M-element chunks and its one-kernel gradient write), as tests/unit/test_op_counts.py's `cuda_path`;
 - CUDA autocast's policy (CPU autocast leaves LayerNorm and softmax in bf16, CUDA runs them in float32):
   the float32 operations of CUDA's list are registered for the CPU's autocast key while counting;
-- padded batches (`pack_tokens` off), as on a GPU.
+- padded batches (`pack_tokens` off), as on a GPU; with `--packing` (data.packing=true) the batch's
+  packing built on the host and torch's variable-length attention kernel (`varlen_attn`, which the CUDA
+  path takes; its fake implementation runs here, charged as the Flash kernel's reads and writes).
+`--fused-loss` is model.fused_loss=true (the projection and the loss chunk by chunk, eager).
 Each operation's bytes are the least it must move: its tensor inputs read once, its outputs written once
 (in-place and out= operations: the written tensor once more); views and allocations cost nothing. That is
 a floor for each kernel, not a measurement: a matrix multiply's tiles re-read more, a fused kernel less.
 The categories (matmul, attention, loss, casts/copies, norm, residual and dropout, activation, embedding,
 optimizer, other) follow the region an operation runs in (the loss's forward and backward, the optimizer
-step) and then its name. Operations that touch memory are counted as launches (a foreach operation
-counts once per tensor list, a lower bound).
+step; a matrix product is a matmul in any region, the fused loss's projection too) and then its name.
+Operations that touch memory are counted as launches (a foreach operation counts once per tensor list, a
+lower bound).
 """
 
 from __future__ import annotations
@@ -41,10 +45,12 @@ from torch.utils._pytree import tree_flatten
 from benchmarks.common.references import PAD
 from benchmarks.common.shapes import SMOKE, WMT_BASE, wmt_batches
 from benchmarks.train.runners import LABEL_SMOOTHING
+from data.batching import batch_packing
 from transformer import dropout, kernels, losses
 from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer
 from transformer.norm import residual_in_autocast_dtype
+from transformer.packing import BatchPacking
 
 CATEGORIES = (
     "matmul", "attention", "loss", "casts/copies", "norm", "residual+dropout", "activation", "embedding",
@@ -52,7 +58,13 @@ CATEGORIES = (
 )  # fmt: skip
 _BY_NAME = {
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation"),
-    "attention": ("scaled_dot_product", "_efficient_attention", "_flash_attention", "_cudnn_attention"),
+    "attention": (
+        "scaled_dot_product",
+        "_efficient_attention",
+        "_flash_attention",
+        "_cudnn_attention",
+        "_varlen_attn",
+    ),
     "casts/copies": ("_to_copy", "copy_", "clone", "cat", "stack"),
     "norm": ("native_layer_norm", "layer_norm", "native_layer_norm_backward"),
     "residual+dropout": (
@@ -68,6 +80,8 @@ _BY_NAME = {
     "activation": ("relu", "gelu", "silu", "threshold_backward", "gelu_backward", "silu_backward"),
     "embedding": ("embedding", "index_select", "embedding_dense_backward"),
 }
+# operator namespaces counted besides aten's: torch's variable-length attention (`varlen_attn`'s custom ops)
+_COUNTED_NAMESPACES = {"aten", "torch_attn"}
 # allocations and metadata: no bytes moved, no launch
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "lift_fresh",
          "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "is_same_size", "alias",
@@ -101,12 +115,13 @@ class ByteCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        if func.namespace != "aten" or name in _FREE or func.is_view:
+        if func.namespace not in _COUNTED_NAMESPACES or name in _FREE or func.is_view:
             return out
         read, written = moved_bytes(func._schema, args, kwargs, out)
         if read + written == 0:
             return out
-        category = self.region or category_of(name)
+        by_name = category_of(name)
+        category = by_name if by_name == "matmul" else self.region or by_name
         self.read[category] += read
         self.written[category] += written
         self.launches[category] += 1
@@ -187,8 +202,10 @@ class _CudaDropout:
 
 @contextlib.contextmanager
 def cuda_code_path() -> Iterator[None]:
-    """The CUDA branches of kernels.py, losses.py and dropout.py, taken on the CPU."""
+    """The CUDA branches of kernels.py, losses.py and dropout.py, taken on the CPU (packed attention in
+    torch's variable-length kernel, as on an sm80+ GPU)."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(kernels, "_VARLEN_DEVICES", frozenset({"cuda", "cpu"})))
         stack.enter_context(mock.patch.object(dropout, "_OWN_MASK_DEVICES", frozenset()))
         stack.enter_context(mock.patch.object(dropout, "F", _CudaDropout))
         stack.enter_context(mock.patch.object(kernels, "_SDPA_ZEROES_EMPTY_ROWS", frozenset({"cpu"})))
@@ -200,11 +217,19 @@ def cuda_code_path() -> Iterator[None]:
 
 
 def count_step(
-    config: TransformerConfig, batch: Any, bf16: bool = True, low_precision_residual: bool = False
+    config: TransformerConfig,
+    batch: Any,
+    bf16: bool = True,
+    low_precision_residual: bool = False,
+    *,
+    fused_loss: bool = False,
+    packing: bool = False,
 ) -> ByteCounter:
-    """The second training step of `config` on `batch` (bench_gpu's eager `ours`; the first makes the
-    optimizer's state), counted on fake tensors."""
+    """The second training step of `config` on `batch` (bench_gpu's eager `ours`, or with the settings
+    model.low_precision_residual, model.fused_loss and data.packing as TranslationTask takes them; the
+    first step makes the optimizer's state), counted on fake tensors."""
     counter = ByteCounter()
+    collated = batch_packing(batch.src.eq(PAD), batch.tgt_in, PAD) if packing else None  # on the host
     with FakeTensorMode(allow_non_fake_inputs=True) as fake, cuda_code_path(), cuda_autocast_policy():
         torch.manual_seed(0)
         model = Seq2SeqTransformer(config).train()
@@ -212,35 +237,47 @@ def count_step(
         residual_in_autocast_dtype(model, low_precision_residual)  # model.low_precision_residual
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
         src, tgt_in, tgt_out = (fake.from_tensor(t) for t in (batch.src, batch.tgt_in, batch.tgt_out))
-        forward, backward = losses._LabelSmoothedNLL.forward, losses._LabelSmoothedNLL.backward
-
-        def counted_forward(ctx: Any, *args: Any) -> Any:
-            with counter.inside("loss"):
-                return forward(ctx, *args)
-
-        def counted_backward(ctx: Any, *args: Any) -> Any:
-            with counter.inside("loss"):
-                return backward(ctx, *args)
+        if collated is not None:
+            collated = {k: fake.from_tensor(v) if torch.is_tensor(v) else v for k, v in collated.items()}
+        projection = model.output_projection
+        smoothing = {"ignore_index": PAD, "label_smoothing": LABEL_SMOOTHING}
 
         def step() -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = model(src, tgt_in)
-                loss = losses.label_smoothed_cross_entropy(
-                    logits, tgt_out, ignore_index=PAD, label_smoothing=LABEL_SMOOTHING
-                ).loss
+                if collated is not None:  # TranslationTask._token_loss with data.packing
+                    packed = BatchPacking.from_collated(collated, src, tgt_in)
+                    hidden = model(src, tgt_in, return_hidden=True, packing=packed)  # (N, D)
+                    target = packed.target.pack(tgt_out)  # (N,)
+                else:
+                    hidden, target = model(src, tgt_in, return_hidden=True), tgt_out  # (B, T, D), (B, T)
+                if fused_loss:  # TranslationTask._projected_loss with model.fused_loss
+                    loss = losses.linear_label_smoothed_cross_entropy(
+                        hidden, projection.weight, projection.bias, target, **smoothing
+                    ).loss
+                else:
+                    loss = losses.label_smoothed_cross_entropy(projection(hidden), target, **smoothing).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             with counter.inside("optimizer"):
                 optimizer.step()
 
         step()  # the first step makes the optimizer's state: not what every step costs
-        with (
-            mock.patch.object(losses._LabelSmoothedNLL, "forward", staticmethod(counted_forward)),
-            mock.patch.object(losses._LabelSmoothedNLL, "backward", staticmethod(counted_backward)),
-            counter,
-        ):
+        with contextlib.ExitStack() as stack:
+            for function in (losses._LabelSmoothedNLL, losses._LinearLabelSmoothedCE):
+                for name in ("forward", "backward"):
+                    counted = _in_region(counter, "loss", getattr(function, name))
+                    stack.enter_context(mock.patch.object(function, name, staticmethod(counted)))
+            stack.enter_context(counter)
             step()
     return counter
+
+
+def _in_region(counter: ByteCounter, region: str, method: Any) -> Any:
+    def counted(ctx: Any, *args: Any) -> Any:
+        with counter.inside(region):
+            return method(ctx, *args)
+
+    return counted
 
 
 def table(counter: ByteCounter, batch: Any) -> tuple[str, dict[str, Any]]:
@@ -271,6 +308,21 @@ def table(counter: ByteCounter, batch: Any) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), figures
 
 
+def model_and_batch(batch_tokens: int, vocab: int, smoke: bool = False) -> tuple[TransformerConfig, Any]:
+    """The model's config (WMT-base, or the smoke shape) and the median of 8 of the sampler's batches."""
+    config = TransformerConfig(src_vocab_size=vocab, max_len=256, **(SMOKE if smoke else WMT_BASE))
+    batches = wmt_batches(8, batch_tokens, vocab)
+    return config, sorted(batches, key=lambda b: b.src.numel() + b.tgt_in.numel())[len(batches) // 2]
+
+
+# the switches of the step, as the options of the configuration name them
+SETTINGS = {
+    "low_precision_residual": "model.low_precision_residual",
+    "fused_loss": "model.fused_loss",
+    "packing": "data.packing",
+}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-tokens", type=int, default=25_000, help="non-pad tokens per side")
@@ -279,22 +331,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--low-precision-residual", action="store_true", help="model.low_precision_residual=true"
     )
+    parser.add_argument("--fused-loss", action="store_true", help="model.fused_loss=true")
+    parser.add_argument("--packing", action="store_true", help="data.packing=true (varlen attention)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, in seconds")
     parser.add_argument("--results-dir", default=None, help="also write DIR/<date>_bytes_per_step.txt")
     args = parser.parse_args(argv)
-    shape = SMOKE if args.smoke else WMT_BASE
     if args.smoke:
         args.batch_tokens, args.vocab = 300, 1000
-    config = TransformerConfig(src_vocab_size=args.vocab, max_len=256, **shape)
-    batches = wmt_batches(8, args.batch_tokens, args.vocab)
-    batch = sorted(batches, key=lambda b: b.src.numel() + b.tgt_in.numel())[len(batches) // 2]  # the median
-    counter = count_step(config, batch, not args.fp32, args.low_precision_residual)
+    config, batch = model_and_batch(args.batch_tokens, args.vocab, args.smoke)
+    counter = count_step(
+        config,
+        batch,
+        not args.fp32,
+        args.low_precision_residual,
+        fused_loss=args.fused_loss,
+        packing=args.packing,
+    )
+    settings = [name for name in SETTINGS if getattr(args, name)]
     text, figures = table(counter, batch)
     padding = 1 - figures["non_pad_tokens"] / figures["tokens"]
     head = (
         f"bytes_per_step: one training step (forward, loss, backward, fused AdamW), CUDA code path, "
         f"{'fp32' if args.fp32 else 'bf16 autocast (CUDA policy)'}"
-        f"{', model.low_precision_residual' if args.low_precision_residual else ''}; "
+        f"{''.join(f', {SETTINGS[name]}' for name in settings)}; "
         f"d_model {config.d_model}, "
         f"{config.n_encoder_layers}+{config.n_decoder_layers} layers, vocab {args.vocab}; batch "
         f"{tuple(batch.src.shape)} src + {tuple(batch.tgt_in.shape)} tgt = {figures['tokens']} tokens, "
@@ -304,14 +363,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "bytes_per_step",
         **figures,
         "bf16": not args.fp32,
-        "low_precision_residual": args.low_precision_residual,
+        **{name: getattr(args, name) for name in SETTINGS},
         "smoke": args.smoke,
     }
     output = f"{head}\n\n{text}\n\n{json.dumps(result)}"
     print(output)
     if args.results_dir:
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-        suffix = "_low_precision_residual" if args.low_precision_residual else ""
+        suffix = "".join(f"_{name}" for name in settings)
         path = Path(args.results_dir) / f"{date}_bytes_per_step{suffix}.txt"
         path.write_text(output + "\n")
         print(f"written to {path}")

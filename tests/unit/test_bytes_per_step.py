@@ -49,7 +49,8 @@ def test_the_region_overrides_the_name(bps: ModuleType) -> None:
     counter = bps.ByteCounter()
     with counter, counter.inside("loss"):
         F.log_softmax(a, -1)
-    assert dict(counter.read) == {"loss": 24} and counter.region is None
+        a @ a.t()  # a matrix product stays a matmul in any region (the fused loss's projection)
+    assert dict(counter.read) == {"loss": 24, "matmul": 48} and counter.region is None
 
 
 def test_cuda_autocast_policy_only_while_counting(bps: ModuleType) -> None:
@@ -70,3 +71,25 @@ def test_a_toy_step(bps: ModuleType, capsys: pytest.CaptureFixture[str]) -> None
         assert by[category] > 0, category
     assert result["tokens"] > result["non_pad_tokens"] > 0
     assert '"benchmark": "bytes_per_step"' in capsys.readouterr().out
+
+
+def test_packing_runs_every_attention_in_the_varlen_kernel(bps: ModuleType) -> None:
+    """data.packing: torch's variable-length attention kernel (its fake implementation, as CUDA takes it)
+    for every attention of the step, forward and backward, and the matrix products on the kept rows only."""
+    config, batch = bps.model_and_batch(300, 1000, smoke=True)
+    assert batch.src.eq(0).any()  # padding to skip
+    padded, packed = bps.count_step(config, batch), bps.count_step(config, batch, packing=True)
+    assert {"attention: _varlen_attn", "attention: _varlen_attn_backward"} <= set(packed.by_op)
+    assert not any("scaled_dot_product" in op for op in packed.by_op)
+    assert not any("varlen" in op for op in padded.by_op)
+    assert packed.read["matmul"] < padded.read["matmul"]
+    assert packed.written["matmul"] < padded.written["matmul"]
+
+
+def test_the_fused_loss_is_charged_its_own_operations(bps: ModuleType) -> None:
+    """model.fused_loss: the same matrix products as the plain step (the projection and its two gradients,
+    now inside the loss), charged as matmuls; the loss region's bytes are the fused pass's own."""
+    plain, fused = bps.main(["--smoke"]), bps.main(["--smoke", "--fused-loss"])
+    assert fused["fused_loss"] and not plain["fused_loss"]
+    assert fused["by_category_gb"]["matmul"] == pytest.approx(plain["by_category_gb"]["matmul"])
+    assert fused["by_category_gb"]["loss"] != pytest.approx(plain["by_category_gb"]["loss"])
