@@ -7,6 +7,8 @@ The loss is a mean over non-pad tokens, so it does not depend on how much paddin
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -39,6 +41,14 @@ _CHUNK_ELEMENTS = 1 << 24
 _CHUNK_ELEMENTS_BY_DEVICE = {"cuda": 1 << 26}
 # Devices on which the gradient's rows are written by one addcmul (`_write_grad_rows`).
 _ONE_KERNEL_GRAD_WRITE = frozenset({"cuda"})
+# Devices on which the fused loss's per-chunk terms (`_chunk_terms`) run as one compiled region
+# (`torch.compile`, Inductor): in eager PyTorch the float32 log-softmax, its exp_, mul_, sub_, the gold
+# scatter and the rounding to the logits' dtype are separate passes over each chunk, so on a GPU the fused
+# loss moved more bytes than the plain one (counted at the WMT-base shape: the loss region 68.6 GB against
+# 51.0, benchmarks/gpu/bytes_per_step.py --fused-loss); compiled, the logits are read by the reductions and
+# the gradient written once. The CPU keeps the eager chunk (no compile time, nothing to gain on 2 cores).
+_COMPILED_CHUNK_DEVICES = frozenset({"cuda"})
+_CHUNK_BACKEND = "inductor"
 
 
 def _row_chunks(n_rows: int, vocab: int, device: torch.device) -> list[slice]:
@@ -205,16 +215,11 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=stats_dtype, device=weight.device)  # (V, D)
         grad_bias = None if bias is None else torch.zeros(V, dtype=stats_dtype, device=weight.device)
         gold_lprobs, sums, maxes = (torch.empty(N, dtype=stats_dtype, device=hidden.device) for _ in range(3))
+        terms = _chunk_terms_on(hidden.device)
         for rows in _row_chunks(N, V, hidden.device):
             logits = F.linear(h[rows], w, b)  # (n, V)
-            lprobs = F.log_softmax(logits, dim=-1, dtype=stats_dtype)  # (n, V)
-            gold_rows = gold[rows].unsqueeze(-1)  # (n, 1)
-            gold_lprobs[rows] = lprobs.gather(-1, gold_rows).squeeze(-1)
-            sums[rows], maxes[rows] = lprobs.sum(dim=-1), lprobs.amax(dim=-1)
-            scale = token_weights[rows].to(stats_dtype).unsqueeze(-1)  # (n, 1)
-            grad = lprobs.exp_().mul_(scale).sub_(scale * (eps / V))  # softmax * w - w eps / V
-            grad.scatter_add_(-1, gold_rows, -(1.0 - eps) * scale)  # - onehot * w (1 - eps)
-            grad = grad.to(dtype)  # (n, V): the logits' gradient, rounded once
+            stats = terms(logits, gold[rows], token_weights[rows], eps)
+            gold_lprobs[rows], sums[rows], maxes[rows], grad = stats
             grad_hidden[rows] = grad @ w
             grad_weight.add_(grad.t() @ h[rows])
             if grad_bias is not None:
@@ -238,6 +243,37 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _chunk_terms(
+    logits: Tensor, gold: Tensor, token_weights: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One chunk of `_LinearLabelSmoothedCE`: logits (n, V) in the compute dtype, gold (n,), the tokens'
+    weights w (n,) -> log p(gold), sum_v log p(v), max_v log p(v) (n,) in float32 (or wider), and the
+    gradient of sum_i w_i loss_i w.r.t. the logits, softmax * w - w eps / V - onehot * w (1 - eps), in the
+    logits' dtype (rounded once)."""
+    stats_dtype = torch.promote_types(logits.dtype, torch.float32)
+    lprobs = F.log_softmax(logits, dim=-1, dtype=stats_dtype)  # (n, V)
+    gold_rows = gold.unsqueeze(-1)  # (n, 1)
+    gold_lprobs = lprobs.gather(-1, gold_rows).squeeze(-1)
+    sums, maxes = lprobs.sum(dim=-1), lprobs.amax(dim=-1)
+    scale = token_weights.to(stats_dtype).unsqueeze(-1)  # (n, 1)
+    grad = lprobs.exp_().mul_(scale).sub_(scale * (eps / logits.size(-1)))  # softmax * w - w eps / V
+    grad.scatter_add_(-1, gold_rows, -(1.0 - eps) * scale)  # - onehot * w (1 - eps)
+    return gold_lprobs, sums, maxes, grad.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_chunk_terms(backend: str) -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]:
+    return torch.compile(_chunk_terms, backend=backend, fullgraph=True, dynamic=True)
+
+
+def _chunk_terms_on(device: torch.device) -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """`_chunk_terms`, compiled (one graph, dynamic in the chunk's rows: the last chunk and every batch
+    size reuse it) on the devices of `_COMPILED_CHUNK_DEVICES`, else eager."""
+    if device.type in _COMPILED_CHUNK_DEVICES:
+        return _compiled_chunk_terms(_CHUNK_BACKEND)
+    return _chunk_terms
 
 
 def linear_label_smoothed_cross_entropy(

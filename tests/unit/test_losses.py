@@ -411,3 +411,39 @@ def test_the_fused_loss_of_an_all_pad_batch_is_zero_not_nan() -> None:
     out, grads = _loss_and_grads(_fused, hidden, weight, bias, torch.zeros_like(target), 0.1)
     assert out.loss.item() == out.nll.item() == 0.0 and out.n_tokens.item() == 0
     assert all(torch.count_nonzero(g) == 0 for g in grads)
+
+
+def test_the_fused_loss_compiles_its_chunk_on_cuda_only() -> None:
+    assert losses._chunk_terms_on(torch.device("cpu")) is losses._chunk_terms
+    compiled = losses._chunk_terms_on(torch.device("cuda"))  # chosen by device type: no GPU needed
+    assert compiled is not losses._chunk_terms and compiled is losses._chunk_terms_on(torch.device("cuda:1"))
+
+
+def test_the_compiled_chunk_gives_the_eager_numbers_in_one_graph(monkeypatch) -> None:
+    """The compiled region CUDA takes (`_chunk_terms` through Inductor, run here on the CPU): one graph
+    per dtype, with no graph break, for chunks of 7 rows and for every batch's last chunk and size (no
+    recompile); loss, NLL, accuracy and the gradients of hidden, weight and bias as the eager chunk's."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    monkeypatch.setattr(losses, "_COMPILED_CHUNK_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(losses, "_CHUNK_BACKEND", counter)
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", 7 * 97)
+    torch._dynamo.reset()
+    try:
+        for autocast in (False, True):  # float32 chunks, then bf16 ones (the GPU's)
+            for shape in ((5, 11), (3, 6), (2, 9)):
+                case = _projection_case(True, shape=shape)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    out, grads = _loss_and_grads(_fused, *case, 0.1)
+                    monkeypatch.setattr(losses, "_COMPILED_CHUNK_DEVICES", frozenset())
+                    reference, expected = _loss_and_grads(_fused, *case, 0.1)
+                    monkeypatch.setattr(losses, "_COMPILED_CHUNK_DEVICES", frozenset({"cpu"}))
+                torch.testing.assert_close(out.loss, reference.loss, rtol=1e-6, atol=0)
+                torch.testing.assert_close(out.nll, reference.nll, rtol=1e-6, atol=0)
+                assert out.n_correct == reference.n_correct
+                for got, want in zip(grads, expected, strict=True):
+                    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    finally:
+        torch._dynamo.reset()
+    assert counter.frame_count == 2  # one graph for float32 chunks, one for bf16
