@@ -270,10 +270,18 @@ def _compiled_chunk_terms(backend: str) -> Callable[..., tuple[Tensor, Tensor, T
 
 def _chunk_terms_on(device: torch.device) -> Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]:
     """`_chunk_terms`, compiled (one graph, dynamic in the chunk's rows: the last chunk and every batch
-    size reuse it) on the devices of `_COMPILED_CHUNK_DEVICES`, else eager."""
-    if device.type in _COMPILED_CHUNK_DEVICES:
+    size reuse it) on the devices of `_COMPILED_CHUNK_DEVICES`, else eager (and on CUDA without Triton,
+    which Inductor's GPU kernels need)."""
+    if device.type in _COMPILED_CHUNK_DEVICES and (device.type != "cuda" or _has_triton()):
         return _compiled_chunk_terms(_CHUNK_BACKEND)
     return _chunk_terms
+
+
+@functools.cache
+def _has_triton() -> bool:
+    from torch.utils._triton import has_triton
+
+    return has_triton()
 
 
 def linear_label_smoothed_cross_entropy(

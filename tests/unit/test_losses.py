@@ -413,10 +413,13 @@ def test_the_fused_loss_of_an_all_pad_batch_is_zero_not_nan() -> None:
     assert all(torch.count_nonzero(g) == 0 for g in grads)
 
 
-def test_the_fused_loss_compiles_its_chunk_on_cuda_only() -> None:
+def test_the_fused_loss_compiles_its_chunk_on_cuda_only(monkeypatch) -> None:
+    monkeypatch.setattr(losses, "_has_triton", lambda: True)  # chosen by device type: no GPU needed
     assert losses._chunk_terms_on(torch.device("cpu")) is losses._chunk_terms
-    compiled = losses._chunk_terms_on(torch.device("cuda"))  # chosen by device type: no GPU needed
+    compiled = losses._chunk_terms_on(torch.device("cuda"))
     assert compiled is not losses._chunk_terms and compiled is losses._chunk_terms_on(torch.device("cuda:1"))
+    monkeypatch.setattr(losses, "_has_triton", lambda: False)  # Inductor has no GPU kernels without it
+    assert losses._chunk_terms_on(torch.device("cuda")) is losses._chunk_terms
 
 
 def test_the_compiled_chunk_gives_the_eager_numbers_in_one_graph(monkeypatch) -> None:
