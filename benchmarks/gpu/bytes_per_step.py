@@ -14,7 +14,9 @@ What makes it the GPU's step on a CPU-only torch:
 - padded batches (`pack_tokens` off), as on a GPU; with `--packing` (data.packing=true) the batch's
   packing built on the host and torch's variable-length attention kernel (`varlen_attn`, which the CUDA
   path takes; its fake implementation runs here, charged as the Flash kernel's reads and writes).
-`--fused-loss` is model.fused_loss=true (the projection and the loss chunk by chunk, eager).
+`--fused-loss` is model.fused_loss=true (the projection and the loss chunk by chunk): each chunk's terms
+after its matrix product are a compiled region on CUDA, charged as one kernel (inputs read once, outputs
+written once: the floor a fused kernel reaches); `--eager-chunk` counts them as the eager operations.
 Each operation's bytes are the least it must move: its tensor inputs read once, its outputs written once
 (in-place and out= operations: the written tensor once more); views and allocations cost nothing. That is
 a floor for each kernel, not a measurement: a matrix multiply's tiles re-read more, a fused kernel less.
@@ -30,9 +32,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -102,6 +105,7 @@ class ByteCounter(TorchDispatchMode):
         self.launches: dict[str, int] = defaultdict(int)
         self.by_op: dict[str, int] = defaultdict(int)
         self.region: str | None = None
+        self._muted = 0
 
     @contextlib.contextmanager
     def inside(self, region: str) -> Iterator[None]:
@@ -111,22 +115,37 @@ class ByteCounter(TorchDispatchMode):
         finally:
             self.region = outer
 
+    def one_kernel(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` charged as one operation called `name` (a compiled region that fuses it): its
+        tensor arguments read once, its tensor outputs written once, nothing for the operations inside:
+        the floor such a kernel can reach (Inductor's may read an input twice, for a reduction and then a
+        pointwise pass)."""
+        self._muted += 1
+        try:
+            out = fn(*args)
+        finally:
+            self._muted -= 1
+        self._charge(self.region or "other", name, _nbytes(args), _nbytes(out))
+        return out
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        if func.namespace not in _COUNTED_NAMESPACES or name in _FREE or func.is_view:
+        if self._muted or func.namespace not in _COUNTED_NAMESPACES or name in _FREE or func.is_view:
             return out
         read, written = moved_bytes(func._schema, args, kwargs, out)
         if read + written == 0:
             return out
         by_name = category_of(name)
-        category = by_name if by_name == "matmul" else self.region or by_name
+        self._charge(by_name if by_name == "matmul" else self.region or by_name, name, read, written)
+        return out
+
+    def _charge(self, category: str, name: str, read: int, written: int) -> None:
         self.read[category] += read
         self.written[category] += written
         self.launches[category] += 1
         self.by_op[f"{category}: {name}"] += read + written
-        return out
 
     def total(self) -> int:
         return sum(self.read.values()) + sum(self.written.values())
@@ -224,10 +243,13 @@ def count_step(
     *,
     fused_loss: bool = False,
     packing: bool = False,
+    eager_chunk: bool = False,
 ) -> ByteCounter:
     """The second training step of `config` on `batch` (bench_gpu's eager `ours`, or with the settings
     model.low_precision_residual, model.fused_loss and data.packing as TranslationTask takes them; the
-    first step makes the optimizer's state), counted on fake tensors."""
+    first step makes the optimizer's state), counted on fake tensors. The fused loss's chunk terms are
+    the compiled region CUDA runs (`losses._chunk_terms_on`), charged as one kernel, or with
+    `eager_chunk` the eager operations the CPU runs (and CUDA without Triton)."""
     counter = ByteCounter()
     collated = batch_packing(batch.src.eq(PAD), batch.tgt_in, PAD) if packing else None  # on the host
     with FakeTensorMode(allow_non_fake_inputs=True) as fake, cuda_code_path(), cuda_autocast_policy():
@@ -267,6 +289,9 @@ def count_step(
                 for name in ("forward", "backward"):
                     counted = _in_region(counter, "loss", getattr(function, name))
                     stack.enter_context(mock.patch.object(function, name, staticmethod(counted)))
+            if "cuda" in losses._COMPILED_CHUNK_DEVICES and not eager_chunk:
+                compiled = functools.partial(counter.one_kernel, "compiled _chunk_terms", losses._chunk_terms)
+                stack.enter_context(mock.patch.object(losses, "_chunk_terms_on", lambda device: compiled))
             stack.enter_context(counter)
             step()
     return counter
@@ -320,6 +345,7 @@ SETTINGS = {
     "low_precision_residual": "model.low_precision_residual",
     "fused_loss": "model.fused_loss",
     "packing": "data.packing",
+    "eager_chunk": "the fused loss's chunk eager",
 }
 
 
@@ -333,6 +359,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--fused-loss", action="store_true", help="model.fused_loss=true")
     parser.add_argument("--packing", action="store_true", help="data.packing=true (varlen attention)")
+    parser.add_argument(
+        "--eager-chunk", action="store_true", help="the fused loss's chunk in eager operations (no Triton)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, in seconds")
     parser.add_argument("--results-dir", default=None, help="also write DIR/<date>_bytes_per_step.txt")
     args = parser.parse_args(argv)
@@ -346,6 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.low_precision_residual,
         fused_loss=args.fused_loss,
         packing=args.packing,
+        eager_chunk=args.eager_chunk,
     )
     settings = [name for name in SETTINGS if getattr(args, name)]
     text, figures = table(counter, batch)

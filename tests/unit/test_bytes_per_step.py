@@ -86,10 +86,27 @@ def test_packing_runs_every_attention_in_the_varlen_kernel(bps: ModuleType) -> N
     assert packed.written["matmul"] < padded.written["matmul"]
 
 
+def test_one_kernel_is_charged_its_inputs_and_outputs_once(bps: ModuleType) -> None:
+    x = torch.randn(4, 8)  # 128 bytes; a softmax, a scaling and a sum inside, each a pass of their own
+    counter = bps.ByteCounter()
+    with counter, counter.inside("loss"):
+        out = counter.one_kernel("fused", lambda t, k: (torch.softmax(t, -1) * k, t.sum(-1)), x, 2.0)
+    assert out[0].shape == (4, 8)
+    assert dict(counter.read) == {"loss": 128} and dict(counter.written) == {"loss": 128 + 16}
+    assert dict(counter.launches) == {"loss": 1} and dict(counter.by_op) == {"loss: fused": 272}
+
+
 def test_the_fused_loss_is_charged_its_own_operations(bps: ModuleType) -> None:
     """model.fused_loss: the same matrix products as the plain step (the projection and its two gradients,
-    now inside the loss), charged as matmuls; the loss region's bytes are the fused pass's own."""
+    now inside the loss), charged as matmuls; each chunk's terms one compiled kernel as on CUDA, or with
+    --eager-chunk the eager passes, which move more."""
     plain, fused = bps.main(["--smoke"]), bps.main(["--smoke", "--fused-loss"])
-    assert fused["fused_loss"] and not plain["fused_loss"]
-    assert fused["by_category_gb"]["matmul"] == pytest.approx(plain["by_category_gb"]["matmul"])
-    assert fused["by_category_gb"]["loss"] != pytest.approx(plain["by_category_gb"]["loss"])
+    eager = bps.main(["--smoke", "--fused-loss", "--eager-chunk"])
+    assert fused["fused_loss"] and not plain["fused_loss"] and eager["eager_chunk"]
+    for result in (fused, eager):
+        assert result["by_category_gb"]["matmul"] == pytest.approx(plain["by_category_gb"]["matmul"])
+    assert fused["by_category_gb"]["loss"] < plain["by_category_gb"]["loss"] < eager["by_category_gb"]["loss"]
+    config, batch = bps.model_and_batch(300, 1000, smoke=True)
+    compiled = bps.count_step(config, batch, fused_loss=True).by_op
+    assert "loss: compiled _chunk_terms" in compiled and "loss: _log_softmax" not in compiled
+    assert "loss: _log_softmax" in bps.count_step(config, batch, fused_loss=True, eager_chunk=True).by_op
