@@ -64,18 +64,22 @@ def fused_token_loss(model: nn.Module, batch: Batch, packs: bool) -> Tensor:
     ).loss
 
 
-def host_packed_token_loss(model: nn.Module, batch: Batch) -> Tensor:
+def host_packed_token_loss(model: nn.Module, batch: Batch, fused: bool = False) -> Tensor:
     """The variant ours:hostpacked: TranslationTask's step with data.packing=true, the packed path on any
-    device with the packing built on the host (`Batch.to`), so no host read."""
+    device with the packing built on the host (`Batch.to`), so no host read; `fused`: with
+    model.fused_loss=true too (ours:fusedloss+hostpacked)."""
     if batch.packing is None:
         raise ValueError("ours:hostpacked needs batches moved from the host with Batch.to (their packing)")
     packing = BatchPacking.from_collated(batch.packing, batch.src, batch.tgt_in)
     hidden = model(batch.src, batch.tgt_in, return_hidden=True, packing=packing)  # (N, D)
     target = packing.target.pack(batch.tgt_out)  # (N,)
-    logits = model.output_projection(hidden)  # (N, V)
-    return our_losses.label_smoothed_cross_entropy(
-        logits, target, ignore_index=PAD, label_smoothing=LABEL_SMOOTHING
-    ).loss
+    projection = model.output_projection
+    smoothing = {"ignore_index": PAD, "label_smoothing": LABEL_SMOOTHING}
+    if fused:
+        return our_losses.linear_label_smoothed_cross_entropy(
+            hidden, projection.weight, projection.bias, target, **smoothing
+        ).loss
+    return our_losses.label_smoothed_cross_entropy(projection(hidden), target, **smoothing).loss
 
 
 def padded_token_loss(
@@ -165,6 +169,8 @@ VARIANTS = (
     "pack", "nopack", "torchdropout", "autogradloss", "foreachadamw", "compiled", "compiled-layers",
     "lowprecisionresidual", "fusedloss", "hostpacked",
 )  # fmt: skip
+# the variants that are settings of the task, not reverted levers: they combine, as ours:A+B
+COMBINABLE = frozenset({"lowprecisionresidual", "fusedloss", "hostpacked"})
 
 
 def build_runner(
@@ -174,18 +180,23 @@ def build_runner(
     device: torch.device = torch.device("cpu"),  # noqa: B008
     compile_backend: str = "inductor",
 ) -> Runner:
-    """ours, ours:VARIANT (one optimization reverted or forced), ours@REV (an earlier revision), torch,
-    torch:no-cudnn (its SDPA with the backends ours uses: no cuDNN on CUDA) or marian, for training on
-    `device` (ours packs tokens by default on the CPU only). `ours:compiled` is
+    """ours, ours:VARIANT (one optimization reverted or forced; the task's settings lowprecisionresidual,
+    fusedloss and hostpacked also together, as ours:fusedloss+hostpacked), ours@REV (an earlier revision),
+    torch, torch:no-cudnn (its SDPA with the backends ours uses: no cuDNN on CUDA) or marian, for training
+    on `device` (ours packs tokens by default on the CPU only). `ours:compiled` is
     TranslationTask's `model.compile=true`: forward and loss through one `CompiledStep`;
     `ours:compiled-layers` its `model.compile=layers`: the same padded step around compiled layers."""
     torch.manual_seed(0)
     if name == "ours" or name.startswith("ours:"):
         variant = name.partition(":")[2]
-        if variant and variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+        settings = set(variant.split("+")) if variant else set()
+        if variant and (not settings <= COMBINABLE if "+" in variant else variant not in VARIANTS):
+            raise ValueError(
+                f"unknown variant {variant!r}; expected one of {VARIANTS}, or several of "
+                f"{sorted(COMBINABLE)} joined by '+'"
+            )
         model = Seq2SeqTransformer(config)
-        if variant == "lowprecisionresidual":  # model.low_precision_residual=true (a switch, not a default)
+        if "lowprecisionresidual" in settings:  # model.low_precision_residual=true
             residual_in_autocast_dtype(model)
         compiled = variant in ("compiled", "compiled-layers")
         if variant in ("pack", "nopack") or compiled:  # packing's shapes depend on the data: not compiled
@@ -214,10 +225,11 @@ def build_runner(
                 return step(*(pad_length(t, PAD) for t in (b.src, b.tgt_in, b.tgt_out))).loss
 
             return Runner(name, model, padded_step, False, False)
-        if variant == "fusedloss":
+        if "hostpacked" in settings:  # data.packing=true: packed on any device, no host read
+            fused = "fusedloss" in settings
+            return Runner(name, model, lambda b: host_packed_token_loss(model, b, fused), True, True)
+        if "fusedloss" in settings:
             return Runner(name, model, lambda b: fused_token_loss(model, b, packs), packs, packs)
-        if variant == "hostpacked":  # data.packing=true: packed on any device, no host read
-            return Runner(name, model, lambda b: host_packed_token_loss(model, b), True, True)
         return Runner(
             name,
             model,
