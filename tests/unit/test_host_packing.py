@@ -220,7 +220,10 @@ def test_use_varlen_needs_kernel_lengths_no_dropout_no_rotary(monkeypatch: pytes
     assert not kernels.use_varlen(x, 8, 0.1, False, known, known)  # attention dropout
     assert not kernels.use_varlen(x, 8, 0.0, True, known, known)  # rotary
     assert not kernels.use_varlen(x, 8, 0.0, False, known, unknown)  # a packing found on the device
-    assert not kernels.use_varlen(x, 6, 0.0, False, known, known)  # head dim
+    assert not kernels.use_varlen(x, 6, 0.0, False, known, known)  # head dim: a multiple of 8
+    assert not kernels.use_varlen(x, 4, 0.0, False, known, known)
+    assert kernels.use_varlen(x, 256, 0.0, False, known, known)  # Flash Attention's largest
+    assert not kernels.use_varlen(x, 264, 0.0, False, known, known)
     monkeypatch.setattr(kernels, "_varlen_attn", None)  # a torch without the kernel
     assert not kernels.use_varlen(x, 8, 0.0, False, known, known)
 

@@ -54,6 +54,20 @@ def test_low_precision_layer_norm_keeps_float32_statistics() -> None:
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
 
 
+def test_low_precision_layer_norm_keeps_its_epsilon() -> None:
+    """BERT's 1e-12, or any eps (`norm_eps`), holds in the low-precision path too: a row of tiny spread,
+    where eps dominates the variance, normalises as torch's LayerNorm with that eps."""
+    norm = LayerNorm(64, eps=0.25)
+    norm.in_autocast_dtype = True
+    x = (0.1 * torch.randn(8, 64)).to(BF16)  # variance ~0.01: eps 0.25 shrinks the output ~5x
+    with torch.autocast("cpu", dtype=BF16):
+        out = norm(x)
+    expected = F.layer_norm(x.float(), (64,), norm.weight, norm.bias, 0.25)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=1e-2)
+    default_eps = F.layer_norm(x.float(), (64,), norm.weight, norm.bias, 1e-5)
+    assert (expected - default_eps).abs().max() > 1.0  # the eps matters here
+
+
 @contextlib.contextmanager
 def _watched(model: nn.Module) -> Iterator[set[torch.dtype]]:
     """The dtypes each embedder and layer of `model` hands to the next, while the context is open."""
