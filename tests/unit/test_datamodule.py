@@ -123,6 +123,29 @@ def test_predict_raw_texts() -> None:
     assert dm.predict_texts is None
 
 
+def test_text_batches_are_cut_to_max_len_in_the_texts_order() -> None:
+    """A text longer than max_len is cut to max_len tokens keeping its EOS (the model has no positions
+    beyond); the batches come in the same order on every call (no shuffling), every text once."""
+    dm = _synthetic(max_len=24)
+    dm.setup("fit")
+    long_text = " ".join(["one hundred one old cars"] * 20)
+    texts = ["hi", long_text, "we see three cats .", *(f"i have {n} eggs ." for n in ("one", "two", "three"))]
+    first = list(dm.text_dataloader(texts))
+    rows = {i: row[row.ne(dm.pad_id)] for b in first for i, row in zip(b["id"].tolist(), b["src"])}
+    assert sorted(rows) == list(range(len(texts)))
+    assert len(rows[1]) == 24 and rows[1][-1] == dm.eos_id
+    assert len(dm.src_tokenizer.encode(long_text)) > 24
+    for _ in range(3):
+        again = list(dm.text_dataloader(texts))
+        assert [b["id"].tolist() for b in again] == [b["id"].tolist() for b in first]
+    # many texts: batches in length order (the least padding), as the evaluation sampler sorts them
+    many = [" ".join(["one old car"] * (1 + i % 7)) + f" {i % 3} ." for i in range(300)]
+    batches = list(dm.text_dataloader(many))
+    assert len(batches) > 2
+    lengths = [int(row.ne(dm.pad_id).sum()) for b in batches for row in b["src"]]
+    assert lengths == sorted(lengths)
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="source must be"):
         TranslationDataModule(source="wmt")
