@@ -362,6 +362,9 @@ def test_separate_vocabularies_export_both_ways(tmp_path: Path, sentences: list[
     decoded = exported.batch_decode(targets, skip_special_tokens=True)
     assert decoded == original.batch_decode(targets, skip_special_tokens=True)
     assert decoded == [source.sentencepiece.decode(row) for row in targets]  # and as ours
+    assert [source.sentencepiece.encode(text) for text in english] == targets  # the target vocabulary's ids
+    sizes = [len(json.loads((opus / name).read_text())) for name in ("vocab.json", "target_vocab.json")]
+    assert [SentencePieceSide(source.sentencepiece, side).vocab_size for side in ("src", "tgt")] == sizes
     theirs, ours = load_file(opus / "model.safetensors"), load_file(hf / "model.safetensors")
     assert all(torch.equal(theirs[name], ours[name]) for name in theirs if "embed_positions" not in name)
     batch = exported(sentences, return_tensors="pt", padding=True)

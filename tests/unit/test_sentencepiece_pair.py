@@ -61,6 +61,7 @@ def test_decoded_text_equals_marian_tokenizer_s(marian_dir, sentences, theirs) -
     for text in sentences["en"]:
         ids = ours.encode(text) + [ours.pad_id] * 2  # a hypothesis as a search returns it: EOS, then pads
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+        assert ours.decode(ids + ours.encode("Two dogs.")) == ours.decode(ids)  # nothing after the first </s>
 
 
 def test_the_state_round_trips_and_missing_files_are_named(marian_dir, tmp_path: Path) -> None:
