@@ -15,7 +15,7 @@ from transformer.cli.errors import ConfigError
 from transformer.cli.init_from import explicit_keys, take_init_from
 from transformer.config import TransformerConfig
 from transformer.evaluation.restore import load_pretrained_translation, restore_model
-from transformer.lora import LoraSettings, add_lora, merge_lora
+from transformer.lora import LoraSettings, LowRankUpdate, add_lora, merge_lora
 from transformer.model import Seq2SeqTransformer
 from transformer.training import ClassificationTask, TranslationTask
 from transformer.training.finetune import FinetuneSettings, apply_finetune, parameter_counts
@@ -89,6 +89,43 @@ def test_lora_updates_only_the_rows_of_its_targets() -> None:
     assert not any("out_proj.parametrizations" in n for n, _ in model.named_parameters())
 
 
+def test_rank_dropout_drops_whole_components_and_keeps_the_expectation() -> None:
+    """In training, each draw is scale * B diag(m) A with m_i in {0, 1 / (1 - p)}: whole rank-one components
+    dropped, the rest scaled, so the mean over draws is the update itself; in eval, the update."""
+    update = LowRankUpdate(torch.zeros(6, 5), {"q": (0, 6)}, rank=2, scale=1.5, dropout=0.5)
+    with torch.no_grad():
+        update.lora_B["q"].normal_()
+    B, A = update.lora_B["q"].detach(), update.lora_A["q"].detach()
+    one, two = (1.5 * torch.outer(B[:, i], A[i]) for i in range(2))
+    allowed = [torch.zeros(6, 5), 2 * one, 2 * two, 2 * (one + two)]  # 1 / (1 - p) = 2
+    torch.manual_seed(0)
+    with torch.no_grad():
+        draws = [update.delta() for _ in range(400)]
+        for draw in draws:
+            assert any(torch.allclose(draw, a, atol=1e-5) for a in allowed)
+        mean = torch.stack(draws).mean(0)
+        torch.testing.assert_close(mean, one + two, atol=0.25 * float((one + two).abs().max()), rtol=0)
+        update.eval()
+        torch.testing.assert_close(update.delta(), one + two)
+
+
+def test_lora_adapts_the_gate_of_a_gated_feed_forward() -> None:
+    model = Seq2SeqTransformer(TransformerConfig.from_dict({**TINY, "activation": "swiglu"}))
+    names = add_lora(model, LoraSettings(rank=RANK, targets=("ff",)))
+    assert sorted({name.rsplit(".", 2)[-2] for name in names}) == ["gate", "linear1", "linear2"]
+    assert len(names) == 3 * 2  # two layers
+
+
+def test_merging_a_model_left_in_training_mode_takes_no_dropout() -> None:
+    model, batch = Seq2SeqTransformer(TransformerConfig.from_dict(TINY)), _batch()
+    add_lora(model, LoraSettings(rank=RANK, dropout=0.5, targets=("q", "v")))
+    _randomize_adapters(model)
+    unmerged = _logits(model, batch)  # eval: no rank dropout
+    model.train()
+    merge_lora(model)
+    torch.testing.assert_close(_logits(model, batch), unmerged, atol=1e-6, rtol=0)
+
+
 def _expected_trainable(n_attentions: int, n_layers: int, targets: tuple[str, ...]) -> int:
     """Each adapted (rows x columns) block trains A (rank x columns) and B (rows x rank)."""
     per_attention = sum(2 * RANK * D for t in ("q", "k", "v", "o") if t in targets)
@@ -127,6 +164,10 @@ def test_a_rank_larger_than_a_projection_is_refused_naming_the_key() -> None:
         ValueError, match=r"finetune\.lora\.rank=65 is larger than the ff projection .* at most 32"
     ):
         _task(finetune={"lora": {"rank": 65, "targets": ["ff"]}})
+    with pytest.raises(
+        ValueError, match=r"finetune\.lora\.rank=40 is larger than the ff projection .* at most 32"
+    ):
+        _task(finetune={"lora": {"rank": 40, "targets": ["ff"]}})  # linear1 (64 x 32): its 32 columns
     with pytest.raises(ValueError, match=r"finetune\.lora\.rank=33 is larger than the q projection"):
         _task(finetune={"lora": {"rank": 33, "targets": ["q"]}})
     for bad, key in (
