@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 from transformer.cli.sweeps import SweepJob, SweepJobs
 
 
@@ -43,3 +45,30 @@ def test_each_command_has_its_own_jobs() -> None:
         user_facing = True
 
     assert later.failure_summary(UserFacing("error: bad value\nmore")) == "error: bad value"
+
+
+def _hydra(sweep_dir: str, num: int) -> DictConfig:
+    return OmegaConf.create(
+        {
+            "sweep": {"dir": sweep_dir},
+            "job": {"num": num},
+            "overrides": {"task": [f"seed={num}"]},
+            "runtime": {"output_dir": f"{sweep_dir}/{num}"},
+            "sweeper": {},
+        }
+    )
+
+
+def test_each_job_is_a_wandb_run_grouped_under_the_sweep_unless_a_group_is_set() -> None:
+    jobs = SweepJobs()
+    grouped = OmegaConf.create({"logger": {"wandb": {"project": "p", "group": None}}})
+    sweep = "/logs/multiruns/2026-11-28_10-00-00"
+    job = jobs.start(grouped, _hydra(sweep, 0))
+    assert grouped.logger.wandb.group == "2026-11-28_10-00-00"
+    assert (job.num, job.overrides, job.output_dir) == (0, ["seed=0"], Path(sweep) / "0")
+    own = OmegaConf.create({"logger": {"wandb": {"project": "p", "group": "my-study"}}})
+    jobs.start(own, _hydra("/logs/multiruns/other", 1))
+    assert own.logger.wandb.group == "my-study"  # the user's group stays
+    without = OmegaConf.create({"logger": {"csv": {}}})
+    jobs.start(without, _hydra("/logs/multiruns/other", 2))
+    assert "wandb" not in without.logger and len(jobs) == 3
