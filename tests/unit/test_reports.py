@@ -290,3 +290,19 @@ def test_worst_sentences_are_only_the_imperfect_ones() -> None:
     _sentences_sections(report, perfect, samples=3)
     worst = report.to_markdown().split("## Worst sentences (sentence BLEU)")[1]
     assert "No sentence scores below 100" in worst and "| 0 |" not in worst
+
+
+def test_ties_in_sentence_bleu_keep_the_splits_order() -> None:
+    from transformer.evaluation.report_sections import _sentences_sections
+
+    bleu = [50.0, 20.0, 50.0, 20.0, 100.0, 50.0]
+    n = len(bleu)
+    result = TranslationResult({}, {}, [f"s{i}" for i in range(n)], ["r"] * n, ["h"] * n, [[2]] * n, bleu)
+    report = MarkdownReport("r")
+    _sentences_sections(report, result, samples=3)
+    best, worst = report.to_markdown().split("## Best sentences (sentence BLEU)")[1].split("## Worst")
+
+    def ids(section: str) -> list[str]:
+        return [cells(line)[0].strip() for line in section.splitlines() if line.startswith("| ")][1:]
+
+    assert ids(best) == ["4", "0", "2"] and ids(worst) == ["1", "3", "0"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformer.cli.results import print_metrics
+from transformer.cli.results import number, print_metrics
 
 
 def test_small_values_keep_their_digits(capsys: pytest.CaptureFixture[str]) -> None:
@@ -19,3 +19,8 @@ def test_small_values_keep_their_digits(capsys: pytest.CaptureFixture[str]) -> N
         "train/loss  0.0000",
         "run directory: runs/x",
     ]
+
+
+def test_numbers_have_four_decimals_or_three_significant_digits_when_smaller() -> None:
+    assert [number(v) for v in (1.5, -2.25, 0.0, 0.01)] == ["1.5000", "-2.2500", "0.0000", "0.0100"]
+    assert [number(v) for v in (3.2e-4, -3.2e-3, 1e-9)] == ["3.20e-04", "-3.20e-03", "1.00e-09"]
