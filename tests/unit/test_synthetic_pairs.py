@@ -157,6 +157,39 @@ def test_interrupted_translation_resumes_at_the_first_missing_chunk(tmp_path: Pa
     assert again == resumed and calls == []  # a second run translates nothing
 
 
+def test_an_entry_of_another_key_or_a_damaged_one_is_translated_again(tmp_path: Path) -> None:
+    """The entry's directory is named by the key's first 16 characters: an entry there with another full
+    key (a different corpus) is not reused, and one without its entry.json (damaged) is replaced."""
+    key, other = "k" * 64, "k" * 16 + "x" * 48
+    first = translate_corpus(
+        TEXTS, _reverse([]), directory=tmp_path, name="distill", key=other, chunk_sentences=5
+    )
+    calls: list[int] = []
+    entry = translate_corpus(
+        TEXTS, _reverse(calls), directory=tmp_path, name="distill", key=key, chunk_sentences=5
+    )
+    assert entry == first and calls == [0, 1, 2, 3, 4]  # the same directory, translated again for this key
+    assert (
+        finished_entry(tmp_path, "distill", key) == entry
+        and finished_entry(tmp_path, "distill", other) is None
+    )
+    (entry / corpus.ENTRY).unlink()  # damaged: no longer a finished entry
+    calls.clear()
+    again = translate_corpus(
+        TEXTS, _reverse(calls), directory=tmp_path, name="distill", key=key, chunk_sentences=5
+    )
+    assert calls == [0, 1, 2, 3, 4] and _lines(again) == [text[::-1] for text in TEXTS]
+
+
+def test_a_translator_that_loses_lines_stops_the_corpus(tmp_path: Path) -> None:
+    def lossy(index: int, texts: Sequence[str]) -> list[str]:
+        return [text[::-1] for text in texts][: 4 if index == 2 else None]
+
+    with pytest.raises(RuntimeError, match="distill: chunk 2 gave 4 lines for 5"):
+        translate_corpus(TEXTS, lossy, directory=tmp_path, name="distill", key="k" * 64, chunk_sentences=5)
+    assert finished_entry(tmp_path, "distill", "k" * 64) is None
+
+
 def test_ranks_translate_their_own_chunks_and_rank_zero_writes_the_corpus(tmp_path: Path) -> None:
     barrier = threading.Barrier(2)
     calls: dict[int, list[int]] = {0: [], 1: []}
