@@ -1,7 +1,8 @@
 """The distillation cache key (`transformer.cli.distill.synthetic.cache_key` over `.teachers`): what
-decides the teachers' translations changes it (their weights, `distill.ensemble_weights`, every decoding
-setting that can change an output), and what does not is left out: the teachers' file names and folders,
-and `kv_cache` (speed only)."""
+decides the teachers' translations changes it (their weights and tokenizers, `distill.ensemble_weights`,
+every decoding setting that can change an output, the seed when sampling), and what does not is left out:
+the teachers' file names and folders, and `kv_cache` (speed only). And the teachers' checks: the language
+direction and the student's kind of data."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.helpers.evaluation import tiny_config
 from transformer.cli.distill import teachers
 from transformer.cli.distill.synthetic import Plan, cache_key
 from transformer.cli.distill.teachers import load_translator
+from transformer.cli.errors import ConfigError
 from transformer.training import TranslationTask
 
 DIRECTION = ("de", "en")
@@ -25,7 +27,7 @@ TEXTS = ["ein hund", "zwei katzen", "drei vögel"]
 CONFIG = tiny_config(src_vocab_size=16)
 
 
-def _teacher(path: Path, seed: int) -> Path:
+def _teacher(path: Path, seed: int, tokenizer: str = "{}") -> Path:
     """A tiny de -> en translation checkpoint as train.py saves one (its tokenizer a stand-in string)."""
     torch.manual_seed(seed)
     task = TranslationTask(CONFIG)
@@ -40,7 +42,7 @@ def _teacher(path: Path, seed: int) -> Path:
                 "model": {"_target_": "transformer.training.TranslationTask"},
                 "data": {"src_lang": "de", "tgt_lang": "en", **DATA},
             },
-            "TranslationDataModule": {"tokenizers": {"joint": "{}"}},
+            "TranslationDataModule": {"tokenizers": {"joint": tokenizer}},
         },
         path,
     )
@@ -55,11 +57,11 @@ def key(monkeypatch: pytest.MonkeyPatch) -> Any:
         teachers, "build_datamodule", lambda *args, **kwargs: types.SimpleNamespace(max_len=64)
     )
 
-    def make(paths: list[Path], weights: list[float] | None = None, **decode: Any) -> str:
+    def make(paths: list[Path], weights: list[float] | None = None, seed: int = 0, **decode: Any) -> str:
         translator = load_translator(
             "distill.teachers", paths, direction=DIRECTION, data=DATA, decode_values=decode, weights=weights
         )
-        return cache_key(Plan("distill", translator, TEXTS, {"chunk_sentences": 2}), seed=0)
+        return cache_key(Plan("distill", translator, TEXTS, {"chunk_sentences": 2}), seed=seed)
 
     return make
 
@@ -102,3 +104,21 @@ def test_ensemble_weights_and_every_decoding_setting_change_the_key(tmp_path: Pa
     assert base not in keys.values() and len(set(keys.values())) == len(keys)
     assert key([a, b], beam_size=3, n_best=2) != key([a, b], beam_size=3)
     assert key([a, b], kv_cache="static") == base  # how fast, not what is decoded
+
+
+def test_the_tokenizer_and_for_sampling_only_the_seed_change_the_key(tmp_path: Path, key: Any) -> None:
+    a = _teacher(tmp_path / "a.ckpt", 0)
+    other_tokenizer = _teacher(tmp_path / "b.ckpt", 0, tokenizer='{"another": 1}')  # the same weights
+    assert key([a]) != key([other_tokenizer])
+    assert key([a], seed=1) == key([a])  # beam search: the seed decides nothing
+    assert key([a], seed=1, search="sample") != key([a], search="sample")
+
+
+def test_a_teacher_trained_on_other_data_is_refused(tmp_path: Path) -> None:
+    a = _teacher(tmp_path / "a.ckpt", 0)
+    with pytest.raises(ConfigError, match=r"data\.source=multi30k, this run has data\.source=wmt14"):
+        load_translator(
+            "distill.teachers", [a], direction=DIRECTION, data={"source": "wmt14"}, decode_values={}
+        )
+    with pytest.raises(ConfigError, match=r"translates de -> en, but this needs en -> de"):
+        load_translator("distill.teachers", [a], direction=("en", "de"), data=DATA, decode_values={})
