@@ -514,6 +514,21 @@ def test_attention_dropout_only_in_training() -> None:
     assert (weights == 0).any() and not torch.allclose(weights.sum(-1), torch.ones(2, H, 5))
 
 
+def test_attention_dropout_drops_weights_with_its_probability_and_rescales_the_rest() -> None:
+    """The returned weights in training (as torch's, after dropout): each one zero with probability p, the
+    others the eval weights / (1 - p); the output is those weights times V."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(E, H, dropout=0.3, batch_first=True)
+    x = torch.randn(8, 12, E)
+    module.eval()
+    _, expected = module(x, x, x, need_weights=True, average_attn_weights=False)  # (8, H, 12, 12)
+    module.train()
+    _, weights = module(x, x, x, need_weights=True, average_attn_weights=False)
+    dropped = weights == 0
+    assert abs(dropped.float().mean().item() - 0.3) < 0.03  # 4,608 weights
+    torch.testing.assert_close(weights[~dropped], expected[~dropped] / 0.7)
+
+
 def test_fast_path_gets_minimal_masks(monkeypatch: pytest.MonkeyPatch) -> None:
     """No mask when none is given, SDPA's is_causal for a plain causal mask, (B, 1, 1, S) for padding."""
     seen = []
