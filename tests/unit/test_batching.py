@@ -81,9 +81,9 @@ def test_eval_order_sorted_and_deterministic() -> None:
     assert list(sampler) == batches
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_ranks_get_disjoint_batches_and_equal_counts(drop_last: bool) -> None:
-    world = 3
+def test_ranks_get_disjoint_batches_and_equal_counts(drop_last: bool, world: int) -> None:
     per_rank = [
         list(TokenBudgetBatchSampler(LENGTHS, 400, seed=5, num_replicas=world, rank=r, drop_last=drop_last))
         for r in range(world)
@@ -94,6 +94,7 @@ def test_ranks_get_disjoint_batches_and_equal_counts(drop_last: bool) -> None:
     if drop_last:  # strictly disjoint; at most world - 1 batches left out
         assert len(set(_flat(per_rank[0])) & set(_flat(per_rank[1]))) == 0
         assert len(set(all_batches)) == len(all_batches) > len(single) - world
+        assert len(per_rank[0]) == len(single) // world
     else:  # everything covered; the last few batches repeat early ones to even out the counts
         assert set(all_batches) == {tuple(b) for b in single}
         assert len(all_batches) - len(single) < world
