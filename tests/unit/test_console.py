@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.model_summary import summarize
 from omegaconf import OmegaConf
@@ -62,8 +63,17 @@ def test_the_pytree_deprecation_of_lightnings_own_code_is_silenced() -> None:
     assert [str(w.message) for w in caught] == ["other deprecations still show"]
 
 
+class _PartlyFrozen(BoringModel):
+    """BoringModel's layer (66 parameters) frozen, and a second layer (9) that trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer.requires_grad_(False)
+        self.extra = torch.nn.Linear(2, 3)
+
+
 def test_model_summary_has_no_flops() -> None:
-    summary = summarize(BoringModel(), max_depth=1)
+    summary = summarize(_PartlyFrozen(), max_depth=1)
     with get_console().capture() as captured:
         ModelSummary.summarize(
             summary._get_summary_data(),
@@ -74,7 +84,10 @@ def test_model_summary_has_no_flops() -> None:
             total_flops=0,
         )
     text = captured.get()
-    assert "Params" in text and "Total params: 66" in text and "Modules in train mode" in text
+    assert "Params" in text and "Total params: 75" in text and "Modules in train mode" in text
+    assert "Trainable params: 9" in text and "Non-trainable params: 66" in text
+    rows = [line for line in text.splitlines() if "Linear" in line]
+    assert len(rows) == 2 and "layer" in rows[0] and "extra" in rows[1]  # every layer a row
     assert "FLOPs" not in text
 
 
