@@ -74,6 +74,9 @@ def test_each_private_name_works_on_a_real_trainer(tmp_path: Path) -> None:
     assert "_broadcast_sigterm_tensor" in vars(loop)
     loop._broadcast_sigterm_tensor()  # `when` is asked; False: Lightning's broadcast is not run
     assert calls == [1]
+    replacement = loop._broadcast_sigterm_tensor
+    lightning_private.replace_sigterm_broadcast(trainer, lambda: True)  # a second call changes nothing
+    assert loop._broadcast_sigterm_tensor is replacement
     trainer.fit(model, _loader(), _loader())
     # 8 batches, 2 per optimizer step: odd batches accumulate; logs written every 2 optimizer steps
     assert [accumulating for _, accumulating in model.seen] == [True, False] * 4
