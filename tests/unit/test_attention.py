@@ -797,6 +797,30 @@ def test_cache_grows_in_blocks_and_keeps_autograd() -> None:
     assert y.grad is not None and torch.all(y.grad[:, 3:] == 0) and y.grad[:, :3].abs().sum() > 0
 
 
+def test_cache_capacity_doubles_and_a_grow_keeps_every_cached_position() -> None:
+    """One position at a time, the buffer is reallocated O(log n) times (its capacity at least doubles),
+    and growing keeps what it held: one cached position, then a chunk longer than a block."""
+    module = MultiHeadAttention(E, H, batch_first=True).eval()
+    n = 6 * KVCache.BLOCK + 1
+    x = torch.randn(2, n, E)
+    cache, capacities = KVCache(), []
+    with torch.no_grad():
+        for t in range(n):
+            module(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=cache)
+            capacities.append(cache._key.shape[0])
+    block = KVCache.BLOCK  # a block at a time would be 1, 2, 3, ..., 7 blocks
+    assert sorted(set(capacities)) == [block, 2 * block, 4 * block, 8 * block]
+    full, _ = module(x, x, x, is_causal=True, need_weights=False)
+    cache = KVCache()
+    with torch.no_grad():
+        first, _ = module(x[:, :1], x[:, :1], x[:, :1], kv_cache=cache)
+        span = slice(1, KVCache.BLOCK + 5)  # past the first block: a grow with one position held
+        rest, _ = module(x[:, span], x[:, span], x[:, span], kv_cache=cache, is_causal=True)
+    torch.testing.assert_close(
+        torch.cat([first, rest], dim=1), full[:, : KVCache.BLOCK + 5], atol=1e-5, rtol=1e-5
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # fully masked rows: which SDPA kernels zero them, and the fix-up for those that may not
 # ---------------------------------------------------------------------------------------------------
