@@ -88,6 +88,7 @@ def test_the_seed_fixes_the_samples_and_another_seed_changes_them() -> None:
         (0, 0.65, [0.4, 0.3, 0, 0]),
         (0, 0.75, [0.4, 0.3, 0.2, 0]),
         (3, 0.5, [0.4, 0.3, 0, 0]),
+        (2, 0.55, [1.0, 0, 0, 0]),  # top-p over the top-2 renormalized: 0.4 / 0.7 >= 0.55 already
         (0, 0.1, [1.0, 0, 0, 0]),
     ],
 )
