@@ -1,6 +1,7 @@
 """Searches over hand-made next-token distributions, checked against values computed by hand: the exact
 top-k + nucleus distribution the sampler draws from, which way the temperature acts (one model and an
-ensemble), and the step at which `min_len` first allows EOS (greedy, beam, dynamic and static cache).
+ensemble), the step at which `min_len` first allows EOS (greedy, beam, dynamic and static cache), and beam
+search's 2K candidates keeping K live beams when some of the best end (a Markov model over tokens).
 
 The model is a real `Seq2SeqTransformer` (its caches, static or dynamic, run as usual) whose next-token
 logits are replaced by a fixed vector, so every expectation is a few lines of arithmetic."""
@@ -198,3 +199,63 @@ def test_eos_is_allowed_exactly_at_min_len(kv_cache: str, beam_size: int, min_le
     for row in tokens[:, 0].tolist():
         assert row[:length] == [5] * min_len + [EOS], row
     torch.testing.assert_close(scores[:, 0], expected.expand(2))
+
+
+# --- beam search keeps K live beams when K of its 2K candidates end ----------------------------------
+
+
+class _Markov(Seq2SeqTransformer):
+    """Next-token probabilities that depend on the last token only: `table[last]` (V,) each."""
+
+    table: Tensor
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+        *,
+        return_hidden: bool = False,
+    ) -> Tensor:
+        out = super().decode(tgt_in, memory, src_padding_mask, cache, return_hidden=return_hidden)
+        return torch.zeros_like(out) + self.table[tgt_in].log()  # (B, T, V)
+
+
+def _markov(rows: dict[int, dict[int, float]]) -> _Markov:
+    """`rows[last][next]` probabilities; a row's remaining mass goes to PAD (never emitted: lost)."""
+    model = _fixed([0.0] * VOCAB)
+    markov = _Markov(model.config).eval()
+    markov.load_state_dict(model.state_dict())
+    table = torch.full((VOCAB, VOCAB), 1e-6)
+    for last, row in rows.items():
+        for token, p in row.items():
+            table[last, token] = p
+        table[last, PAD] = 1.0 - sum(row.values())
+    markov.table = table
+    return markov
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+def test_beam_search_replaces_the_beams_that_end_from_its_2k_candidates(kv_cache: str) -> None:
+    """Beam 2, no length penalty. Step 1's best candidates are [3 EOS] (ends), [4 6], [4 EOS] (the third:
+    does not end) and [3 5]: the live beams are [4 6] and [3 5], the 1st and 3rd non-EOS candidates, which
+    only 2K candidates hold. [3 5] then ends at -3.10 while everything after [4 6] scores -4.34, so the
+    2-best list is [3 EOS], [3 5 EOS] (with K+1 candidates [3 5] would be lost and [4 6 ...] second)."""
+    model = _markov(
+        {
+            BOS: {3: 0.5, 4: 0.4, EOS: 0.01},
+            3: {EOS: 0.7, 5: 0.1, 4: 0.06, 6: 0.06, 7: 0.06},
+            4: {EOS: 0.3, 6: 0.65},
+            5: {EOS: 0.9},
+            6: {EOS: 0.05, 3: 0.05, 4: 0.05, 5: 0.05, 7: 0.05},
+            7: {EOS: 0.9},
+        }
+    )
+    settings = DecodingSettings(
+        beam_size=2, n_best=2, length_penalty=0.0, max_len_a=0, max_len_b=10, kv_cache=kv_cache
+    )
+    tokens, scores = search(model, _src(1), settings)
+    assert [[t for t in row if t != PAD] for row in tokens[0].tolist()] == [[3, EOS], [3, 5, EOS]]
+    expected = [math.log(0.5 * 0.7), math.log(0.5 * 0.1 * 0.9)]
+    torch.testing.assert_close(scores[0], torch.tensor(expected), atol=0, rtol=1e-5)
