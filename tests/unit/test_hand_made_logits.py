@@ -27,9 +27,10 @@ PAD, BOS, EOS = 0, 1, 2
 VOCAB = 8
 
 
-class _FixedLogits(Seq2SeqTransformer):
-    """A Seq2SeqTransformer whose every next-token logits are `logits` (V,): the decoder still runs (the
-    caches fill as usual), only its output is replaced."""
+class _HandMadeLogits(Seq2SeqTransformer):
+    """A Seq2SeqTransformer whose next-token logits after token t are `logits[t]` ((V, V): row t for the
+    last token t; the same row everywhere for fixed logits): the decoder still runs (the caches fill as
+    usual), only its output is replaced."""
 
     logits: Tensor
 
@@ -43,10 +44,10 @@ class _FixedLogits(Seq2SeqTransformer):
         return_hidden: bool = False,
     ) -> Tensor:
         out = super().decode(tgt_in, memory, src_padding_mask, cache, return_hidden=return_hidden)
-        return torch.zeros_like(out) + self.logits  # (B, T, V)
+        return torch.zeros_like(out) + self.logits[tgt_in]  # (B, T, V)
 
 
-def _fixed(logits: list[float], seed: int = 0) -> _FixedLogits:
+def _fixed(logits: list[float], seed: int = 0) -> _HandMadeLogits:
     torch.manual_seed(seed)
     config = TransformerConfig(
         VOCAB,
@@ -59,8 +60,8 @@ def _fixed(logits: list[float], seed: int = 0) -> _FixedLogits:
         dropout=0.0,
         max_len=32,
     )
-    model = _FixedLogits(config).eval()
-    model.logits = torch.tensor(logits)
+    model = _HandMadeLogits(config).eval()
+    model.logits = torch.tensor(logits).expand(VOCAB, VOCAB)  # whatever the last token
     return model
 
 
@@ -204,36 +205,17 @@ def test_eos_is_allowed_exactly_at_min_len(kv_cache: str, beam_size: int, min_le
 # --- beam search keeps K live beams when K of its 2K candidates end ----------------------------------
 
 
-class _Markov(Seq2SeqTransformer):
-    """Next-token probabilities that depend on the last token only: `table[last]` (V,) each."""
-
-    table: Tensor
-
-    def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor,
-        src_padding_mask: Tensor | None,
-        cache: DecoderCache | None = None,
-        *,
-        return_hidden: bool = False,
-    ) -> Tensor:
-        out = super().decode(tgt_in, memory, src_padding_mask, cache, return_hidden=return_hidden)
-        return torch.zeros_like(out) + self.table[tgt_in].log()  # (B, T, V)
-
-
-def _markov(rows: dict[int, dict[int, float]]) -> _Markov:
-    """`rows[last][next]` probabilities; a row's remaining mass goes to PAD (never emitted: lost)."""
-    model = _fixed([0.0] * VOCAB)
-    markov = _Markov(model.config).eval()
-    markov.load_state_dict(model.state_dict())
+def _markov(rows: dict[int, dict[int, float]]) -> _HandMadeLogits:
+    """Next-token probabilities that depend on the last token only: `rows[last][next]`; a row's remaining
+    mass goes to PAD (never emitted: lost)."""
     table = torch.full((VOCAB, VOCAB), 1e-6)
     for last, row in rows.items():
         for token, p in row.items():
             table[last, token] = p
         table[last, PAD] = 1.0 - sum(row.values())
-    markov.table = table
-    return markov
+    model = _fixed([0.0] * VOCAB)
+    model.logits = table.log()
+    return model
 
 
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
