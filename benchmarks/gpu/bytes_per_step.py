@@ -45,15 +45,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from benchmarks.common.references import PAD
+from benchmarks.common.references import PAD, Batch
 from benchmarks.common.shapes import SMOKE, WMT_BASE, wmt_batches
-from benchmarks.train.runners import LABEL_SMOOTHING
+from benchmarks.train.runners import fused_token_loss, host_packed_token_loss, padded_token_loss
 from data.batching import batch_packing
 from transformer import dropout, kernels, losses
 from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer
 from transformer.norm import residual_in_autocast_dtype
-from transformer.packing import BatchPacking
 
 CATEGORIES = (
     "matmul", "attention", "loss", "casts/copies", "norm", "residual+dropout", "activation", "embedding",
@@ -261,23 +260,18 @@ def count_step(
         src, tgt_in, tgt_out = (fake.from_tensor(t) for t in (batch.src, batch.tgt_in, batch.tgt_out))
         if collated is not None:
             collated = {k: fake.from_tensor(v) if torch.is_tensor(v) else v for k, v in collated.items()}
-        projection = model.output_projection
-        smoothing = {"ignore_index": PAD, "label_smoothing": LABEL_SMOOTHING}
+        fake_batch = Batch(src, tgt_in, tgt_out, batch.n_tokens, collated)
 
         def step() -> None:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                if collated is not None:  # TranslationTask._token_loss with data.packing
-                    packed = BatchPacking.from_collated(collated, src, tgt_in)
-                    hidden = model(src, tgt_in, return_hidden=True, packing=packed)  # (N, D)
-                    target = packed.target.pack(tgt_out)  # (N,)
-                else:
-                    hidden, target = model(src, tgt_in, return_hidden=True), tgt_out  # (B, T, D), (B, T)
-                if fused_loss:  # TranslationTask._projected_loss with model.fused_loss
-                    loss = losses.linear_label_smoothed_cross_entropy(
-                        hidden, projection.weight, projection.bias, target, **smoothing
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # the training loss as timed
+                if collated is not None:  # ours:hostpacked (ours:fusedloss+hostpacked)
+                    loss = host_packed_token_loss(model, fake_batch, fused=fused_loss)
+                elif fused_loss:  # ours:fusedloss on the padded layout
+                    loss = fused_token_loss(model, fake_batch, packs=False)
+                else:  # ours on the padded layout
+                    loss = padded_token_loss(
+                        model, src, tgt_in, tgt_out, losses.label_smoothed_cross_entropy
                     ).loss
-                else:
-                    loss = losses.label_smoothed_cross_entropy(projection(hidden), target, **smoothing).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             with counter.inside("optimizer"):
