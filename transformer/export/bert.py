@@ -268,10 +268,13 @@ def import_bert(
     except KeyError as missing:
         raise ExportError(f"cannot import {directory}: it has no weight {missing}") from None
     labels = [str(theirs.config.id2label.get(i, i)) for i in range(num_classes)]
+    tokenizers = {"joint": tokenizer.to_json()}
     checkpoint = {
         "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
         "hyper_parameters": {"config": ours.to_dict(), "num_classes": num_classes, "pooling": pooling},
-        "ClassificationDataModule": {"tokenizers": {"joint": tokenizer.to_json()}},
+        "tokenizers": tokenizers,  # read by programs (transformer.inference); the same object: stored once
+        "class_names": labels,  # the head's classes in id order (the datamodule's come from its data)
+        "ClassificationDataModule": {"tokenizers": tokenizers},
         "config": {
             "model": {"_target_": "transformer.training.ClassificationTask"},
             # SST-2 in the GLUE layout under data.data_dir, scored on dev as configs/data/sst2.yaml does

@@ -160,6 +160,7 @@ def import_hf(
         beam_size = int(transformers.GenerationConfig.from_pretrained(directory).num_beams or 1)
     except OSError:  # no generation_config.json
         beam_size = 4
+    tokenizers = {side: SentencePieceSide(pair, side).to_json() for side in ("src", "tgt")}
     checkpoint = {
         "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
         "hyper_parameters": {
@@ -167,9 +168,8 @@ def import_hf(
             "decoding": {"beam_size": beam_size, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10},
             "label_smoothing": 0.1,
         },
-        "TranslationDataModule": {
-            "tokenizers": {side: SentencePieceSide(pair, side).to_json() for side in ("src", "tgt")}
-        },
+        "tokenizers": tokenizers,  # read by programs (transformer.inference); the same object: stored once
+        "TranslationDataModule": {"tokenizers": tokenizers},
         "config": {
             "model": {"_target_": "transformer.training.TranslationTask"},
             # evaluation reads text from data.data_dir ({split}.{lang}[.gz], e.g. Multi30k's files)
