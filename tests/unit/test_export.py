@@ -548,14 +548,38 @@ def test_refuses_separate_tokenizers_for_hf_but_ctranslate2_takes_them(
 
 
 def test_refuses_a_non_empty_output_unless_forced(trained: dict, tmp_path: Path, capsys) -> None:
+    """--force replaces an earlier export (of either target), never a directory holding anything else."""
     output = tmp_path / "out"
     output.mkdir()
     (output / "keep.txt").write_text("mine")
     _refused(capsys, [str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(output)], "not empty")
+    argv = [str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(output), "--force"]
+    _refused(capsys, argv, "holds keep.txt, which this command does not write")
     assert [p.name for p in output.iterdir()] == ["keep.txt"]
-    assert main([str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(output), "--force"]) == 0
-    assert "model.bin" in {p.name for p in output.iterdir()} and not (output / "keep.txt").exists()
+    (output / "keep.txt").unlink()
+    assert main(argv) == 0
+    assert main([str(trained["ckpt"]), "--to", "hf", "--output", str(output), "--force"]) == 0
+    assert "model.safetensors" in {p.name for p in output.iterdir()} and not (output / "model.bin").exists()
+    assert main(argv) == 0  # and back
+    capsys.readouterr()
+    (output / "notes").mkdir()
+    _refused(capsys, argv, "holds notes, which this command does not write")
+    assert (output / "notes").is_dir() and (output / "model.bin").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging leftovers
+
+
+def test_a_symlinked_output_is_written_through_and_a_loop_refused(
+    trained: dict, tmp_path: Path, capsys
+) -> None:
+    target = tmp_path / "real"
+    target.mkdir()
+    link, loop = tmp_path / "link", tmp_path / "loop"
+    link.symlink_to(target, target_is_directory=True)
+    loop.symlink_to(loop)
+    _refused(capsys, [str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(loop)], "loop")
+    assert main([str(trained["ckpt"]), "--to", "ctranslate2", "--output", str(link)]) == 0
+    assert link.is_symlink() and (target / "model.bin").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "loop", "real"]
 
 
 def test_refuses_an_output_that_holds_the_checkpoint(trained: dict, capsys) -> None:

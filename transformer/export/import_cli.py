@@ -11,6 +11,11 @@ DIR/model.ckpt then works as a checkpoint train.py wrote: `evaluate.py ckpt_path
 exports, ensembles and distillation. Bad input (an architecture ours cannot represent, a directory without
 tokenizer files, an unreachable hub, an output directory that is not empty) ends with one `error:` line,
 exit status 1, and nothing written.
+
+The output never touches the source: an output directory that is, holds or lies inside the directory
+imported from (a hub id's downloaded snapshot included; symlinks resolved) is refused. `--force` replaces
+only an earlier import's output, a directory holding `model.ckpt` alone; any other file in it is named
+and refused.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer.export.source import ExportError, check_output, write_failure
+from transformer.export.source import IMPORT_FILES, ExportError, check_output, write_failure
 
 __all__ = ["main"]
 
@@ -81,7 +86,11 @@ def _local(source: str) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        check_output(args.output, force=args.force)  # before any download
+        local = Path(args.source).expanduser()
+        # before any download; a hub id's snapshot directory is checked again once downloaded
+        check_output(
+            args.output, force=args.force, source=local if local.is_dir() else None, owned=IMPORT_FILES
+        )
         try:
             import sentencepiece  # noqa: F401
             import transformers  # noqa: F401
@@ -94,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         directory = _local(args.source)
+        check_output(args.output, force=args.force, source=directory, owned=IMPORT_FILES)
         checkpoint = import_hf(
             directory, args.output, source=args.source, force=args.force, num_classes=args.num_classes
         )

@@ -10,10 +10,11 @@ output and renames it into place at the end, so a failed export leaves nothing b
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ from transformer.evaluation.scoring import checkpoint_decoding
 from transformer.model import Seq2SeqTransformer
 
 __all__ = [
+    "EXPORT_FILES",
     "IMPORTED_CHECKPOINT",
+    "IMPORT_FILES",
     "ExportError",
     "ExportSource",
     "check_output",
@@ -41,6 +44,21 @@ __all__ = [
 ]
 
 IMPORTED_CHECKPOINT = "model.ckpt"  # the file aiayn-import writes in its output directory
+# What each command writes in its output directory, and so all that its --force may replace there
+IMPORT_FILES = frozenset({IMPORTED_CHECKPOINT})
+EXPORT_FILES = frozenset(
+    {
+        "README.md",  # the model card, both targets
+        # --to hf: transformers' files (versions 4 and 5), our tokenizer's or an import's SentencePiece pair
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "source.spm", "target.spm",
+        "vocab.json", "target_vocab.json",
+        # --to ctranslate2: the model, its vocabularies and the tokenizer files beside them
+        "model.bin", "shared_vocabulary.json", "shared_vocabulary.txt", "source_vocabulary.json",
+        "source_vocabulary.txt", "target_vocabulary.json", "target_vocabulary.txt", "source_tokenizer.json",
+        "target_tokenizer.json",
+    }
+)  # fmt: skip
 
 SPECIAL_TOKENS = {"pad_id": "<pad>", "bos_id": "<s>", "eos_id": "</s>"}  # data.tokenization's specials
 # an imported Marian model's (data.sentencepiece_pair): no <s>, the decoder starts from the pad token
@@ -209,46 +227,74 @@ def _own_scores(path: Path, checkpoint: Mapping[str, Any]) -> dict[str, float]:
 
 
 @contextmanager
-def staged_output(output: str | Path, *, force: bool = False, what: str = "the export") -> Iterator[Path]:
+def staged_output(
+    output: str | Path,
+    *,
+    force: bool = False,
+    what: str = "the export",
+    owned: Collection[str] = EXPORT_FILES,
+) -> Iterator[Path]:
     """A fresh temporary directory beside `output` to write into; renamed to `output` on success.
 
-    An `output` that exists and is not an empty directory is refused unless `force` (then it is replaced,
-    only once the new directory is complete). On failure the temporary directory (and the parent
-    directories made for it) are removed, `output` is untouched, and the error names `what` was written
-    to `output` (`transformer.disk`: a full disk ends aiayn-export with one line).
+    An `output` that exists and is not an empty directory is refused unless `force`, and even then unless
+    it holds nothing but files named in `owned` (what this command writes: `check_output`); a forced one is
+    replaced only once the new directory is complete. An `output` that is a symlink to a directory is
+    written through: the link stays, its target is the directory replaced. On any failure (the final
+    renames included) the temporary directory and the parent directories made for it are removed,
+    `output` is untouched, and the error names `what` was written to `output` (`transformer.disk`: a full
+    disk ends aiayn-export with one line).
     """
     output = Path(output)
-    check_output(output, force=force)
-    made = [p for p in (output.parent, *output.parent.parents) if not p.exists()]
+    check_output(output, force=force, owned=owned)
+    final = output.resolve()  # a symlink's target (check_output refused a dangling one and a loop)
+    made = [p for p in (final.parent, *final.parent.parents) if not p.exists()]
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = _fresh_directory(output, ".tmp")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = _fresh_directory(final, ".tmp")
     except OSError as err:
         _remove_empty(made)
         err.add_note(f"while writing {what} to {output}")
         raise
     try:
         yield staging
+        _swap(staging, final, output, force=force, owned=owned)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
         _remove_empty(made)
         if isinstance(err, Exception):
             err.add_note(f"while writing {what} to {output}")
         raise
-    if output.exists():  # (forced) swap: the old directory goes only after the new one is in place
-        old = _fresh_directory(output, ".old")
-        output.rename(old / output.name)
-        staging.rename(output)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(output)
+
+
+def _swap(staging: Path, final: Path, output: Path, *, force: bool, owned: Collection[str]) -> None:
+    """Rename the complete `staging` to `final`; a (forced) existing `final` goes only after the new one is
+    in place, and comes back if that rename fails."""
+    if not final.exists():
+        staging.rename(final)
+        return
+    check_output(output, force=force, owned=owned)  # again: files may have appeared while we wrote
+    old = _fresh_directory(final, ".old")
+    moved = False
+    try:
+        final.rename(old / final.name)
+        moved = True
+        staging.rename(final)
+    except BaseException:
+        if moved:  # the previous output comes back
+            (old / final.name).rename(final)
+        with suppress(OSError):
+            old.rmdir()
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_imported(checkpoint: Mapping[str, Any], output: str | Path, *, force: bool = False) -> Path:
     """`output`/model.ckpt holding `checkpoint` (an imported model: Marian or BERT-family), written whole
-    or not at all (`staged_output`); returns its path."""
+    or not at all (`staged_output`); returns its path. `force` replaces only an earlier import's output (a
+    directory holding model.ckpt alone)."""
     size = human_size(tensor_bytes(checkpoint["state_dict"]))
-    with staged_output(output, force=force, what=f"the imported checkpoint of {size}") as staging:
+    what = f"the imported checkpoint of {size}"
+    with staged_output(output, force=force, what=what, owned=IMPORT_FILES) as staging:
         torch.save(checkpoint, staging / IMPORTED_CHECKPOINT)
     return Path(output) / IMPORTED_CHECKPOINT
 
@@ -274,15 +320,52 @@ def _fresh_directory(output: Path, suffix: str) -> Path:
         return candidate
 
 
-def check_output(output: Path, *, force: bool, keep: Path | None = None) -> None:
-    """Refuse an output path that is a file, or a non-empty directory without `force`, or one that holds
-    `keep` (the checkpoint being exported: --force would delete it)."""
-    if output.exists() and not output.is_dir():
+def check_output(
+    output: Path,
+    *,
+    force: bool,
+    keep: Path | None = None,
+    source: Path | None = None,
+    owned: Collection[str] = EXPORT_FILES,
+) -> None:
+    """Refuse an output path that cannot be written safely: a file, a dangling symlink or a symlink loop;
+    one that holds `keep` (the checkpoint being exported: --force would delete it); one that is, holds or
+    lies inside `source` (the directory being imported); a non-empty directory without `force`; and, with
+    `force`, a directory holding anything but regular files named in `owned` (what this command writes:
+    --force replaces an earlier output of the same command, never a directory of the user's)."""
+    try:
+        resolved = output.resolve(strict=False)
+        exists = output.exists()
+    except (OSError, RuntimeError) as err:  # RuntimeError: Python < 3.13's symlink loop
+        raise ExportError(f"output {output} cannot be resolved ({err})") from None
+    if output.is_symlink() and not exists:
+        raise ExportError(
+            f"output {output} is a symlink to {os.readlink(output)}, which does not exist (or is a loop): "
+            "give a directory"
+        )
+    if exists and not output.is_dir():
         raise ExportError(f"output {output} exists and is not a directory")
-    if keep is not None and output.resolve() in keep.resolve().parents:
+    if keep is not None and resolved in keep.resolve().parents:
         raise ExportError(f"output directory {output} holds the checkpoint {keep}: choose another directory")
-    if output.is_dir() and any(output.iterdir()) and not force:
+    if source is not None:
+        inside = source.resolve()
+        if resolved == inside or inside in resolved.parents or resolved in inside.parents:
+            how = "is" if resolved == inside else ("lies inside" if inside in resolved.parents else "holds")
+            raise ExportError(
+                f"output directory {output} {how} the directory imported from ({source}): choose another "
+                "directory (nothing was written)"
+            )
+    if not exists or not any(output.iterdir()):
+        return
+    if not force:
         raise ExportError(f"output directory {output} exists and is not empty (pass --force to replace it)")
+    for entry in sorted(output.iterdir()):
+        if entry.name not in owned or entry.is_symlink() or not entry.is_file():
+            raise ExportError(
+                f"output directory {output} holds {entry.name}, which this command does not write: --force "
+                f"replaces only an earlier output of it ({', '.join(sorted(owned)[:4])}"
+                f"{', ...' if len(owned) > 4 else ''}); choose another directory or remove it yourself"
+            )
 
 
 def write_failure(err: Exception, output: Path, action: str) -> str | None:
