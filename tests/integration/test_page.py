@@ -1,0 +1,265 @@
+"""The page `python serve.py` answers GET / with (transformer/serving/page.html), in a real browser: Debian's
+chromium driven by Playwright's sync API (never a browser download), against the real server on
+127.0.0.1 serving the session's tiny trained checkpoints (tests/helpers/trained.py).
+
+A sentence of the checkpoint's test split typed in and translated shows exactly what `evaluate.py
+translate.input=FILE` writes for it; with beam 2 and n-best 2 the page lists evaluate.py's 2-best with their
+scores; a classification shows evaluate.py's label and class probabilities; the server's errors (a 422
+naming the field, a 404 listing the models) and a network error are shown in the page; a screenshot is
+saved. Without chromium or playwright every test here is skipped with the reason (.ci/run installs
+chromium with apt-get)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, cli_env, run_script
+from tests.helpers import trained
+
+translation_run, classification_run = trained.translation_run, trained.classification_run
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
+try:
+    from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+except ImportError as err:
+    MISSING: str | None = f"playwright not installed: {err}"
+else:
+    MISSING = None if CHROMIUM else "chromium not installed: no `chromium` on PATH (.ci/run installs it)"
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+
+TRANSLATION, CLASSIFICATION = "tiny-en-de", "tiny-sst2"
+READY_WITHIN_S = 180  # loading two tiny checkpoints takes seconds; a busy 2-core machine, more
+WAIT_MS = 60_000  # a page's result or error
+
+
+def _best(run: Path) -> Path:
+    return Path(json.loads((run / "metrics.json").read_text())["best_ckpt_path"])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):  # not listening yet, or 503 while loading
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(
+    translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """`python serve.py` with both tiny models on a free port of 127.0.0.1: its base URL once /ready."""
+    out = tmp_path_factory.mktemp("serve")
+    models = (
+        f"models=[{{id: {TRANSLATION}, checkpoint: '{_best(translation_run)}'}}, "
+        f"{{id: {CLASSIFICATION}, checkpoint: '{_best(classification_run)}'}}]"
+    )
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (out / "console.log").open("w") as console:
+        process = subprocess.Popen(
+            [sys.executable, "serve.py", "host=127.0.0.1", f"port={port}", models, f"hydra.run.dir={out}"],
+            cwd=REPO_ROOT, env=cli_env(), stdout=console, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + READY_WITHIN_S
+            while not _ready(url):
+                log = (out / "console.log").read_text()[-3000:]
+                assert process.poll() is None, f"serve.py exited with {process.returncode}:\n{log}"
+                assert time.monotonic() < deadline, f"serve.py not ready within {READY_WITHIN_S} s:\n{log}"
+                time.sleep(0.5)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser, server: str) -> Iterator[Page]:
+    """A fresh tab (its own sessionStorage) on the page, its models listed; the page's script errors fail
+    the test."""
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.goto(f"{server}/")
+    tab.wait_for_function("document.querySelectorAll('#model option').length > 0", timeout=WAIT_MS)
+    yield tab
+    context.close()
+    assert not errors, errors
+
+
+def _evaluate(args: list[str]) -> None:
+    result = run_script("evaluate.py", args)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _test_sources(checkpoint: Path) -> list[str]:
+    """The test split's source sentences of a run on the synthetic task, made again from the data settings
+    saved in its checkpoint."""
+    import torch
+
+    from data.sources import load_synthetic
+
+    data = torch.load(checkpoint, map_location="cpu", weights_only=True)["config"]["data"]
+    return list(load_synthetic(["test"], seed=data["seed"], sizes=data["synthetic_sizes"])["test"]["src"][:])
+
+
+def _submit(page: Page) -> None:
+    """Click the button and wait until the request has ended (the button is enabled again)."""
+    page.click("#submit")
+    page.wait_for_function("!document.querySelector('#submit').disabled", timeout=WAIT_MS)
+
+
+def _shown_translations(page: Page) -> list[str]:
+    return page.locator("#segments .segment .best .text").all_text_contents()
+
+
+def test_translation_equals_evaluate_py(page: Page, translation_run: Path, tmp_path: Path) -> None:
+    """Typed, translated with the model's own decoding settings: evaluate.py's translations, in order, with
+    the time taken; then beam 2 with n-best 2: evaluate.py's 2-best list with its scores."""
+    checkpoint = _best(translation_run)
+    sources = _test_sources(checkpoint)[:2]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    plain, nbest = tmp_path / "plain.txt", tmp_path / "nbest.txt"
+    common = [f"ckpt_path={checkpoint}", f"translate.input={source}"]
+    _evaluate([*common, f"translate.output={plain}", f"hydra.run.dir={tmp_path / 'eval_plain'}"])
+    _evaluate(
+        [*common, f"translate.output={nbest}", "decode.beam_size=2", "decode.n_best=2",
+         f"hydra.run.dir={tmp_path / 'eval_nbest'}"]
+    )  # fmt: skip
+    expected = plain.read_text(encoding="utf-8").splitlines()
+    assert len(expected) == 2
+
+    page.select_option("#model", TRANSLATION)
+    assert page.locator("#submit").text_content() == "Translate"
+    assert page.locator("#model-info").text_content().startswith("Tasktranslation")
+    page.fill("#text", sources[0])  # one sentence, as a user types it
+    _submit(page)
+    assert page.locator("#error").text_content() == ""
+    assert _shown_translations(page) == expected[:1]
+    timing = page.locator("#timing").text_content()
+    assert "1 segment" in timing and "ms on the server" in timing and "ms round trip" in timing
+    assert page.locator("#segments .nbest").count() == 0  # n-best 1: the best translation alone
+
+    page.fill("#text", "\n".join(sources))
+    page.fill("#beam_size", "2")
+    page.fill("#n_best", "2")
+    _submit(page)
+    entries = [line.split(" ||| ") for line in nbest.read_text(encoding="utf-8").splitlines()]
+    for index, segment in enumerate(page.locator("#segments .segment").all()):
+        assert segment.locator(".source").text_content() == sources[index]
+        theirs = [(text, float(score)) for i, text, score in entries if int(i) == index]
+        items = segment.locator(".nbest li").all()
+        shown = [(li.locator(".text").text_content(), li.locator(".score").text_content()) for li in items]
+        assert len(shown) == len(theirs) == 2
+        assert [" ".join(text.split()) for text, _ in shown] == [text for text, _ in theirs]
+        assert [float(score) for _, score in shown] == pytest.approx([s for _, s in theirs], abs=1e-4)
+        assert segment.locator(".best .text").text_content() == shown[0][0]
+    page.screenshot(path=tmp_path / "page.png", full_page=True)
+    assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_classification_equals_evaluate_py(page: Page, classification_run: Path, tmp_path: Path) -> None:
+    """Sentences of the dev split classified in the page: evaluate.py's labels and class probabilities
+    (predictions.tsv, 4 decimals; the page shows percentages with one)."""
+    checkpoint = _best(classification_run)
+    out = tmp_path / "eval"
+    _evaluate([f"ckpt_path={checkpoint}", f"hydra.run.dir={out}", "report.enabled=false"])
+    with (out / "predictions.tsv").open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))[:3]
+
+    page.select_option("#model", CLASSIFICATION)
+    assert page.locator("#submit").text_content() == "Classify"
+    assert page.locator("#decoding").is_hidden()
+    page.fill("#text", "\n".join(row["text"] for row in rows))
+    _submit(page)
+    assert page.locator("#error").text_content() == ""
+    segments = page.locator("#segments .segment").all()
+    assert len(segments) == len(rows)
+    for segment, row in zip(segments, rows):
+        assert segment.locator(".label .text").text_content() == row["prediction"]
+        bars = segment.locator(".probs li").all()
+        shown = {bar.locator(".name").text_content(): bar.locator(".value").text_content() for bar in bars}
+        theirs = {key[2:-1]: float(value) for key, value in row.items() if key.startswith("p(")}
+        assert set(shown) == set(theirs)
+        for name, percent in shown.items():
+            assert float(percent.rstrip("%")) == pytest.approx(100 * theirs[name], abs=0.06), name
+    page.screenshot(path=tmp_path / "classification.png", full_page=True)
+
+
+def test_errors_are_shown_in_the_page(page: Page, translation_run: Path) -> None:
+    """Empty text, the server's 422 (n-best above the beam, naming the field) and 404 (a model the server
+    no longer has: the list the page loaded is stale), and a network error: each shown in the page, the
+    next good request answered."""
+    page.select_option("#model", TRANSLATION)
+    error = page.locator("#error")
+    page.fill("#text", "  \n\n")
+    page.click("#submit")
+    expect(error).to_contain_text("Enter some text")
+
+    sentence = _test_sources(_best(translation_run))[0]
+    page.fill("#text", sentence)
+    page.fill("#beam_size", "2")
+    page.fill("#n_best", "3")
+    _submit(page)
+    assert error.text_content().startswith("Error 422") and "n_best" in error.text_content()
+
+    page.fill("#n_best", "1")
+
+    def network_down(route: Route) -> None:
+        route.abort("connectionrefused")
+
+    page.route("**/v1/translate", network_down)
+    _submit(page)
+    assert error.text_content().startswith("Error") and "Network error" in error.text_content()
+    page.unroute("**/v1/translate", network_down)
+
+    _submit(page)
+    assert error.text_content() == "" and len(_shown_translations(page)) == 1
+
+    def stale(route: Route) -> None:  # the models as the page loaded them before the server lost one
+        response = route.fetch()
+        listed = response.json()
+        listed["models"].append({**listed["models"][0], "id": "retired-model"})
+        route.fulfill(response=response, json=listed)
+
+    page.route("**/v1/models", stale)
+    page.click("#reload")
+    expect(page.locator('#model option[value="retired-model"]')).to_be_attached(timeout=WAIT_MS)
+    page.select_option("#model", "retired-model")
+    _submit(page)
+    message = error.text_content()
+    assert message.startswith("Error 404") and "retired-model" in message and TRANSLATION in message
