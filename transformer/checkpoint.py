@@ -8,6 +8,7 @@ Every checkpoint this project reads goes through `load_checkpoint`, which uses
 from __future__ import annotations
 
 import pickle
+import struct
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,21 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, corrupt, unsafe or not the kind that was expected."""
 
 
+# what torch.load raises on an empty, truncated or random file besides UnpicklingError: the zip reader's
+# errors, and the unpickler's own IndexError (pop from an empty stack), KeyError (an unknown memo id),
+# UnicodeDecodeError, struct.error, ...
+_DAMAGED = (
+    RuntimeError,
+    EOFError,
+    zipfile.BadZipFile,
+    OSError,
+    ValueError,
+    LookupError,
+    struct.error,
+    TypeError,
+)
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint dict with `weights_only=True`, turning every failure into one clear line."""
     path = Path(path)
@@ -33,19 +49,34 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         # weights_only refuses any global that is not a tensor/primitive type: this is where a
-        # planted `__reduce__` payload ends up, before anything is executed.
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        # planted `__reduce__` payload ends up, before anything is executed. Random bytes and a raw pickle
+        # of protocol 4+ end here too ("Unsupported operand"): only a refused GLOBAL names code.
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        refused = next((line for line in lines if "GLOBAL" in line), None)
+        if refused is None:
+            detail = next((line for line in lines if line.startswith("Unsupported")), None)
+            reason = f"UnpicklingError: {detail}" if detail else _reason(err)
+            raise CheckpointError(
+                f"refusing to load checkpoint {path}: the safe loader cannot read it (truncated or corrupt, "
+                f"or more than tensors and plain data): {reason}"
+            ) from None
         raise CheckpointError(
             f"refusing to load checkpoint {path}: it contains Python objects that would run code when "
-            f"unpickled (only tensors and plain data are accepted): {first_line}"
+            f"unpickled (only tensors and plain data are accepted): {refused}"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise CheckpointError(
-            f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {str(err).splitlines()[0]})"
-        ) from None
+    except (*_DAMAGED, MemoryError, RecursionError) as err:  # MemoryError: sizes a damaged file claims
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({_reason(err)})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"checkpoint {path} is not a training checkpoint (no 'state_dict' entry)")
     return checkpoint
+
+
+def _reason(err: BaseException, *, named: bool = True) -> str:
+    """The first line of `err`'s message (its type's name for an empty one), for a one-line error."""
+    lines = str(err).strip().splitlines()
+    if not lines:
+        return type(err).__name__
+    return f"{type(err).__name__}: {lines[0]}" if named else lines[0]
 
 
 def files_in_hint(directory: Path) -> str:

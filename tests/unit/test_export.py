@@ -691,3 +691,10 @@ def test_cli_reports_the_measured_difference(trained: dict, tmp_path: Path, caps
     line = capsys.readouterr().out.strip()
     difference = float(line.rsplit("max |diff| ", 1)[1].rstrip(")"))
     assert difference <= 1e-4, line
+
+
+def test_an_empty_checkpoint_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    _refused(capsys, [str(empty), "--to", "hf", "--output", str(tmp_path / "out")], "truncated or corrupt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.ckpt"]
