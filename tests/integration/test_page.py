@@ -11,6 +11,7 @@ chromium with apt-get)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import shutil
@@ -63,23 +64,17 @@ def _ready(url: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def server(
-    translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """`python serve.py` with both tiny models on a free port of 127.0.0.1: its base URL once /ready."""
-    out = tmp_path_factory.mktemp("serve")
-    models = (
-        f"models=[{{id: {TRANSLATION}, checkpoint: '{_best(translation_run)}'}}, "
-        f"{{id: {CLASSIFICATION}, checkpoint: '{_best(classification_run)}'}}]"
-    )
+@contextlib.contextmanager
+def _serving(out: Path, *overrides: str) -> Iterator[str]:
+    """`python serve.py OVERRIDES` on a free port of 127.0.0.1, its log in `out`: its base URL once /ready;
+    stopped with SIGTERM at the end."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     with (out / "console.log").open("w") as console:
+        command = [sys.executable, "serve.py", "host=127.0.0.1", f"port={port}", f"hydra.run.dir={out}"]
         process = subprocess.Popen(
-            [sys.executable, "serve.py", "host=127.0.0.1", f"port={port}", models, f"hydra.run.dir={out}"],
-            cwd=REPO_ROOT, env=cli_env(), stdout=console, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [*command, *overrides], cwd=REPO_ROOT, env=cli_env(), stdout=console, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + READY_WITHIN_S
             while not _ready(url):
@@ -95,6 +90,20 @@ def server(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _model(model_id: str, checkpoint: Path) -> str:
+    return f"{{id: {model_id}, checkpoint: '{checkpoint}'}}"
+
+
+@pytest.fixture(scope="module")
+def server(
+    translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """Both tiny models, no API key."""
+    models = [_model(TRANSLATION, _best(translation_run)), _model(CLASSIFICATION, _best(classification_run))]
+    with _serving(tmp_path_factory.mktemp("serve"), f"models=[{', '.join(models)}]") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -263,3 +272,44 @@ def test_errors_are_shown_in_the_page(page: Page, translation_run: Path) -> None
     _submit(page)
     message = error.text_content()
     assert message.startswith("Error 404") and "retired-model" in message and TRANSLATION in message
+
+
+def test_api_key_is_sent_and_kept_in_the_tab_only(
+    browser: Browser, translation_run: Path, tmp_path: Path
+) -> None:
+    """A server with an API key: without it the page shows the 401; typed in (Enter reloads the models),
+    it is sent as a bearer token and the translation comes; a reload of the tab keeps it (sessionStorage),
+    a new session starts without it, and nothing is in localStorage."""
+    secret = "page-test-secret"
+    models = f"models=[{_model(TRANSLATION, _best(translation_run))}]"
+    with _serving(tmp_path, models, f"api_key={secret}") as url:
+        context = browser.new_context()
+        tab = context.new_page()
+        tab.goto(f"{url}/")
+        error = tab.locator("#error")
+        expect(error).to_contain_text("Error 401", timeout=WAIT_MS)
+        assert "API key" in error.text_content() and tab.locator("#submit").is_disabled()
+
+        tab.fill("#api-key", secret)
+        with tab.expect_request("**/v1/models") as request:
+            tab.press("#api-key", "Enter")
+        assert request.value.headers["authorization"] == f"Bearer {secret}"
+        expect(tab.locator("#submit")).to_be_enabled(timeout=WAIT_MS)
+        assert error.text_content() == ""
+        tab.fill("#text", _test_sources(_best(translation_run))[0])
+        with tab.expect_request("**/v1/translate") as request:
+            _submit(tab)
+        assert request.value.headers["authorization"] == f"Bearer {secret}"
+        assert error.text_content() == "" and len(_shown_translations(tab)) == 1
+
+        tab.reload()
+        expect(tab.locator("#submit")).to_be_enabled(timeout=WAIT_MS)
+        assert tab.input_value("#api-key") == secret
+        assert tab.evaluate("window.localStorage.length") == 0
+        context.close()
+
+        fresh = browser.new_context().new_page()
+        fresh.goto(f"{url}/")
+        expect(fresh.locator("#error")).to_contain_text("Error 401", timeout=WAIT_MS)
+        assert fresh.input_value("#api-key") == ""
+        fresh.context.close()
