@@ -187,27 +187,36 @@ def _log_prob(model: Seq2SeqTransformer, src: torch.Tensor, tokens: list[int]) -
     return float(log_probs.gather(1, torch.tensor(tokens)[:, None]).sum())
 
 
-def test_wide_beam_is_exhaustive_search_with_length_penalty() -> None:
-    """With 4 ordinary tokens and max length 3, a 32-wide beam scores all 21 hypotheses exactly."""
+# the length normalizations of `decode.length_normalization`, as plain math: len counts EOS
+NORMALIZATIONS = {"gnmt": lambda n, alpha: ((5 + n) / 6) ** alpha, "power": lambda n, alpha: n**alpha}
+
+
+@pytest.mark.parametrize("form", ["gnmt", "power"])
+def test_wide_beam_is_exhaustive_search_with_length_penalty(form: str) -> None:
+    """With 4 ordinary tokens and max length 3, a 32-wide beam scores all 21 hypotheses exactly, under
+    either normalization (whose rankings differ here: the other formula's would fail)."""
     config = _tiny_config(src_vocab_size=7, max_len=8)
     torch.manual_seed(2)
     model = Seq2SeqTransformer(config).eval()
     with torch.no_grad():
         model.output_projection.weight.mul_(3.0)
     src = torch.tensor([[BOS, 4, 5, 6, EOS], [BOS, 6, EOS, PAD, PAD]])
-    alpha = 0.8
+    alpha = 1.0  # the two formulas rank both sentences' hypotheses differently
     beams, scores = beam_search(
-        model, src, beam_size=32, length_penalty=alpha, max_len_a=0, max_len_b=3, n_best=5
-    )
+        model, src, beam_size=32, length_penalty=alpha, length_normalization=form, max_len_a=0, max_len_b=3,
+        n_best=5,
+    )  # fmt: skip
     for row in range(2):
         candidates = [[EOS]] + [
             [*prefix, EOS] for n in (1, 2) for prefix in itertools.product(range(3, 7), repeat=n)
         ]
         assert len(candidates) == 21
-        ranked = sorted(
-            ((_log_prob(model, src[row], c) / ((5 + len(c)) / 6) ** alpha, c) for c in candidates),
-            reverse=True,
+        log_probs = [_log_prob(model, src[row], c) for c in candidates]
+        ranked, other = (
+            sorted(((lp / norm(len(c), alpha), c) for lp, c in zip(log_probs, candidates)), reverse=True)
+            for norm in (NORMALIZATIONS[form], NORMALIZATIONS["power" if form == "gnmt" else "gnmt"])
         )
+        assert [c for _, c in ranked[:5]] != [c for _, c in other[:5]]  # the formula decides the list
         for k in range(5):
             expected_score, expected_tokens = ranked[k]
             assert beams[row, k][beams[row, k] != PAD].tolist() == expected_tokens
@@ -223,6 +232,8 @@ def test_bad_arguments_raise() -> None:
         beam_search(model, src, beam_size=2, n_best=3)
     with pytest.raises(ValueError, match="max_len_a"):
         greedy_search(model, src, max_len_a=-1.0)
+    with pytest.raises(ValueError, match=r"length_normalization must be one of \['gnmt', 'power'\], got 'x'"):
+        beam_search(model, src, beam_size=2, length_normalization="x")
 
 
 def test_empty_batch() -> None:

@@ -89,6 +89,7 @@ def test_ensemble_weights_and_every_decoding_setting_change_the_key(tmp_path: Pa
         "beam_size": {"beam_size": 3},
         "n_best": {"beam_size": 3, "n_best": 2},
         "length_penalty": {"length_penalty": 1.0},
+        "length_normalization": {"length_normalization": "power"},
         "max_len_a": {"max_len_a": 2.0},
         "max_len_b": {"max_len_b": 3.0},
         "top_k": {"top_k": 5},

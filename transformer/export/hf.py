@@ -29,6 +29,7 @@ from transformer.export.marian import (
     ACTIVATIONS,
     MARIAN_BUFFERS,
     config_from_marian,
+    decoding_from_marian,
     marian_config,
     marian_permutation,
     marian_refusal,
@@ -36,6 +37,7 @@ from transformer.export.marian import (
     weights_from_marian,
 )
 from transformer.export.source import ExportError, ExportSource, staged_output, write_imported
+from transformer.export.weights import check_weights
 from transformer.model import Seq2SeqTransformer
 
 __all__ = ["export_hf", "from_marian", "hf_refusal", "import_hf", "marian_permutation", "to_marian"]
@@ -108,9 +110,10 @@ def import_hf(
     """A transformers MarianMTModel directory (OPUS-MT's `save_pretrained` layout: config.json, weights,
     source.spm, target.spm, vocab.json) -> `output`/model.ckpt, a checkpoint of ours as train.py writes one:
     the weights (`from_marian`), the model config, the tokenizer pair (`data.sentencepiece_pair`), the
-    decoding of its generation config (beam size) and where it came from. `source` names the origin (a hub
-    id; default: the directory). Anything ours cannot represent is refused with an `ExportError` naming it,
-    before anything is written; the output directory appears only once complete (`staged_output`).
+    decoding of its generation settings (`decoding_from_marian`) and where it came from. `source` names the
+    origin (a hub id; default: the directory). Anything ours cannot represent is refused with an
+    `ExportError` naming it, before anything is written; the output directory appears only once complete
+    (`staged_output`).
 
     A BERT-family directory (model_type bert / distilbert) becomes a classification checkpoint instead
     (`transformer.export.bert.import_bert`); `num_classes` gives one without a classification head a new
@@ -124,10 +127,10 @@ def import_hf(
         raise ExportError(f"{directory} has no config.json: not a transformers model directory")
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
-    except (ValueError, KeyError, OSError) as unreadable:  # an unknown model_type, a malformed file
+    except Exception as unreadable:  # an unknown model_type, a malformed file, a value of the wrong type
         reason = (
-            str(unreadable).strip().splitlines()[0] if str(unreadable).strip() else type(unreadable).__name__
-        )
+            " ".join(str(unreadable).split())[:300] or type(unreadable).__name__
+        )  # the detail may be line 2
         raise ExportError(f"cannot import {directory}: its config.json cannot be read ({reason})") from None
     model_type = getattr(config, "model_type", None)
     if model_type in BERT_MODEL_TYPES:
@@ -148,6 +151,7 @@ def import_hf(
         raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
     except (ValueError, RuntimeError, OSError) as bad:
         raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
+    check_weights(directory, MarianMTModel, config, computed=MARIAN_BUFFERS)  # before allocating
     model = from_marian(MarianMTModel.from_pretrained(directory).eval())
     ours = model.config
     if (pair.pad_id, pair.eos_id, pair.vocab_size) != (ours.pad_id, ours.eos_id, ours.tgt_vocab_size):
@@ -156,16 +160,16 @@ def import_hf(
             f"{pair.vocab_size} tokens) does not match its config (pad {ours.pad_id}, eos {ours.eos_id}, "
             f"{ours.tgt_vocab_size} tokens)"
         )
-    try:
-        beam_size = int(transformers.GenerationConfig.from_pretrained(directory).num_beams or 1)
-    except OSError:  # no generation_config.json
-        beam_size = 4
+    try:  # generate()'s own settings: beam size, len ** alpha normalization (docs/pretrained.md)
+        decoding = decoding_from_marian(directory)
+    except ValueError as bad:
+        raise ExportError(f"cannot import {directory}: {bad}") from None
     tokenizers = {side: SentencePieceSide(pair, side).to_json() for side in ("src", "tgt")}
     checkpoint = {
         "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
         "hyper_parameters": {
             "config": ours.to_dict(),
-            "decoding": {"beam_size": beam_size, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10},
+            "decoding": decoding,
             "label_smoothing": 0.1,
         },
         "tokenizers": tokenizers,  # read by programs (transformer.inference); the same object: stored once

@@ -17,8 +17,12 @@ from the one table `_weight_table`.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -26,10 +30,13 @@ from torch import Tensor
 
 from transformer.config import TransformerConfig
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "ACTIVATIONS",
     "MARIAN_BUFFERS",
     "config_from_marian",
+    "decoding_from_marian",
     "marian_config",
     "marian_config_values",
     "marian_permutation",
@@ -272,3 +279,61 @@ def config_from_marian(marian: Any) -> TransformerConfig:
         bos_id=marian.decoder_start_token_id,
         eos_id=marian.eos_token_id,
     )
+
+
+# An imported model's decoding: its generation settings as `generate` reads them (generation_config.json over
+# the generation keys an older config.json holds), transformers' defaults where neither names one, except
+# the beam size: 4 where neither names one (OPUS-MT's).
+_GENERATION_DEFAULTS = {"num_beams": 4, "length_penalty": 1.0, "early_stopping": False}
+
+
+def decoding_from_marian(directory: Path) -> dict[str, Any]:
+    """The decoding settings (`DecodingSettings` fields) that decode an imported Marian model as its own
+    generation settings do: beam size `num_beams`, transformers' length normalization (summed
+    log-probability / len ** `length_penalty`, len = the generated tokens with EOS: "power"), and the
+    limit 1.2 * source length + 10.
+
+    `early_stopping`: False (transformers' default) is our beam search's own stopping rule, and so is
+    "never" with alpha <= 0 (transformers then bounds a live beam at its current length too). True (stop
+    once num_beams hypotheses have ended, even if a live beam could still beat them) and "never" with
+    alpha > 0 (bound a live beam at the maximum length) have no counterpart here: the import keeps our rule
+    and logs a warning saying so. A value of the wrong kind raises ValueError naming its file and key."""
+    values: dict[str, tuple[Any, str]] = {}
+    for name in ("config.json", "generation_config.json"):  # the second wins, as in transformers
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as unreadable:
+            raise ValueError(f"{path} cannot be read as JSON ({unreadable})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a JSON object")
+        values.update({key: (data[key], name) for key in _GENERATION_DEFAULTS if data.get(key) is not None})
+    beams, beams_from = values.get("num_beams", (_GENERATION_DEFAULTS["num_beams"], ""))
+    alpha, alpha_from = values.get("length_penalty", (_GENERATION_DEFAULTS["length_penalty"], ""))
+    stopping, stopping_from = values.get("early_stopping", (_GENERATION_DEFAULTS["early_stopping"], ""))
+    if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+        raise ValueError(f"{directory / beams_from}: num_beams must be an integer >= 1, got {beams!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise ValueError(f"{directory / alpha_from}: length_penalty must be a finite number, got {alpha!r}")
+    if stopping not in (True, False, "never"):
+        raise ValueError(
+            f'{directory / stopping_from}: early_stopping must be true, false or "never", got {stopping!r}'
+        )
+    if beams > 1 and (stopping is True or (stopping == "never" and alpha > 0)):
+        log.warning(
+            "%s: early_stopping=%r has no counterpart in our beam search; the import decodes with "
+            "transformers' early_stopping=false rule (stop once num_beams hypotheses have ended and the best "
+            "live beam, normalized at its current length, cannot beat them), which may return other "
+            "translations than generate() with this setting",
+            directory / stopping_from,
+            stopping,
+        )
+    return {
+        "beam_size": beams,
+        "length_penalty": float(alpha),
+        "length_normalization": "power",
+        "max_len_a": 1.2,
+        "max_len_b": 10,
+    }

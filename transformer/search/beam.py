@@ -1,4 +1,4 @@
-"""Beam search over the decoder's KV cache (Section 6.1; Wu et al., 2016 length penalty), batched,
+"""Beam search over the decoder's KV cache (Section 6.1; GNMT's length penalty or len ** alpha), batched,
 with every piece of bookkeeping on the device.
 
 Each sentence keeps its K best finished hypotheses in fixed-size tensors (tokens (B, K, L), scores
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from transformer.search.static_cache import Stepping
-from transformer.search.step import LengthLimits, Searchable, StepRules, length_normalizer
+from transformer.search.step import LengthLimits, LengthNormalizer, Searchable, StepRules
 
 _NONE = 1 << 30  # `_Finished.unmet` of an empty slot
 
@@ -65,7 +65,7 @@ def beam_search_loop(
     src: Tensor,
     rules: StepRules,
     beam_size: int,
-    length_penalty: float,
+    penalty: LengthNormalizer,
     max_len_a: float,
     max_len_b: float,
     n_best: int,
@@ -77,8 +77,9 @@ def beam_search_loop(
     hypothesis, the best K others live on (so EOS never crowds out live beams, as in fairseq). A
     sentence stops at its max length (EOS forced), or once K hypotheses have ended and its best live
     beam, normalized at the current length, does not beat the K-th of them (Hugging Face's default
-    heuristic; exact when length_penalty=0). With a static cache (`stepping.static`) a sentence that is
-    done stays in the batch and adds nothing more (the same results, fixed shapes). With required
+    heuristic, its `early_stopping=False`; exact when the length penalty's alpha is 0). With a static
+    cache (`stepping.static`) a sentence that is done stays in the batch and adds nothing more (the same
+    results, fixed shapes). With required
     phrases (`rules.constraints`) the candidates and survivors are Dynamic Beam Allocation's
     (`ConstraintState.candidates` / `survivors`).
     """
@@ -128,7 +129,7 @@ def beam_search_loop(
         cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_parents  # (n, 2K) in history
 
         # 2. EOS among the K best candidates ends a hypothesis (-inf ones are dead beams' leftovers)
-        normalizer = length_normalizer(step + 1, length_penalty)
+        normalizer = penalty(step + 1)  # the length of a hypothesis that ends here, EOS included
         is_eos = cand_tokens == config.eos_id  # (n, 2K)
         ended = is_eos[:, :beam_size] & torch.isfinite(cand_scores[:, :beam_size])  # (n, K)
         if done is not None:
@@ -151,7 +152,7 @@ def beam_search_loop(
 
         # 4. a sentence is done at its max length, or once K hypotheses ended and its best live beam,
         #    normalized at the current length, scores below the K-th of them (exact for
-        #    length_penalty=0; with one beam it stops exactly where greedy search stops)
+        #    alpha 0; with one beam it stops exactly where greedy search stops)
         kth_best = finished.scores[sentences, -1]  # (n,) -inf until K have ended
         stops = (lengths[sentences] <= step + 1) | (kth_best >= scores[:, 0] / normalizer)  # (n,)
         if done is not None:

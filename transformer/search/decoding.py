@@ -28,7 +28,14 @@ from transformer.search.beam import beam_search_loop
 from transformer.search.constraints import ConstraintState, TargetRequest
 from transformer.search.rows import argmax, row_search, samples
 from transformer.search.static_cache import Stepping
-from transformer.search.step import Sampler, Searchable, StepRules, eval_mode
+from transformer.search.step import (
+    LENGTH_NORMALIZATIONS,
+    LengthNormalizer,
+    Sampler,
+    Searchable,
+    StepRules,
+    eval_mode,
+)
 
 __all__ = ["DecodingSettings", "beam_search", "decode", "greedy_search", "sample", "search"]
 
@@ -44,7 +51,7 @@ class DecodingSettings(Mapping[str, Any]):
     `model.test_decoding`), of `evaluate.py` (`decode.*`, `configs/decode/`) and of the exports.
 
     A read-only mapping of its fields, so that it is stored in checkpoints and reports as plain data.
-    Defaults: greedy search (beam 1), GNMT length penalty alpha 0.6, at most 1.2 * source length + 10
+    Defaults: greedy search (beam 1), GNMT's length penalty with alpha 0.6, at most 1.2 * source length + 10
     tokens, one hypothesis per sentence, no sampling cut-offs, no length or n-gram constraints.
 
     `kv_cache` changes how fast, never what is decoded (in bf16, up to rounding: the padded shapes of
@@ -62,7 +69,10 @@ class DecodingSettings(Mapping[str, Any]):
 
     search: str = "auto"  # auto | greedy | beam | sample (auto: greedy for beam_size 1, else beam)
     beam_size: int = 1
-    length_penalty: float = 0.6  # alpha of ((5 + len) / 6) ** alpha: the scores of every search
+    length_penalty: float = 0.6  # alpha of the length normalization: the scores of every search
+    # gnmt: scores / ((5 + len) / 6) ** alpha (Wu et al., 2016); power: scores / len ** alpha (transformers'
+    # generate, fairseq, Marian: an imported OPUS-MT model's own); len counts EOS, not BOS
+    length_normalization: str = "gnmt"
     max_len_a: float = 1.2  # a hypothesis may have up to max_len_a * source length + max_len_b tokens
     max_len_b: float = 10.0
     n_best: int = 1  # hypotheses per sentence: the n best of the beam, or n independent samples
@@ -100,6 +110,11 @@ class DecodingSettings(Mapping[str, Any]):
     @property
     def sampling(self) -> bool:
         return self.search == "sample"
+
+    @property
+    def length_normalizer(self) -> LengthNormalizer:
+        """What every search divides a hypothesis' summed log-probability by."""
+        return LengthNormalizer(self.length_penalty, self.length_normalization)
 
     def stepping(self, device: torch.device, requests: bool = False) -> Stepping:
         """How the searches run their steps on `device`, as `kv_cache` says; `requests`: the search has
@@ -155,6 +170,12 @@ def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
         raise ValueError(
             f"{prefix}alignment_layer must be an integer (negative: from the top), got {layer!r}"
         )
+    normalization = settings.get("length_normalization", "gnmt")
+    if normalization not in LENGTH_NORMALIZATIONS:
+        raise ValueError(
+            f"{prefix}length_normalization must be one of {list(LENGTH_NORMALIZATIONS)}, "
+            f"got {normalization!r}"
+        )
     search = settings.get("search", "auto")
     if search not in SEARCHES:
         raise ValueError(f"{prefix}search must be one of {list(SEARCHES)}, got {search!r}")
@@ -193,7 +214,8 @@ def search(
     word_continuations: Sequence[int] = (),
 ) -> tuple[Tensor, Tensor]:
     """src (B, S) -> (hypotheses (B, n_best, L) long, scores (B, n_best) float) as `settings` say, best
-    first. Scores are the search's own: summed log-probabilities / ((5 + len) / 6) ** length_penalty.
+    first. Scores are the search's own: summed log-probabilities / ((5 + len) / 6) ** length_penalty
+    (`length_normalization` gnmt) or / len ** length_penalty (power), len counting EOS.
     `generator` fixes sampling's draws (None: torch's global RNG, as seeded by the entry points).
     `requests` (one per sentence, `transformer.search.constraints`): target prefixes, required and
     avoided phrases; greedy search with any of them is beam search with one beam (the same tokens),
@@ -207,23 +229,20 @@ def search(
         constraints = ConstraintState(requests, src.device, word_continuations)
         rules = dataclasses.replace(rules, constraints=constraints)
     stepping = settings.stepping(src.device, has_requests)
+    penalty = settings.length_normalizer
     with eval_mode(model), attention_backends(src.device):  # entered once, not in each attention call
         if settings.sampling:
             sampler = Sampler(settings.top_k, settings.top_p, generator)
-            return samples(
-                model, src, rules, sampler, settings.n_best, settings.length_penalty, lengths, stepping
-            )
+            return samples(model, src, rules, sampler, settings.n_best, penalty, lengths, stepping)
         if settings.greedy and rules.constraints is None:
-            tokens, scores = row_search(
-                model, src, rules, argmax, settings.length_penalty, **lengths, stepping=stepping
-            )
+            tokens, scores = row_search(model, src, rules, argmax, penalty, **lengths, stepping=stepping)
             return tokens.unsqueeze(1), scores.unsqueeze(1)
         return beam_search_loop(
             model,
             src,
             rules,
             settings.beam_size,
-            settings.length_penalty,
+            penalty,
             n_best=settings.n_best,
             stepping=stepping,
             **lengths,
@@ -288,6 +307,7 @@ def sample(
     temperature: float = 1.0,
     n_best: int = 1,
     length_penalty: float = 0.6,
+    length_normalization: str = "gnmt",
     max_len_a: float = 1.2,
     max_len_b: float = 10,
     min_len: int = 0,
@@ -303,6 +323,7 @@ def sample(
         temperature=temperature,
         n_best=n_best,
         length_penalty=length_penalty,
+        length_normalization=length_normalization,
         max_len_a=max_len_a,
         max_len_b=max_len_b,
         min_len=min_len,
@@ -317,6 +338,7 @@ def beam_search(
     *,
     beam_size: int = 4,
     length_penalty: float = 0.6,
+    length_normalization: str = "gnmt",
     max_len_a: float = 1.2,
     max_len_b: float = 10,
     n_best: int = 1,
@@ -325,8 +347,9 @@ def beam_search(
 ) -> tuple[Tensor, Tensor]:
     """src (B, S) long -> (hypotheses (B, n_best, L) long, scores (B, n_best) float), best first.
 
-    Score = sum of token log-probabilities / ((5 + len) / 6) ** length_penalty (Wu et al., 2016),
-    len counting EOS (`transformer.search.beam`). beam_size=1 reproduces `greedy_search` token for
+    Score = sum of token log-probabilities / ((5 + len) / 6) ** length_penalty (Wu et al., 2016; with
+    length_normalization="power": / len ** length_penalty, transformers' and fairseq's), len counting EOS
+    (`transformer.search.beam`). beam_size=1 reproduces `greedy_search` token for
     token. A sentence with fewer than n_best finished hypotheses (possible only for tiny max lengths)
     gets pad_id rows scored -inf. `min_len` and `no_repeat_ngram_size` as in `DecodingSettings`.
     """
@@ -334,6 +357,7 @@ def beam_search(
         search="beam",
         beam_size=beam_size,
         length_penalty=length_penalty,
+        length_normalization=length_normalization,
         max_len_a=max_len_a,
         max_len_b=max_len_b,
         n_best=n_best,

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from transformer.search.static_cache import Stepping
-from transformer.search.step import LengthLimits, Sampler, Searchable, StepRules, length_normalizer
+from transformer.search.step import LengthLimits, LengthNormalizer, Sampler, Searchable, StepRules
 
 
 def argmax(log_probs: Tensor) -> Tensor:
@@ -24,7 +24,7 @@ def samples(
     rules: StepRules,
     sampler: Sampler,
     n_best: int,
-    length_penalty: float,
+    penalty: LengthNormalizer,
     lengths: Mapping[str, float],
     stepping: Stepping,
 ) -> tuple[Tensor, Tensor]:
@@ -37,7 +37,7 @@ def samples(
         src.repeat_interleave(n_best, dim=0),
         rules,
         sampler,
-        length_penalty,
+        penalty,
         **lengths,
         stepping=stepping,
     )
@@ -51,7 +51,7 @@ def row_search(
     src: Tensor,
     rules: StepRules,
     pick: Callable[[Tensor], Tensor],
-    length_penalty: float,
+    penalty: LengthNormalizer,
     max_len_a: float,
     max_len_b: float,
     stepping: Stepping,
@@ -105,4 +105,4 @@ def row_search(
                 if rules.constraints is not None:
                     rules.constraints.select(keep)
     tokens = hypotheses[:, 1 : 1 + step]  # (B, L)
-    return tokens, log_prob_sums / length_normalizer(tokens.ne(config.pad_id).sum(dim=1), length_penalty)
+    return tokens, log_prob_sums / penalty(tokens.ne(config.pad_id).sum(dim=1))

@@ -72,11 +72,27 @@ class LengthLimits:
         return self.per_sentence[rows] == step + 1 if always or step + 1 >= self.shortest else None
 
 
-def length_normalizer(length: Tensor | int, length_penalty: float) -> Tensor | float:
-    """The GNMT length penalty ((5 + len) / 6) ** alpha (Wu et al., 2016); len counts EOS."""
-    if isinstance(length, Tensor):
-        return ((5.0 + length.double()) / 6.0).pow(length_penalty).float()
-    return ((5.0 + length) / 6.0) ** length_penalty
+# what a finished hypothesis' summed log-probability is divided by (`DecodingSettings.length_normalization`)
+LENGTH_NORMALIZATIONS = ("gnmt", "power")
+
+
+@dataclass(frozen=True)
+class LengthNormalizer:
+    """The length penalty of every search's scores, len counting a hypothesis' tokens with EOS (not BOS, the
+    decoder's start): "gnmt" divides by ((5 + len) / 6) ** alpha (Wu et al., 2016); "power" by
+    len ** alpha, as transformers' `generate` (its generated length: the new tokens with EOS), fairseq
+    and Marian do. alpha 0: both divide by 1."""
+
+    alpha: float
+    form: str = "gnmt"
+
+    def __call__(self, length: Tensor | int) -> Tensor | float:
+        """The divisor for hypotheses of `length` tokens: (N,) float32 for a tensor (computed in float64),
+        else a Python float (which a float32 tensor divides by in float32, as transformers' does)."""
+        if isinstance(length, Tensor):
+            base = length.double() if self.form == "power" else (5.0 + length.double()) / 6.0
+            return base.pow(self.alpha).float()
+        return float(length if self.form == "power" else (5.0 + length) / 6.0) ** self.alpha
 
 
 @dataclass(frozen=True)
