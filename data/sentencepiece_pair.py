@@ -50,6 +50,12 @@ class SentencePiecePair:
         vocab: Mapping[str, int],
         target_vocab: Mapping[str, int] | None = None,
     ) -> None:
+        for name, table in (("vocabulary", vocab), ("target vocabulary", target_vocab or {})):
+            if not isinstance(table, Mapping) or not all(
+                isinstance(k, str) and isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                for k, i in table.items()
+            ):
+                raise ValueError(f"the {name} is not a mapping of pieces to ids")
         for token in (EOS, UNK, PAD):
             if token not in vocab:
                 raise ValueError(f"the vocabulary has no {token!r} token")

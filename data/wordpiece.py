@@ -74,7 +74,10 @@ class WordPieceTokenizer:
         settings = json.loads(settings_file.read_text(encoding="utf-8")) if settings_file.is_file() else {}
         specials = {role: _token_name(settings.get(role), default) for role, default in _SPECIALS.items()}
         if (directory / "tokenizer.json").is_file():
-            tokenizer = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+            try:
+                tokenizer = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+            except Exception as err:  # tokenizers raises a bare Exception for malformed JSON
+                raise ValueError(f"{directory / 'tokenizer.json'} is not a tokenizers file ({err})") from None
         elif (directory / "vocab.txt").is_file():
             tokenizer = _from_vocab(directory / "vocab.txt", settings, specials)
         else:

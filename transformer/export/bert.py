@@ -27,6 +27,7 @@ from torch import Tensor
 from transformer.config import TransformerConfig
 from transformer.encoder_only import TransformerClassifier
 from transformer.export.source import ExportError, write_imported
+from transformer.export.weights import MAX_CLASSES, check_weights
 
 __all__ = ["BERT_MODEL_TYPES", "bert_refusal", "config_from_bert", "import_bert", "weights_from_bert"]
 
@@ -217,8 +218,8 @@ def _classifier(directory: Path, config: Any, num_classes: int | None) -> tuple[
             directory,
             f"it has no classification head (architectures: {found}): pass --num-classes N for a new one",
         )
-    if num_classes < 2:
-        raise _refusal(directory, f"--num-classes {num_classes}: a classifier needs 2 or more classes")
+    if not 2 <= num_classes <= MAX_CLASSES:
+        raise _refusal(directory, f"--num-classes {num_classes}: a classifier has 2 to {MAX_CLASSES} classes")
     model, missing = load(num_labels=num_classes)
     # the new head (and a pooler a BertModel was saved without) is initialised; nothing else may be
     lacking = [
@@ -260,6 +261,9 @@ def import_bert(
     except (ValueError, RuntimeError, OSError) as bad:
         raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
     ours = config_from_bert(config, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    headed = getattr(transformers, _HEADED[config.model_type])
+    # before allocating: sizes against the weights (a new head, and a pooler BertModel lacks, may be missing)
+    check_weights(directory, headed, config, lacking_ok=("classifier.", "pre_classifier.", "bert.pooler."))
     theirs, num_classes, new_head = _classifier(directory, config, num_classes)
     pooling = _POOLING[config.model_type]
     model = TransformerClassifier(ours, num_classes, pooling).eval()  # type: ignore[arg-type]

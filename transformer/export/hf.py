@@ -37,6 +37,7 @@ from transformer.export.marian import (
     weights_from_marian,
 )
 from transformer.export.source import ExportError, ExportSource, staged_output, write_imported
+from transformer.export.weights import check_weights
 from transformer.model import Seq2SeqTransformer
 
 __all__ = ["export_hf", "from_marian", "hf_refusal", "import_hf", "marian_permutation", "to_marian"]
@@ -126,10 +127,9 @@ def import_hf(
         raise ExportError(f"{directory} has no config.json: not a transformers model directory")
     try:
         config = transformers.AutoConfig.from_pretrained(directory)
-    except (ValueError, KeyError, OSError) as unreadable:  # an unknown model_type, a malformed file
-        reason = (
-            str(unreadable).strip().splitlines()[0] if str(unreadable).strip() else type(unreadable).__name__
-        )
+    except Exception as unreadable:  # an unknown model_type, a malformed file, a value of the wrong type
+        # all its lines: the detail may be on the second (huggingface_hub's strict dataclasses)
+        reason = " ".join(str(unreadable).split())[:300] or type(unreadable).__name__
         raise ExportError(f"cannot import {directory}: its config.json cannot be read ({reason})") from None
     model_type = getattr(config, "model_type", None)
     if model_type in BERT_MODEL_TYPES:
@@ -150,6 +150,7 @@ def import_hf(
         raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
     except (ValueError, RuntimeError, OSError) as bad:
         raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
+    check_weights(directory, MarianMTModel, config, computed=MARIAN_BUFFERS)  # before allocating
     model = from_marian(MarianMTModel.from_pretrained(directory).eval())
     ours = model.config
     if (pair.pad_id, pair.eos_id, pair.vocab_size) != (ours.pad_id, ours.eos_id, ours.tgt_vocab_size):
