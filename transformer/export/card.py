@@ -265,11 +265,24 @@ def _usage_section(
             detokenizer=tokenizer_files.get("src" if source.joint_vocabulary else "tgt", "source.spm"),
         ),
         "",
-        "Length penalty: this project's beam search divides a hypothesis' log-probability by GNMT's "
-        "((5 + length) / 6) ** alpha; transformers and CTranslate2 divide by length ** alpha. The same alpha "
-        "is written here, so beam search can rank hypotheses of different lengths differently.",
+        _length_penalty_text(source.decoding),
         "",
     ]
+
+
+def _length_penalty_text(decoding: Mapping[str, Any]) -> str:
+    """How the checkpoint's length normalization compares with transformers' and CTranslate2's."""
+    if decoding.get("length_normalization") == "power":  # an imported model's own (docs/decoding.md)
+        return (
+            "Length penalty: this checkpoint's beam search divides a hypothesis' log-probability by length "
+            "** alpha, length counting EOS, as transformers does; CTranslate2 counts the length without EOS, "
+            "so its beam search can rank hypotheses of different lengths differently."
+        )
+    return (
+        "Length penalty: this project's beam search divides a hypothesis' log-probability by GNMT's "
+        "((5 + length) / 6) ** alpha; transformers and CTranslate2 divide by length ** alpha. The same alpha "
+        "is written here, so beam search can rank hypotheses of different lengths differently."
+    )
 
 
 def model_card(

@@ -212,8 +212,9 @@ def generation_config(source: ExportSource) -> GenerationConfig:
 
     Not expressible there, and so only approximated (README "Export and deploy"): the per-sentence length
     limit floor(max_len_a * source length + max_len_b) (a global max_length = the model's max_len is
-    used), and the length penalty's formula (ours GNMT's ((5 + len) / 6) ** alpha, transformers'
-    len ** alpha; the same alpha is written).
+    used), and the length penalty's formula where the checkpoint decodes with GNMT's ((5 + len) / 6) **
+    alpha (the same alpha is written for transformers' len ** alpha; a checkpoint with
+    `length_normalization: power`, an imported model's, is exact).
     """
     config, decoding = source.config, source.decoding
     beam = decoding.get("search") != "greedy" and int(decoding.get("beam_size", 1)) > 1
