@@ -698,3 +698,19 @@ def test_an_empty_checkpoint_is_refused_in_one_line(tmp_path: Path, capsys) -> N
     empty.write_bytes(b"")
     _refused(capsys, [str(empty), "--to", "hf", "--output", str(tmp_path / "out")], "truncated or corrupt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["m.ckpt", "--to", "onnx", "--output", "out"], "error: argument --to: invalid choice: 'onnx'"),
+        (["m.ckpt", "--output", "out"], "error: the following arguments are required: --to"),
+    ],
+)
+def test_argument_errors_are_one_line_with_the_usage(capsys, argv: list[str], expected: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith(expected) and "(usage: aiayn-export " in captured.err

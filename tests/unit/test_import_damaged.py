@@ -198,3 +198,23 @@ def test_the_undamaged_directories_import(built: dict[str, Path], tmp_path: Path
         assert (
             main([str(built["bert-model"]), "--output", str(tmp_path / "n"), "--num-classes", "100000"]) == 0
         )
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["m", "--output", "o", "--num-classes", "abc"],
+            "error: argument --num-classes: invalid int value: 'abc'",
+        ),
+        (["m", "--output", "o", "--num-classes", "1e12"], "error: argument --num-classes: invalid int value"),
+        (["m"], "error: the following arguments are required: --output"),
+    ],
+)
+def test_argument_errors_are_one_line_with_the_usage(capsys, argv: list[str], expected: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith(expected) and "(usage: aiayn-import " in captured.err

@@ -15,16 +15,26 @@ import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from transformer.export.source import ExportError, check_output, write_failure
 
-__all__ = ["main"]
+__all__ = ["OneLineParser", "main"]
 
 TARGETS = {"hf": "transformers (MarianMTModel)", "ctranslate2": "CTranslate2"}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors (an unknown choice, a value of the wrong type, a missing argument) are one
+    `error:` line with the usage on it, exit status 1, as every user error of the project."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = " ".join(self.format_usage().split())
+        self.exit(1, f"error: {message} ({usage})\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="aiayn-export",
         description="Export a translation checkpoint to Hugging Face transformers or CTranslate2.",
     )

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformer.export.cli import OneLineParser
 from transformer.export.source import IMPORT_FILES, ExportError, check_output, write_failure
 
 __all__ = ["main"]
@@ -42,7 +43,7 @@ _FILES = [
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="aiayn-import",
         description="Import a pretrained transformers model (Marian / OPUS-MT translation, BERT-family "
         "classifiers) as a checkpoint.",
