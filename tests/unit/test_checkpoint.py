@@ -160,3 +160,24 @@ def test_random_bytes_are_a_checkpoint_error_never_the_unpicklers_own(tmp_path: 
         with pytest.raises(CheckpointError, match=str(path)) as refused:
             load_checkpoint(path)
         assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["load_checkpoint", "evaluate.py", "model.init_from"])
+def test_every_loader_refuses_an_empty_file_in_one_line(tmp_path: Path, name: str) -> None:
+    """A 0-byte checkpoint (an interrupted copy) given to an entry point that reads it: a user error (one line
+    through `transformer.cli.errors.USER_ERRORS`), never the IndexError of the loader's own handler."""
+    from transformer.cli.errors import USER_ERRORS
+    from transformer.cli.init_from import take_init_from
+
+    path = tmp_path / "empty.ckpt"
+    path.write_bytes(b"")
+    init_from = OmegaConf.create(
+        {
+            "ckpt_path": None,
+            "model": {"_target_": "transformer.training.TranslationTask", "init_from": str(path)},
+        }
+    )
+    _, call = LOADERS.get(name, (ConfigError, lambda p: take_init_from(init_from, None, set())))
+    with pytest.raises(USER_ERRORS, match=f"{path} is truncated or corrupt") as refused:
+        call(path)
+    assert "\n" not in str(refused.value)
