@@ -42,6 +42,7 @@ IN_PROCESS = {
 OWN_PROCESSES = {  # each starts processes of its own (a model a process; train.py runs)
     "train.bench_checkpointing": ["--smoke", "--repeats", "1"],
     "data.bench_data": ["--smoke"],
+    "serve.load": ["--smoke"],  # python serve.py processes (two per backend) and their clients
 }
 # what the scripts that print no JSON line print (each of them, a line per measurement)
 TEXT_ONLY = {
