@@ -154,8 +154,12 @@ def test_lora_of_a_classifier_trains_its_new_head_too_and_not_a_frozen_encoder()
     task.apply_finetune()
     expected = _expected_trainable(n_attentions=1, n_layers=1, targets=("q", "k", "v", "o")) + head
     assert parameter_counts(task.model) == (expected, n_base + expected - head)
-    frozen = _task(ClassificationTask, finetune={"freeze": "encoder", "lora": {"rank": RANK}})
-    frozen.apply_finetune()  # no adapters in the frozen encoder: only the head trains
+    # a classifier's projections are all in its encoder: LoRA would adapt nothing, so it is refused
+    with pytest.raises(ValueError, match=r"are all in what finetune\.freeze=encoder freezes") as refused:
+        _task(ClassificationTask, finetune={"freeze": "encoder", "lora": {"rank": RANK}})
+    assert "\n" not in str(refused.value)
+    frozen = _task(ClassificationTask, finetune={"freeze": "encoder"})  # the head alone, as it says
+    frozen.apply_finetune()
     assert parameter_counts(frozen.model)[0] == head
 
 

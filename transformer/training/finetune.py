@@ -53,12 +53,19 @@ class FinetuneSettings:
         return self.freeze != "none" or self.lora is not None
 
     def check_fits(self, model: nn.Module) -> None:
-        """Raise ValueError (naming finetune.lora.rank) if a rank is larger than a projection allows."""
+        """Raise ValueError (naming finetune.lora.rank) if a rank is larger than a projection allows, or
+        (naming finetune.freeze) if the frozen modules hold every projection LoRA targets."""
         if self.lora is not None:
             try:
-                lora_targets(model, self.lora, self.frozen_modules)
+                found = lora_targets(model, self.lora, self.frozen_modules)
             except ValueError as err:
                 raise ValueError(f"finetune.{err}") from None
+            if not found:  # LoRA would freeze every weight and adapt none: only a new head would train
+                raise ValueError(
+                    f"finetune.lora.targets={list(self.lora.targets)} are all in what "
+                    f"finetune.freeze={self.freeze} freezes: LoRA would adapt no weight (to train the head "
+                    f"alone, use finetune.freeze={self.freeze} without LoRA)"
+                )
 
 
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
