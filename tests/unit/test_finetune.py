@@ -416,3 +416,23 @@ def test_the_keys_given_on_the_command_line_are_read_from_hydras_overrides() -> 
         "model.config.x",
         "model.pooling",
     }
+
+
+def test_finetune_lora_with_rank_0_is_refused_naming_both() -> None:
+    """rank 0 means "no adapters": with finetune=lora chosen it would train every weight without a word."""
+    from tests.helpers.configs import compose_train_cfg
+    from transformer.cli.build import finetune_argument
+    from transformer.cli.errors import ConfigError
+
+    cfg = compose_train_cfg(["finetune=lora", "finetune.lora.rank=0"])
+    with pytest.raises(
+        ConfigError, match=r"^finetune=lora with finetune\.lora\.rank=0: rank 0 means no adapters"
+    ):
+        finetune_argument(cfg)
+    assert (
+        finetune_argument(compose_train_cfg(["finetune=lora", "finetune.lora.rank=2"]))["finetune"]["lora"][
+            "rank"
+        ]
+        == 2
+    )
+    assert finetune_argument(compose_train_cfg(["finetune.lora.rank=0"]))["finetune"]["lora"]["rank"] == 0

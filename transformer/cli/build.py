@@ -10,6 +10,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -155,14 +156,26 @@ def finetune_argument(cfg: DictConfig) -> dict[str, Any]:
     if node is None:
         return {}
     values = OmegaConf.to_container(node, resolve=True)
+    lora = (values.get("lora") or {}) if isinstance(values, dict) else {}
+    if _composed_option("finetune") == "lora" and isinstance(lora, dict) and not lora.get("rank"):
+        raise ConfigError(
+            f"finetune=lora with finetune.lora.rank={lora.get('rank')}: rank 0 means no adapters, so every "
+            "weight would train; give a rank >= 1 (finetune=lora's own is 8), or leave out finetune=lora"
+        )
     if _accepts(cfg.model.get("_target_"), "finetune"):
         return {"finetune": values}
-    lora = (values.get("lora") or {}) if isinstance(values, dict) else {}
     if isinstance(values, dict) and values.get("freeze", "none") == "none" and not lora.get("rank"):
         return {}
     raise ConfigError(
         f"finetune.* needs a translation or classification model; {cfg.model._target_} takes none"
     )
+
+
+def _composed_option(group: str) -> str | None:
+    """The option of config group `group` that Hydra composed this run with (None outside a Hydra run)."""
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().runtime.choices.get(group)
 
 
 def check_same_finetune(cfg: DictConfig, checkpoint: Mapping[str, Any], finetune: Any) -> None:
