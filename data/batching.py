@@ -270,6 +270,12 @@ def _compact(lengths: np.ndarray) -> np.ndarray:
     return lengths
 
 
+def truncate(ids: Sequence[int], max_len: int) -> list[int]:
+    """Cut to `max_len` tokens keeping the final EOS (an evaluated or translated text longer than the model's
+    positions; training drops such examples instead)."""
+    return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
+
+
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
     """Right-pad id lists into a (B, L) long tensor, L = the longest.
 

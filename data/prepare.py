@@ -23,6 +23,8 @@ import pyarrow as pa
 from datasets.arrow_writer import ArrowWriter
 from tqdm.auto import tqdm
 
+from data.batching import truncate  # the one cut of an over-long text (here: evaluated splits)
+
 log = logging.getLogger(__name__)
 
 CHUNK_ROWS = 10_000  # examples encoded and written at a time (and rows per Arrow record batch)
@@ -220,11 +222,6 @@ def _list_array(seqs: list[list[int]], lengths: np.ndarray, dtype: str) -> pa.Li
     np.cumsum(lengths, out=offsets[1:])
     values = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.dtype(dtype), count=int(offsets[-1]))
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-
-
-def truncate(ids: Sequence[int], max_len: int) -> list[int]:
-    """Cut to `max_len` tokens keeping the final EOS."""
-    return list(ids) if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
 
 
 def length_array(dataset: datasets.Dataset, column: str) -> np.ndarray:

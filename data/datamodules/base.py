@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data import prepare, sources
-from data.batching import IndexedBatches, TokenBudgetBatchSampler, pad_sequences
+from data.batching import IndexedBatches, TokenBudgetBatchSampler, pad_sequences, truncate
 from data.datamodules.bpe_dropout import EpochSegmentation
 from data.datamodules.tokenized import TokenizedDataModule
 from data.tokenization import BPETokenizer
@@ -114,7 +114,7 @@ class TokenBudgetDataModule(TokenizedDataModule):
         if not texts:
             raise sources.DataError("nothing to predict: predict_texts is empty")
         ids = self.src_tokenizer.encode_batch(list(texts))
-        examples = [{"src_ids": prepare.truncate(seq, self.max_len), "id": i} for i, seq in enumerate(ids)]
+        examples = [{"src_ids": truncate(seq, self.max_len), "id": i} for i, seq in enumerate(ids)]
         sampler = TokenBudgetBatchSampler(
             [len(ex["src_ids"]) for ex in examples], self.eval_max_tokens, shuffle=False
         )

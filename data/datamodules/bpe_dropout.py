@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from data.prepare import truncate
+from data.batching import truncate
 from data.tokenization import BPEDropout, BPETokenizer
 
 

@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 THIRD_PARTY_OF_THE_EDGE = {"hydra", "omegaconf"}
+ENTRY_POINTS = ("train", "evaluate", "serve")
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -22,8 +23,9 @@ def _modules() -> Iterator[tuple[str, Path]]:
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
             parts = path.relative_to(REPO_ROOT).with_suffix("").parts
             yield ".".join(p for p in parts if p != "__init__"), path
-    for script in ("train", "evaluate"):
-        yield script, REPO_ROOT / f"{script}.py"
+    for script in ENTRY_POINTS:
+        if (REPO_ROOT / f"{script}.py").is_file():  # serve.py: from issue 64's server on
+            yield script, REPO_ROOT / f"{script}.py"
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -49,7 +51,7 @@ def _project_imports(module: str) -> set[str]:
 
 def _layer(module: str) -> str:
     parts = module.split(".")
-    if parts[0] in ("train", "evaluate"):
+    if parts[0] in ENTRY_POINTS:
         return "entry point"
     if parts[0] == "data":
         return "data"
@@ -57,7 +59,8 @@ def _layer(module: str) -> str:
         return "package"  # transformer/__init__.py: re-exports the core and the searches
     if parts[1:3] == ["cli", "distill"]:
         return "distill"
-    return parts[1] if parts[1] in ("search", "training", "evaluation", "export", "cli") else "core"
+    rooms = ("search", "training", "evaluation", "export", "cli", "inference", "serving")
+    return parts[1] if parts[1] in rooms else "core"
 
 
 # layer -> the layers of this project it may import (besides itself)
@@ -69,9 +72,22 @@ ALLOWED = {
     "evaluation": {"core", "search"},
     "training": {"core", "search", "evaluation"},
     "export": {"core", "search", "evaluation", "data"},  # aiayn-import writes the pipeline's tokenizer
-    "cli": {"core", "search", "evaluation", "training", "data"},
-    "distill": {"core", "search", "evaluation", "data", "cli"},  # cli/distill/: on top of the other cli parts
-    "entry point": {"core", "search", "evaluation", "training", "data", "cli", "distill"},
+    # the Python API of a checkpoint (no Hydra, no Lightning: data's tokenizers and batching, not datamodules)
+    "inference": {"core", "search", "evaluation", "data", "export"},
+    "serving": {"inference", "core", "search", "evaluation"},  # the HTTP server on top of inference
+    "cli": {"core", "search", "evaluation", "training", "data", "inference"},
+    "distill": {"core", "search", "evaluation", "data", "cli", "inference"},  # on top of the other cli parts
+    "entry point": {
+        "core",
+        "search",
+        "evaluation",
+        "training",
+        "data",
+        "cli",
+        "distill",
+        "inference",
+        "serving",
+    },
 }
 
 
@@ -88,15 +104,18 @@ def test_imports_run_one_way(module: str) -> None:
 
 def test_the_core_imports_neither_search_nor_distill() -> None:
     """The arrows run down: the model and its KV cache (`transformer.kv_cache`) never reach up into the
-    searches that drive them, nor into distillation (the table above says so; this names the rule)."""
+    searches that drive them, nor into distillation, the inference API or the server (the table above says
+    so; this names the rule)."""
     upward = sorted(
         f"{module} -> {name}"
         for module in GRAPH
         if _layer(module) == "core"
         for name in _project_imports(module)
-        if name.startswith(("transformer.search", "transformer.cli"))
+        if name.startswith(
+            ("transformer.search", "transformer.cli", "transformer.inference", "transformer.serving")
+        )
     )
-    assert not upward, f"core modules import search/ or cli/ (distill/): {upward}"
+    assert not upward, f"core modules import search/, cli/ (distill/), inference/ or serving/: {upward}"
     assert "transformer.kv_cache" in GRAPH and _layer("transformer.kv_cache") == "core"
 
 
@@ -196,6 +215,7 @@ MODULES_WITHOUT_LIGHTNING = (
     "transformer.evaluation.plots",
     "transformer.evaluation.sweep_report",
     "transformer.export.cli",
+    "transformer.inference",
     "data.batching",
 )
 

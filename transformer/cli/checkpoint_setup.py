@@ -18,6 +18,7 @@ from data.datamodules import ClassificationDataModule, TranslationDataModule
 from transformer.checkpoint import CheckpointError, average_checkpoints, files_in_hint, load_checkpoint
 from transformer.cli.arguments import ArgumentError, check_arguments
 from transformer.cli.errors import ConfigError
+from transformer.cli.init_from import check_languages
 from transformer.evaluation.reports import ReportOptions
 from transformer.evaluation.restore import RestoredModel, last_checkpoints, lora_settings
 from transformer.search.ensemble import Ensemble
@@ -64,7 +65,7 @@ def ensemble_of(
             raise ConfigError(
                 f"ckpt_path: {path} is a {other.task} checkpoint, {first_path} a {first.task} one"
             )
-        if other.datamodule_state.get("tokenizers") != first.datamodule_state.get("tokenizers"):
+        if other.tokenizers != first.tokenizers:
             raise ConfigError(
                 f"ckpt_path: {path} and {first_path} have different tokenizers: an ensemble averages "
                 "distributions over one vocabulary"
@@ -157,13 +158,16 @@ def build_datamodule(
         check_arguments(cls, {k: v for k, v in overrides.items() if v is not None}, "data")
     except ArgumentError as err:
         raise ConfigError(str(err)) from None
+    check_languages(saved, overrides, f"checkpoint {path}", "evaluate it on data in its languages")
     # The tokenizer(s) come from the checkpoint: no cache to read, nothing to train.
     settings.update(cache_dir=None, show_progress=show_progress)
     try:
         datamodule = cls(**settings)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"cannot build the {cls.__name__} of {path}: {err}") from None
-    state = restored.datamodule_state
+    state = dict(restored.datamodule_state)
+    if restored.tokenizers:  # the checkpoint's own key (`saved_tokenizers`), else its datamodule state's
+        state["tokenizers"] = restored.tokenizers
     if not state.get("tokenizers"):
         raise CheckpointError(
             f"checkpoint {path} carries no tokenizer (no {cls.__name__} state): it cannot be decoded "

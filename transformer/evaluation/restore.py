@@ -17,18 +17,23 @@ from transformer.checkpoint import CheckpointError, load_checkpoint, state_dict_
 from transformer.config import TransformerConfig
 from transformer.lora import FROZEN_MODULES, LoraSettings, add_lora, merge_lora
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
+from transformer.search.decoding import DecodingSettings
 
 __all__ = [
     "DATAMODULES",
     "TASKS",
     "RestoredModel",
+    "checkpoint_decoding",
     "last_checkpoints",
     "load_pretrained_classifier",
     "load_pretrained_encoder",
     "load_pretrained_translation",
     "lora_settings",
     "restore_model",
+    "saved_class_names",
+    "saved_tokenizers",
     "task_of",
+    "with_stable_keys",
 ]
 
 TaskKind = Literal["translation", "classification"]
@@ -38,6 +43,10 @@ DATAMODULES: dict[TaskKind, str] = {
     "translation": "TranslationDataModule",
     "classification": "ClassificationDataModule",
 }
+# The checkpoint's own keys for what a program needs besides the weights, whatever wrote it (train.py's
+# tasks, aiayn-import): the tokenizer JSON(s) by side ("joint", or "src" and "tgt") and a classifier's class
+# names in id order. Older checkpoints hold them only in the datamodule's state (`DATAMODULES`).
+TOKENIZERS_KEY, CLASS_NAMES_KEY = "tokenizers", "class_names"
 _MODEL_PREFIX = "model."  # the tasks hold their network as `self.model`
 _ENCODER_PREFIXES = ("src_embed.", "encoder.")  # what pretraining hands on to a classifier
 
@@ -53,6 +62,16 @@ class RestoredModel:
     datamodule_state: dict[str, Any] = field(default_factory=dict)  # tokenizer JSON(s), class names
     global_step: int | None = None
     epoch: int | None = None
+    tokenizers: dict[str, str] = field(default_factory=dict)  # `saved_tokenizers`: JSON by side
+    class_names: list[str] | None = None  # `saved_class_names` (classification)
+    imported_from: dict[str, Any] | None = None  # aiayn-import's provenance (None: trained here)
+
+    def __post_init__(self) -> None:
+        # built by hand from a datamodule state alone (tests, older callers): read it as a checkpoint's
+        if not self.tokenizers:
+            self.tokenizers = saved_tokenizers({DATAMODULES[self.task]: self.datamodule_state}, self.task)
+        if self.class_names is None and self.task == "classification":
+            self.class_names = saved_class_names({DATAMODULES[self.task]: self.datamodule_state})
 
 
 def _model_weights(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,6 +130,11 @@ def task_of(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") ->
     return kind
 
 
+def checkpoint_decoding(hparams: Mapping[str, Any]) -> DecodingSettings:
+    """The decoding settings a translation task's test step used: `test_decoding` over `decoding`."""
+    return DecodingSettings.from_values(hparams.get("test_decoding"), hparams.get("decoding"))
+
+
 def lora_settings(hparams: Mapping[str, Any], path: str | Path = "<checkpoint>") -> LoraSettings | None:
     """The LoRA adapters a fine-tuning run trained (its `finetune.lora`), None for a plain checkpoint."""
     lora = (hparams.get("finetune") or {}).get("lora") or {}
@@ -148,6 +172,7 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
         merge_lora(model)
     model.eval()
     config_dict = checkpoint.get("config")
+    imported = checkpoint.get("imported_from")
     return RestoredModel(
         task=kind,
         model=model,
@@ -156,7 +181,48 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
         datamodule_state=dict(checkpoint.get(DATAMODULES[kind]) or {}),
         global_step=checkpoint.get("global_step"),
         epoch=checkpoint.get("epoch"),
+        tokenizers=saved_tokenizers(checkpoint, kind),
+        class_names=saved_class_names(checkpoint, kind) if kind == "classification" else None,
+        imported_from=dict(imported) if isinstance(imported, Mapping) else None,
     )
+
+
+def saved_tokenizers(checkpoint: Mapping[str, Any], kind: TaskKind) -> dict[str, str]:
+    """The tokenizer JSON(s) of `checkpoint` by side ("joint", or "src" and "tgt"; {} if it has none): its
+    `tokenizers` key, else (a checkpoint written before that key) its datamodule's state. Plain strings:
+    `data.tokenization.tokenizer_from_json` turns one into a tokenizer."""
+    saved = checkpoint.get(TOKENIZERS_KEY)
+    if not isinstance(saved, Mapping):
+        saved = (checkpoint.get(DATAMODULES[kind]) or {}).get("tokenizers")
+    return dict(saved) if isinstance(saved, Mapping) else {}
+
+
+def saved_class_names(checkpoint: Mapping[str, Any], kind: TaskKind = "classification") -> list[str] | None:
+    """A classifier's class names in id order: its `class_names` key, else its datamodule's state, else (an
+    older aiayn-import of a BERT) the labels its provenance records; None when nothing names them."""
+    for names in (
+        checkpoint.get(CLASS_NAMES_KEY),
+        (checkpoint.get(DATAMODULES[kind]) or {}).get("class_names"),
+        (checkpoint.get("imported_from") or {}).get("labels"),
+    ):
+        if isinstance(names, (list, tuple)) and names:
+            return [str(name) for name in names]
+    return None
+
+
+def with_stable_keys(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """`checkpoint` with its datamodule state's tokenizers (and class names) also under the checkpoint's own
+    keys, which programs read without knowing the datamodule class (`saved_tokenizers`). The same objects
+    are referenced, not copied: pickle stores them once, so the file does not grow."""
+    for name in DATAMODULES.values():
+        state = checkpoint.get(name)
+        if not isinstance(state, Mapping):
+            continue
+        if state.get("tokenizers"):
+            checkpoint[TOKENIZERS_KEY] = state["tokenizers"]
+        if state.get("class_names"):
+            checkpoint[CLASS_NAMES_KEY] = state["class_names"]
+    return checkpoint
 
 
 def load_pretrained_encoder(
@@ -185,7 +251,7 @@ def _copy_encoder(
 ) -> int:
     """`load_pretrained_encoder`'s copy, of the loaded masked-LM `checkpoint`."""
     if tokenizers is not None:
-        saved = (checkpoint.get(DATAMODULES["classification"]) or {}).get("tokenizers")
+        saved = saved_tokenizers(checkpoint, "classification") or None
         if saved != tokenizers:
             raise CheckpointError(
                 f"model.init_from={path} was pretrained with another tokenizer than this run's (compare "
@@ -272,7 +338,7 @@ def _check_tokenizers(
 ) -> None:
     """`model.init_from`'s checkpoint must have the run's tokenizers (when given): token ids mean
     something only under them."""
-    if tokenizers is not None and restored.datamodule_state.get("tokenizers") != tokenizers:
+    if tokenizers is not None and (restored.tokenizers or None) != tokenizers:
         raise CheckpointError(
             f"model.init_from={path} was trained with another tokenizer than this run's: token ids would "
             "not match (a fine-tuning run takes the checkpoint's tokenizer)"

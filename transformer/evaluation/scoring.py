@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import sacrebleu
 import torch
@@ -27,6 +26,8 @@ from torchmetrics.classification import (
     MulticlassRecall,
 )
 
+from transformer.evaluation.n_best import n_best_texts, until_eos
+from transformer.evaluation.restore import checkpoint_decoding
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 from transformer.search.decoding import DecodingSettings, search
@@ -46,11 +47,6 @@ __all__ = [
 ]
 
 Batch = Mapping[str, Tensor]
-
-
-def checkpoint_decoding(hparams: Mapping[str, Any]) -> DecodingSettings:
-    """The decoding settings a translation task's test step used: `test_decoding` over `decoding`."""
-    return DecodingSettings.from_values(hparams.get("test_decoding"), hparams.get("decoding"))
 
 
 # --- translation ------------------------------------------------------------------------------------
@@ -131,10 +127,10 @@ def score_translation(
             tokens, scores = search(model, batch["src"], decoding)  # (B, N, L), (B, N) best first
             lists = n_best_texts(tokens, scores, decode_ids, eos_id, pad_id)
             for index, hyps, rows in zip(batch["id"].tolist(), lists, tokens):
-                hypotheses[index] = (hyps[0][0], _until_eos(rows[0], eos_id, pad_id))
+                hypotheses[index] = (hyps[0][0], until_eos(rows[0], eos_id, pad_id))
                 if decoding.n_best > 1:  # the kept hypotheses are the first ones (best first)
                     n_best[index] = hyps
-                    n_best_ids[index] = [_until_eos(row, eos_id, pad_id) for row in rows[: len(hyps)]]
+                    n_best_ids[index] = [until_eos(row, eos_id, pad_id) for row in rows[: len(hyps)]]
     _check_every_example(hypotheses, len(references))
     hyps = [hypotheses[i][0] for i in range(len(references))]
     refs = list(references)
@@ -150,25 +146,6 @@ def score_translation(
         n_best=[n_best[i] for i in range(len(references))] if n_best else [],
         n_best_ids=[n_best_ids[i] for i in range(len(references))] if n_best else [],
     )
-
-
-def n_best_texts(
-    tokens: Tensor,
-    scores: Tensor,
-    decode_ids: Callable[[list[list[int]]], list[str]],
-    eos_id: int,
-    pad_id: int,
-) -> list[list[tuple[str, float]]]:
-    """A search's (B, N, L) hypotheses and (B, N) scores -> per sentence [(text, score), ...], best
-    first; the -inf rows of a sentence with fewer than N ended hypotheses are left out (the first one
-    always stays, as the sentence's output)."""
-    batch, n, _ = tokens.shape
-    ids = [_until_eos(row, eos_id, pad_id) for row in tokens.reshape(batch * n, -1)]
-    texts, values = decode_ids(ids), scores.tolist()
-    return [
-        [(texts[b * n + k], values[b][k]) for k in range(n) if k == 0 or math.isfinite(values[b][k])]
-        for b in range(batch)
-    ]
 
 
 def _add_teacher_forced(
@@ -211,13 +188,6 @@ def _check_every_example(seen: Collection[int], num_examples: int) -> None:
         raise RuntimeError(
             f"the batches skipped {len(missing)} examples of the split (ids {missing[:5]} ...)"
         )
-
-
-def _until_eos(row: Tensor, eos_id: int, pad_id: int) -> list[int]:
-    ids = row.tolist()
-    if eos_id in ids:
-        return ids[: ids.index(eos_id) + 1]
-    return [i for i in ids if i != pad_id]
 
 
 @dataclass

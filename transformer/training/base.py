@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
 from transformer.checkpoint import strip_compile_prefix
+from transformer.evaluation.restore import with_stable_keys
 from transformer.losses import TokenLoss
 from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import checkpoint_layers, compile_layers
@@ -325,6 +326,7 @@ class TaskBase(L.LightningModule):
             if type(logger).__name__ == "WandbLogger":
                 checkpoint["wandb_run_id"] = str(logger.version)
         checkpoint[f"{self.best_metric[0]}_best"] = self.best
+        with_stable_keys(checkpoint)  # the tokenizers (class names) where programs read them (inference)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.best = checkpoint.get(f"{self.best_metric[0]}_best", self._worst())
