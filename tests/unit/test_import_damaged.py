@@ -218,3 +218,26 @@ def test_argument_errors_are_one_line_with_the_usage(capsys, argv: list[str], ex
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1, captured.err
     assert captured.err.startswith(expected) and "(usage: aiayn-import " in captured.err
+
+
+def test_evaluating_an_import_in_other_languages_is_refused_naming_both(
+    built: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """`+data.src_lang=en +data.tgt_lang=de` (Hydra's hint) on a de -> en import decoded nonsense (BLEU 0)."""
+    from transformer.checkpoint import load_checkpoint
+    from transformer.cli.checkpoint_setup import build_datamodule
+    from transformer.cli.errors import ConfigError
+    from transformer.evaluation.restore import restore_model
+
+    assert main([str(built["marian"]), "--output", str(tmp_path / "out")]) == 0
+    path = tmp_path / "out" / "model.ckpt"
+    restored = restore_model(load_checkpoint(path), path)
+    with pytest.raises(ConfigError) as refused:
+        build_datamodule(restored, {"src_lang": "en", "tgt_lang": "de"}, path)
+    assert str(refused.value) == (
+        f"data.src_lang=en data.tgt_lang=de but checkpoint {path} translates de -> en: evaluate it on data "
+        "in its languages"
+    )
+    with pytest.raises(ConfigError, match=r"^data\.tgt_lang=fr but checkpoint"):
+        build_datamodule(restored, {"src_lang": "de", "tgt_lang": "fr"}, path)
+    assert build_datamodule(restored, {"src_lang": "de", "tgt_lang": "en"}, path).src_tokenizer is not None

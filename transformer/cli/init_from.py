@@ -17,6 +17,8 @@ from transformer.evaluation.restore import DATAMODULES, task_of
 
 log = logging.getLogger("train")
 
+__all__ = ["check_languages", "explicit_keys", "take_init_from"]
+
 # model.config keys a fine-tuning run sets itself: how it trains, not what the weights are
 RUN_KEYS = ("dropout", "attention_dropout", "embedding_init")
 
@@ -115,13 +117,21 @@ def _take_pooling(cfg: DictConfig, saved: str, source: str, explicit: set[str]) 
 
 def _check_languages(cfg: DictConfig, checkpoint: Mapping[str, Any], path: str) -> None:
     saved = (checkpoint.get("config") or {}).get("data") or {}
-    for key in ("src_lang", "tgt_lang"):
-        theirs, ours = saved.get(key), cfg.data.get(key)
-        if theirs is not None and ours is not None and theirs != ours:
-            raise ConfigError(
-                f"data.{key}={ours} but model.init_from={path} translates {saved.get('src_lang')} -> "
-                f"{saved.get('tgt_lang')}: fine-tune it on data in its languages"
-            )
+    check_languages(saved, cfg.data, f"model.init_from={path}", "fine-tune it on data in its languages")
+
+
+def check_languages(saved: Mapping[str, Any], given: Mapping[str, Any], source: str, then: str) -> None:
+    """A ConfigError naming both pairs if `given`'s data.src_lang / data.tgt_lang (an override, a run's
+    data config) contradict the languages of `source`'s saved data config `saved` (its model translates
+    those: another pair decodes nonsense). A checkpoint without languages (an import whose tokenizer
+    config names none: "src" / "tgt") contradicts nothing."""
+    known = {key: saved.get(key) for key in ("src_lang", "tgt_lang") if saved.get(key) not in (None, key[:3])}
+    wrong = [key for key in known if given.get(key) is not None and given.get(key) != known[key]]
+    if wrong:
+        asked = " ".join(f"data.{key}={given.get(key)}" for key in wrong)
+        raise ConfigError(
+            f"{asked} but {source} translates {saved.get('src_lang')} -> {saved.get('tgt_lang')}: {then}"
+        )
 
 
 def _take_config(cfg: DictConfig, saved: dict[str, Any], source: str, explicit: set[str]) -> None:
