@@ -436,3 +436,17 @@ def test_finetune_lora_with_rank_0_is_refused_naming_both() -> None:
         == 2
     )
     assert finetune_argument(compose_train_cfg(["finetune.lora.rank=0"]))["finetune"]["lora"]["rank"] == 0
+
+
+@pytest.mark.parametrize("config", [{}, None, 5])
+def test_init_from_takes_the_config_into_an_empty_or_missing_node(tmp_path, config) -> None:
+    """`model.config={}` (or no node) is filled with the checkpoint's; it was OmegaConf's raw ValueError."""
+    _, path = _trained(tmp_path)
+    cfg = _cfg(path)
+    cfg.model.config = config
+    if config == 5:
+        with pytest.raises(ConfigError, match=r"^model\.config must be a mapping"):
+            take_init_from(cfg, None, set())
+        return
+    assert take_init_from(cfg, None, set()) == TOKENIZERS
+    assert OmegaConf.to_container(cfg.model.config) == TINY

@@ -135,7 +135,11 @@ def check_languages(saved: Mapping[str, Any], given: Mapping[str, Any], source: 
 
 
 def _take_config(cfg: DictConfig, saved: dict[str, Any], source: str, explicit: set[str]) -> None:
-    ours = OmegaConf.to_container(cfg.model.get("config") or {}, resolve=True)
+    node = cfg.model.get("config")
+    if node is not None and not OmegaConf.is_dict(node):
+        raise ConfigError(f"model.config must be a mapping of the model's settings, got {node!r}")
+    # an empty node is falsy, and OmegaConf.to_container refuses a plain {}: no `or {}` here
+    ours = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     assert isinstance(ours, dict)
     for key, value in ours.items():
         if key in RUN_KEYS or f"model.config.{key}" not in explicit:
