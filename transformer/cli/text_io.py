@@ -23,10 +23,9 @@ from transformer.cli.translate_input import FORMATS, Entry, EntryParser, text_li
 from transformer.cli.word_alignments import Aligner, piece_function
 from transformer.disk import writing_aside
 from transformer.evaluation.n_best import n_best_lines
-from transformer.evaluation.scoring import n_best_texts
-from transformer.search.constraints import TargetRequest, unsatisfiable
-from transformer.search.decoding import DecodingSettings, search
-from transformer.search.step import LengthLimits
+from transformer.inference.translator import Translator, unsatisfiable_rows
+from transformer.search.constraints import TargetRequest
+from transformer.search.decoding import DecodingSettings
 
 log = logging.getLogger("evaluate")
 
@@ -116,41 +115,57 @@ def _check_output(key: str, path: Path) -> None:
         raise ConfigError(f"{key}={path}: the folder {path.parent} does not exist (create it first)")
 
 
+def translator_of(
+    model: Any, datamodule: Any, decoding: DecodingSettings, device: torch.device
+) -> Translator:
+    """The inference API's `Translator` of `model` (one, or an ensemble) with the datamodule's tokenizers
+    and batching (its `max_len` and `eval_max_tokens`, overrides included): evaluate.py's text translation
+    and distillation's teachers decode through it."""
+    return Translator(
+        model,
+        datamodule.src_tokenizer,
+        datamodule.tgt_tokenizer,
+        decoding,
+        max_len=datamodule.max_len,
+        max_tokens=datamodule.eval_max_tokens,
+        device=device,
+    )
+
+
 def _translator(
     model: Any, datamodule: Any, decoding: DecodingSettings, device: torch.device, name: str, align: bool
 ) -> Callable[[list[Any]], list[Translation]]:
-    """Texts (or JSONL `Entry`s) -> their `Translation`s, decoded in the datamodule's batches."""
-    tgt, src = datamodule.tgt_tokenizer, datamodule.src_tokenizer
+    """Texts (or JSONL `Entry`s) -> their `Translation`s, decoded in the inference API's batches."""
+    translator = translator_of(model, datamodule, decoding, device)
     config = model.config
     specials = {config.pad_id, config.bos_id, config.eos_id}
     aligner = (
-        Aligner(model, decoding.alignment_layer, piece_function(src, specials), piece_function(tgt, specials))
+        Aligner(
+            model,
+            decoding.alignment_layer,
+            piece_function(datamodule.src_tokenizer, specials),
+            piece_function(datamodule.tgt_tokenizer, specials),
+        )
         if align
         else None
     )
 
-    continuations = tgt.word_continuations() if hasattr(tgt, "word_continuations") else ()
-
     def translate(items: list[Any]) -> list[Translation]:
         entries = [item if isinstance(item, Entry) else Entry(0, item, TargetRequest()) for item in items]
         outputs: list[Translation] = [Translation([]) for _ in entries]
-        for batch in on_device(datamodule.text_dataloader([entry.src for entry in entries]), device):
-            mine = [entries[i] for i in batch["id"].tolist()]
-            requests = [entry.request for entry in mine]
-            flagged = _unsatisfiable(config, batch["src"], decoding, mine, name)
-            tokens, scores = search(
-                model,
-                batch["src"],
-                decoding,
-                requests=requests if any(requests) else None,
-                word_continuations=continuations,
-            )
-            lists = n_best_texts(tokens, scores, tgt.decode_batch, config.eos_id, config.pad_id)
+        requests = [entry.request for entry in entries]
+        batches = translator.decoded_batches(
+            [entry.src for entry in entries], decoding, requests=requests if any(requests) else None
+        )
+        for batch in batches:
+            mine = [entries[i] for i in batch.indices]
+            flagged = _unsatisfiable(config, batch.src, decoding, mine, name)
+            lists = [[(h.text, h.score) for h in hypotheses] for hypotheses in batch.hypotheses]
             aligned = None
             if aligner is not None:
                 texts = [[text for text, _ in hypotheses] for hypotheses in lists]
-                aligned = aligner.lines(batch["src"], tokens, [entry.src for entry in mine], texts)
-            for j, index in enumerate(batch["id"].tolist()):
+                aligned = aligner.lines(batch.src, batch.tokens, [entry.src for entry in mine], texts)
+            for j, index in enumerate(batch.indices):
                 outputs[index] = Translation(lists[j], aligned[j] if aligned else None, j in flagged)
         return outputs
 
@@ -163,10 +178,7 @@ def _unsatisfiable(
     """The batch rows whose prefix and constraints cannot fit in their length limit, each reported as a
     warning naming its input line (their outputs miss some: they are decoded all the same)."""
     requests = [entry.request for entry in entries]
-    if not any(request.prefix or request.include for request in requests):
-        return set()
-    limits = LengthLimits.of(config, src, decoding.max_len_a, decoding.max_len_b).per_sentence.tolist()
-    flagged = unsatisfiable(requests, limits)
+    flagged, limits = unsatisfiable_rows(config, src, decoding, requests)
     for row in flagged:
         log.warning(
             "%s line %d: the prefix and constraints need %d tokens with EOS, but the length limit is %d: "
