@@ -18,7 +18,14 @@ from fastapi.responses import FileResponse, JSONResponse
 from starlette.middleware.cors import CORSMiddleware
 
 from transformer.inference import InferenceError
-from transformer.serving.batching import DeadlineExceeded, Job, ModelCallError, ModelWorker, QueueFull
+from transformer.serving.batching import (
+    DeadlineExceeded,
+    Job,
+    ModelCallError,
+    ModelWorker,
+    QueueFull,
+    ShuttingDown,
+)
 from transformer.serving.config import ModelSettings, ServeSettings
 from transformer.serving.errors import ServeError, install_handlers
 from transformer.serving.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -260,3 +267,5 @@ async def _outputs(worker: ModelWorker, job: Job, request: Request) -> list[Any]
         raise ServeError(422, " ".join(str(err).split()), "segments") from None
     except ModelCallError as err:
         raise ServeError(500, str(err)) from None
+    except ShuttingDown as err:
+        raise ServeError(503, str(err)) from None

@@ -30,7 +30,15 @@ from transformer.serving.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeadlineExceeded", "Job", "ModelCallError", "ModelWorker", "QueueFull", "estimated_tokens"]
+__all__ = [
+    "DeadlineExceeded",
+    "Job",
+    "ModelCallError",
+    "ModelWorker",
+    "QueueFull",
+    "ShuttingDown",
+    "estimated_tokens",
+]
 
 
 class QueueFull(Exception):
@@ -43,6 +51,10 @@ class DeadlineExceeded(Exception):
 
 class ModelCallError(Exception):
     """The model call of the request's group failed (500); the message names the exception."""
+
+
+class ShuttingDown(Exception):
+    """The server stopped before the model took the request (503)."""
 
 
 def estimated_tokens(item: str | Segment) -> int:
@@ -214,7 +226,7 @@ class ModelWorker:
     def _fail_waiting(self) -> None:
         for job in [self._carry, *self._drain()]:
             if job is not None and job.future.set_running_or_notify_cancel():
-                job.future.set_exception(ModelCallError("the server is shutting down"))
+                job.future.set_exception(ShuttingDown("the server is shutting down"))
 
     def _drain(self) -> list[Job]:
         jobs = []
