@@ -22,7 +22,7 @@ from data import cache as data_cache
 from data.sources import DataError, iter_lines
 from transformer.cli import build
 from transformer.cli.distill.corpus import TRANSLATIONS, Shard, translate_corpus
-from transformer.cli.distill.teachers import Translator, load_translator
+from transformer.cli.distill.teachers import Teachers, load_translator
 from transformer.cli.errors import ConfigError
 from transformer.disk import write_text
 
@@ -36,7 +36,7 @@ class Plan:
     """What one run translates: `texts` with `translator`, into the cache entry `name`."""
 
     name: str  # "distill" | "backtranslate"
-    translator: Translator
+    translator: Teachers
     texts: list[str]
     options: Mapping[str, Any]
 

@@ -12,6 +12,7 @@ only says how `evaluate.py` reads text), and it ensembles only with models of it
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -24,10 +25,10 @@ import torch
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.cli.checkpoint_setup import build_datamodule, device_from_name, ensemble_of
 from transformer.cli.errors import ConfigError
-from transformer.cli.text_io import on_device
+from transformer.cli.text_io import translator_of
 from transformer.evaluation.restore import RestoredModel, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding
-from transformer.search.decoding import DecodingSettings, decode
+from transformer.search.decoding import DecodingSettings
 
 log = logging.getLogger("train")
 
@@ -36,9 +37,10 @@ _SHARED_DATA = ("source",)
 
 
 @dataclass
-class Translator:
+class Teachers:
     """Models decoded as one (a single model or an `Ensemble`), their tokenizers (a datamodule built as
-    `evaluate.py` builds it) and the decoding settings; `digest` identifies all of it for the cache."""
+    `evaluate.py` builds it) and the decoding settings; `digest` identifies all of it for the cache. They
+    translate through the inference API (`transformer.inference.Translator`), as evaluate.py does."""
 
     key: str  # the config key that named the models, e.g. "distill.teachers"
     paths: list[Path]
@@ -56,22 +58,20 @@ class Translator:
     def chunk_function(self, seed: int) -> Callable[[int, Sequence[str]], list[str]]:
         """`translate(chunk index, sentences) -> translations`: the same output for the same chunk
         whatever was translated before (sampling draws from a generator seeded by `seed` and the chunk)."""
-        tokenizer = self.datamodule.tgt_tokenizer
+        translator = translator_of(self.model, self.datamodule, self.decoding, self.device)
+        settings = dataclasses.replace(self.decoding, alignments=False)  # the corpus is text only
 
         def translate(index: int, texts: Sequence[str]) -> list[str]:
             generator = None
             if self.decoding.sampling:
                 generator = torch.Generator(self.device).manual_seed(seed * 1_000_003 + index)
-            outputs = [""] * len(texts)
-            with torch.no_grad():
-                for batch in on_device(self.datamodule.text_dataloader(texts), self.device):
-                    tokens = decode(self.model, batch["src"], self.decoding, generator)  # (B, L)
-                    texts_out = tokenizer.decode_batch(tokens.tolist())
-                    for i, text in zip(batch["id"].tolist(), texts_out):
-                        outputs[i] = " ".join(text.splitlines())  # one line per sentence, always
-            return outputs
+            translations = translator.translate(texts, settings, generator=generator)
+            return [" ".join(t.text.splitlines()) for t in translations]  # one line per sentence, always
 
         return translate
+
+
+Translator = Teachers  # the name this module's users knew it by (one class: the inference API's is another)
 
 
 def load_translator(
@@ -84,7 +84,7 @@ def load_translator(
     weights: Sequence[float] | None = None,
     max_tokens: int | None = None,
     device: str = "auto",
-) -> Translator:
+) -> Teachers:
     """The checkpoints of `paths` (config key `key`) as one translator from `direction` (src, tgt), checked
     against the student's `data` settings; `decode_values` over the first checkpoint's test decoding."""
     if not paths:
@@ -94,9 +94,9 @@ def load_translator(
     restored = [member for member, _ in loaded]
     for (member, imported), path in zip(loaded, files):
         _check_member(key, member, path, direction, data, imported=imported)
-    first_tokenizers = restored[0].datamodule_state.get("tokenizers")
+    first_tokenizers = restored[0].tokenizers
     for (member, imported), path in zip(loaded[1:], files[1:]):
-        if member.datamodule_state.get("tokenizers") != first_tokenizers:
+        if member.tokenizers != first_tokenizers:
             hint = "train the teachers with the same data settings"
             if imported or loaded[0][1]:  # an OPUS-MT vocabulary: only models started from it share it
                 hint = "ensemble an imported model only with models fine-tuned from it (model.init_from)"
@@ -114,7 +114,7 @@ def load_translator(
         raise ConfigError(f"{key}: {err}") from None
     target = device_from_name(device)
     model.to(target).eval()
-    return Translator(key, files, model, datamodule, decoding, target, _digest(restored, weights))
+    return Teachers(key, files, model, datamodule, decoding, target, _digest(restored, weights))
 
 
 def _restore(key: str, path: Path) -> tuple[RestoredModel, bool]:
@@ -169,5 +169,5 @@ def _digest(restored: Sequence[RestoredModel], weights: Sequence[float] | None) 
             digest.update(name.encode())
             digest.update(str(tensor.dtype).encode() + str(tuple(tensor.shape)).encode())
             digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        digest.update(repr(sorted((member.datamodule_state.get("tokenizers") or {}).items())).encode())
+        digest.update(repr(sorted(member.tokenizers.items())).encode())
     return digest.hexdigest()
