@@ -121,6 +121,12 @@ BAD_BODIES = {
         "beam_size",
         "beam_size must be an integer >= 1",
     ),
+    "a beam of 100,000": (
+        json.dumps({"model": "t", "segments": ["a"], "beam_size": 100_000}).encode(),
+        422,
+        "beam_size",
+        "less than or equal to 64",
+    ),
     "n_best above the beam": (
         json.dumps({"model": "t", "segments": ["a"], "beam_size": 2, "n_best": 3}).encode(),
         422,

@@ -29,6 +29,10 @@ DECODING_OPTIONS = (
 )
 
 
+# the largest beam_size / n_best a request may ask for (docs/serving.md)
+MAX_BEAM = 64
+
+
 class SegmentIn(BaseModel):
     """A segment with target requests: a prefix the translation starts with, phrases it must contain or
     avoid."""
@@ -50,8 +54,9 @@ class TranslateRequest(BaseModel):
     model_config = _STRICT
     model: str
     segments: list[str | SegmentIn] = Field(min_length=1)
-    beam_size: int | None = None
-    n_best: int | None = None
+    # bounded here: the model takes any beam, and a client's beam of 100,000 asks for tens of GB
+    beam_size: int | None = Field(default=None, le=MAX_BEAM)
+    n_best: int | None = Field(default=None, le=MAX_BEAM)
     length_penalty: float | None = None
     sampling: bool | None = None
     top_k: int | None = None
