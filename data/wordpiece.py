@@ -128,7 +128,10 @@ class WordPieceTokenizer:
 def _from_vocab(path: Path, settings: Mapping[str, Any], specials: Mapping[str, str]) -> tokenizers.Tokenizer:
     """BERT's pipeline over vocab.txt, with the normalization settings of tokenizer_config.json (their
     defaults are BertTokenizer's: lower-cased, accents stripped when lower-casing, CJK split)."""
-    vocab = models.WordPiece.read_file(str(path))  # an id per line, as BertTokenizer reads it
+    try:
+        vocab = models.WordPiece.read_file(str(path))  # an id per line, as BertTokenizer reads it
+    except Exception as err:  # tokenizers raises a bare Exception (not UTF-8, unreadable)
+        raise ValueError(f"{path} is not a WordPiece vocabulary ({err})") from None
     tokenizer = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token=specials["unk_token"]))
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True,

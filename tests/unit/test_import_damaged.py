@@ -110,6 +110,22 @@ CASES = {
         lambda d: (d / "model.safetensors").unlink(),
         "has no weights (model.safetensors or pytorch_model.bin)",
     ),
+    "marian positions 1": (
+        "marian",
+        _edit_config(max_position_embeddings=1),
+        "max_len must be an integer >= 2, got 1",
+    ),
+    "marian empty weights": (
+        "marian",
+        lambda d: (d / "model.safetensors").write_bytes(b""),
+        "model.safetensors is truncated or corrupt",
+    ),
+    "bert heads": ("bert", _edit_config(num_attention_heads=3), "must be divisible by n_heads (3)"),
+    "bert vocab.txt not utf-8": (
+        "bert",
+        lambda d: ((d / "tokenizer.json").unlink(), (d / "vocab.txt").write_bytes(b"\xff\xfe[PAD]\n")),
+        "vocab.txt is not a WordPiece vocabulary",
+    ),
     "bert truncated weights": ("bert", _truncate, "model.safetensors is truncated or corrupt"),
     "bert corrupt header": ("bert", _corrupt_header, "model.safetensors is truncated or corrupt"),
     "bert tokenizer.json": (

@@ -260,7 +260,12 @@ def import_bert(
         raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
     except (ValueError, RuntimeError, OSError) as bad:
         raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
-    ours = config_from_bert(config, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    try:
+        ours = config_from_bert(
+            config, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+    except ValueError as bad:  # a value our TransformerConfig refuses (heads not dividing the width)
+        raise ExportError(f"cannot import {directory}: its config.json gives {bad}") from None
     headed = getattr(transformers, _HEADED[config.model_type])
     # before allocating: sizes against the weights (a new head, and a pooler BertModel lacks, may be missing)
     check_weights(directory, headed, config, lacking_ok=("classifier.", "pre_classifier.", "bert.pooler."))

@@ -80,21 +80,25 @@ def to_marian(model: Seq2SeqTransformer) -> MarianMTModel:
     return marian
 
 
-def from_marian(marian: MarianMTModel) -> Seq2SeqTransformer:
+def from_marian(marian: MarianMTModel, name: str = "this model") -> Seq2SeqTransformer:
     """Ours (eval mode) computing exactly what `marian` computes: an OPUS-MT model's weights in our
     model, its decoder starting from the pad token (`bos_id == pad_id`). A config ours cannot represent is
-    refused with an `ExportError` naming the setting (`transformer.export.marian.marian_refusal`)."""
+    refused with an `ExportError` naming the setting (`transformer.export.marian.marian_refusal`) and
+    `name` (the directory imported)."""
     refusal = marian_refusal(marian.config)
     if refusal is not None:
-        raise ExportError(f"cannot import this model: {refusal}")
-    config = config_from_marian(marian.config)
+        raise ExportError(f"cannot import {name}: {refusal}")
+    try:
+        config = config_from_marian(marian.config)
+    except ValueError as bad:  # a value our TransformerConfig refuses (max_position_embeddings 1)
+        raise ExportError(f"cannot import {name}: its config gives {bad}") from None
     model = Seq2SeqTransformer(config).eval()
     try:
         state = weights_from_marian(config, marian.state_dict())
     except KeyError as missing:
-        raise ExportError(f"cannot import this model: it has no weight {missing}") from None
+        raise ExportError(f"cannot import {name}: it has no weight {missing}") from None
     except ValueError as untied:
-        raise ExportError(f"cannot import this model: {untied}") from None
+        raise ExportError(f"cannot import {name}: {untied}") from None
     model.load_state_dict(state, strict=True)
     return model
 
@@ -151,7 +155,7 @@ def import_hf(
     except (ValueError, RuntimeError, OSError) as bad:
         raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
     check_weights(directory, MarianMTModel, config, computed=MARIAN_BUFFERS)  # before allocating
-    model = from_marian(MarianMTModel.from_pretrained(directory).eval())
+    model = from_marian(MarianMTModel.from_pretrained(directory).eval(), str(directory))
     ours = model.config
     if (pair.pad_id, pair.eos_id, pair.vocab_size) != (ours.pad_id, ours.eos_id, ours.tgt_vocab_size):
         raise ExportError(
