@@ -17,6 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.serving import evaluate_translations, served_run, serving, settings, source_lines
 from transformer.inference import Translator
 from transformer.serving.app import create_app
+from transformer.serving.batching import Job, ModelWorker, QueueFull, ShuttingDown
+from transformer.serving.config import BatchingSettings
+from transformer.serving.metrics import Metrics
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +131,54 @@ def test_a_failing_group_fails_only_its_requests(checkpoint: Path, translator: T
             assert [t["translation"] for t in response.json()["translations"]] == want
         after = client.post("/v1/translate", json={"model": "t", "segments": [lines[0]]})
         assert after.json()["translations"][0]["translation"] == translator.translate([lines[0]])[0].text
+
+
+def _calls(metrics: Metrics, model_id: str) -> tuple[float, float]:
+    """(model calls, requests in them) of `model_id`'s worker."""
+    samples = {
+        s.name: s.value for s in metrics.batch_requests.collect()[0].samples if s.labels["model"] == model_id
+    }
+    return samples["aiayn_batch_requests_count"], samples["aiayn_batch_requests_sum"]
+
+
+def test_the_worker_keeps_the_token_budget_and_groups_by_settings(translator: Translator) -> None:
+    """Requests queued before the worker starts: a budget of two requests' tokens takes two, then the third
+    (carried over); requests of two decoding settings in one batch are two calls."""
+    lines = source_lines(6)
+    cost = Job([lines[0]]).cost
+    metrics = Metrics()
+    greedy, beam = translator.settings(), translator.settings(beam_size=4)
+
+    limits = BatchingSettings(max_batch_tokens=Job(lines[:2]).cost, max_wait_ms=0)
+    worker = ModelWorker("budget", translator, limits, metrics)
+    jobs = [Job([line], greedy) for line in lines[:3]]
+    assert jobs[0].cost == cost and sum(j.cost for j in jobs[:2]) <= limits.max_batch_tokens < 3 * cost
+    futures = [worker.submit(job) for job in jobs]
+    worker.start()
+    outputs = [future.result(timeout=60) for future in futures]
+    worker.stop()
+    assert [o[0].text for o in outputs] == [t.text for t in translator.translate(lines[:3])]
+    assert _calls(metrics, "budget") == (2.0, 3.0)
+
+    worker = ModelWorker("groups", translator, BatchingSettings(max_wait_ms=0), metrics)
+    jobs = [Job([line], beam if i % 2 else greedy) for i, line in enumerate(lines[:4])]
+    futures = [worker.submit(job) for job in jobs]
+    worker.start()
+    outputs = [future.result(timeout=60) for future in futures]
+    worker.stop()
+    assert _calls(metrics, "groups") == (2.0, 4.0)
+    for i, output in enumerate(outputs):
+        assert output[0].text == translator.translate([lines[i]], beam_size=4 if i % 2 else 1)[0].text
+
+
+def test_a_full_queue_refuses_and_a_stopped_worker_answers_what_waits(translator: Translator) -> None:
+    worker = ModelWorker("full", translator, BatchingSettings(queue_size=2), Metrics())
+    waiting = [worker.submit(Job(["a"], translator.settings())) for _ in range(2)]
+    with pytest.raises(QueueFull, match="2 requests are waiting for model full"):
+        worker.submit(Job(["a"], translator.settings()))
+    worker._stopping.set()  # stopped before it took them: they fail as "shutting down" (503), none hangs
+    worker.start()
+    worker.stop()
+    for future in waiting:
+        with pytest.raises(ShuttingDown):
+            future.result(timeout=10)

@@ -56,11 +56,14 @@ class State:
         self.workers: dict[str, ModelWorker] = {}
         self.failed: dict[str, str] = {}
         self.lock = threading.Lock()
+        self.closed = False  # the app stopped: a model the loader finishes after it gets no worker
 
     def add(self, served: Served) -> None:
         worker = ModelWorker(served.settings.id, served.model, self.settings.batching, self.metrics)
-        worker.start()
         with self.lock:
+            if self.closed:
+                return
+            worker.start()
             self.workers[served.settings.id] = worker
             self.served[served.settings.id] = served
 
@@ -70,6 +73,7 @@ class State:
 
     def stop(self) -> None:
         with self.lock:
+            self.closed = True
             workers = list(self.workers.values())
         for worker in workers:
             worker.stop()
