@@ -9,11 +9,13 @@
 """
 
 from transformer.inference.classifier import Classifier, load
+from transformer.inference.ctranslate2 import CTranslate2Translator
 from transformer.inference.outputs import Hypothesis, InferenceError, Prediction, Segment, Translation
 from transformer.inference.translator import DecodedBatch, Translator
 from transformer.search.decoding import DecodingSettings
 
 __all__ = [
+    "CTranslate2Translator",
     "Classifier",
     "DecodedBatch",
     "DecodingSettings",

@@ -15,6 +15,7 @@ from data.batching import ClassificationCollator
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.evaluation.restore import last_checkpoints, task_of
 from transformer.inference.batches import token_budget_batches
+from transformer.inference.ctranslate2 import CTranslate2Translator
 from transformer.inference.loading import as_paths, device_of, max_tokens_of
 from transformer.inference.loading import load as load_checkpoints
 from transformer.inference.outputs import InferenceError, Prediction
@@ -99,18 +100,36 @@ class Classifier:
 
 
 def load(
-    paths: str | Path | Sequence[str | Path], *, device: str | torch.device = "cpu", **kwargs: Any
-) -> Translator | Classifier:
+    paths: str | Path | Sequence[str | Path],
+    *,
+    device: str | torch.device = "cpu",
+    backend: str = "torch",
+    compute_type: str | None = None,
+    **kwargs: Any,
+) -> Translator | CTranslate2Translator | Classifier:
     """A `Translator` or a `Classifier`, as the (first) checkpoint's task says; `kwargs` go to its
-    `from_checkpoint`."""
+    `from_checkpoint`. `backend="ctranslate2"` (translation only) gives a `CTranslate2Translator` instead,
+    with CTranslate2's `compute_type` ("default", "int8", ...; torch has none)."""
+    if backend not in ("torch", "ctranslate2"):
+        raise InferenceError(f"backend={backend!r} is not a backend; expected torch or ctranslate2")
+    if backend == "torch" and compute_type is not None:
+        raise InferenceError(f"compute_type={compute_type!r} is CTranslate2's; the torch backend has none")
     files = as_paths(paths)
     try:
         probe = last_checkpoints(files[0], 1)[0] if files[0].is_dir() else files[0]  # average_last's run
         task = task_of(load_checkpoint(probe), probe)
     except (CheckpointError, ValueError) as err:
         raise InferenceError(str(err)) from None
+    if task == "translation" and backend == "ctranslate2":
+        return CTranslate2Translator.from_checkpoint(
+            files, device=device, compute_type=compute_type or "default", **kwargs
+        )
     if task == "translation":
         return Translator.from_checkpoint(files, device=device, **kwargs)
+    if backend != "torch":
+        raise InferenceError(
+            f"backend={backend}: {files[0]} is a classification checkpoint, which runs on the torch backend"
+        )
     if len(files) != 1:
         raise InferenceError(f"ensembles decode translations; {files[0]} is a classification checkpoint")
     return Classifier.from_checkpoint(files[0], device=device, **kwargs)
