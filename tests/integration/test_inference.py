@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,3 +252,16 @@ def test_bad_input_is_one_inference_error_naming_it(
         translator.translate(["Hi."], translator.settings(), beam_size=2)
     with pytest.raises(InferenceError, match="segment 0: the text must be a string"):
         Classifier.from_checkpoint(classifier).predict([None])  # type: ignore[list-item]
+
+
+def test_the_examples_of_docs_inference_run(checkpoints: Path, classification_run: Path, capsys) -> None:
+    """docs/inference.md's Python blocks, with the session's checkpoints for the placeholder path."""
+    text = (REPO_ROOT / "docs" / "inference.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) == 2
+    placeholder = "logs/train/runs/<time>/checkpoints/last.ckpt"
+    for block, ckpt in zip(blocks, (checkpoints / BEST, classification_run / "checkpoints" / "last.ckpt")):
+        assert placeholder in block
+        exec(compile(block.replace(placeholder, str(ckpt)), "docs/inference.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 * 2 + 1 + 2  # two translations (best, n-best), a segment, two predictions
