@@ -9,8 +9,11 @@ tokenizers and the same token-budget batches as `Translator`'s (`transformer.inf
 refused with one `InferenceError` naming the option (`ctranslate2_refusal`); what it does is mapped:
 
 - the per-sentence length limit floor(max_len_a * source length + max_len_b) (EOS included, forced at the
-  limit): sentences of one limit go to CTranslate2 together, with `max_decoding_length` = limit - 1
-  (CTranslate2 counts an EOS it generates and stops without one there; ours then adds the forced EOS);
+  limit) as `max_decoding_length` = limit - 1 (CTranslate2 counts an EOS it generates and stops without
+  one there; ours then adds the forced EOS): in beam search sentences of one limit go to CTranslate2
+  together; greedy search and sampling decode a batch at its longest limit and cut each sentence at its
+  own. A beam search whose hypotheses reach the limit ranks them without the forced EOS's log-probability
+  (CTranslate2's), so such a sentence can get another translation than ours;
 - greedy search (`beam_size=1`), beam search with `length_penalty=0` (CTranslate2's beam search ranks by
   len ** alpha with len without EOS and stops once beam_size hypotheses have ended: equal to ours only at
   alpha 0), sampling (`sampling_topk` / `sampling_topp`, `num_hypotheses` independent samples; CTranslate2's
@@ -282,12 +285,16 @@ class CTranslate2Translator:
         ]
         n = settings.n_best
         found: list[list[list[int]]] = [[] for _ in sources]  # each row's hypotheses: ids with EOS
-        for limit in sorted(set(limits)):  # one CTranslate2 call per length limit
-            rows = [i for i, value in enumerate(limits) if value == limit]
-            for row, hypotheses in zip(
-                rows, self._search([sources[i] for i in rows], [prefixes[i] for i in rows], settings, limit)
-            ):
-                found[row] = hypotheses
+        # beam search: one CTranslate2 call per length limit (a beam depends on where hypotheses are cut);
+        # greedy search and sampling: one call at the batch's longest limit, each row then cut at its own
+        # (a row's tokens before its limit do not depend on the limit: the same tokens, far fewer calls)
+        groups = sorted(set(limits)) if not (settings.greedy or settings.sampling) else [max(limits)]
+        for group in groups:
+            rows = [i for i, limit in enumerate(limits) if limit == group or len(groups) == 1]
+            searched = self._search([sources[i] for i in rows], [prefixes[i] for i in rows], settings, group)
+            for row, hypotheses in zip(rows, searched):
+                limit, eos = limits[row], config.eos_id
+                found[row] = [ids if len(ids) <= limit else [*ids[: limit - 1], eos] for ids in hypotheses]
         flat = [(row, hypothesis) for row, hypotheses in enumerate(found) for hypothesis in hypotheses]
         scored = self.translator.score_batch(
             [sources[row] for row, _ in flat],
