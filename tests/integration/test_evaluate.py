@@ -148,6 +148,7 @@ def test_scores_equal_the_training_runs_test_step(translation_run: Path, tmp_pat
         "search": "auto",
         "beam_size": 1,
         "length_penalty": 0.6,
+        "length_normalization": "gnmt",
         "max_len_a": 1.0,
         "max_len_b": 2,
         "n_best": 1,
