@@ -450,3 +450,126 @@ def test_init_from_takes_the_config_into_an_empty_or_missing_node(tmp_path, conf
         return
     assert take_init_from(cfg, None, set()) == TOKENIZERS
     assert OmegaConf.to_container(cfg.model.config) == TINY
+
+
+# --- LoRA's numbers: the scale alpha / rank, the rows each target owns, the bounds of the settings -----
+
+
+def _delta(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """The parametrized weight minus its original: what the adapters add."""
+    with torch.no_grad():
+        return getattr(module, name) - module.parametrizations[name].original
+
+
+@pytest.mark.parametrize(("rank", "alpha"), [(1, 16.0), (2, 3.0), (4, 8.0), (8, 2.0)])
+def test_the_update_is_alpha_over_rank_times_b_a_in_its_own_rows(rank: int, alpha: float) -> None:
+    """W + (alpha / r) B A, by hand, for each of q, k, v (its D rows of in_proj), o and the feed-forward;
+    alpha, alpha * r or r / alpha as the scale would fail some of the (rank, alpha) pairs."""
+    model = Seq2SeqTransformer(TransformerConfig.from_dict(TINY))
+    settings = LoraSettings(rank=rank, alpha=alpha, targets=("q", "k", "v", "o", "ff"))
+    assert settings.scale == alpha / rank
+    add_lora(model, settings)
+    _randomize_adapters(model)
+    attention = model.encoder.layers[0].self_attn
+    update = attention.parametrizations["in_proj_weight"][0]
+    delta = _delta(attention, "in_proj_weight")  # (3D, D)
+    for i, part in enumerate("qkv"):
+        B, A = update.lora_B[part].detach(), update.lora_A[part].detach()
+        assert B.shape == (D, rank) and A.shape == (rank, D)
+        torch.testing.assert_close(delta[i * D : (i + 1) * D], alpha / rank * B @ A, rtol=1e-5, atol=1e-6)
+    for module, rows, columns in (
+        (attention.out_proj, D, D),
+        (model.encoder.layers[0].feed_forward.linear1, D_FF, D),
+        (model.encoder.layers[0].feed_forward.linear2, D, D_FF),
+    ):
+        update = module.parametrizations["weight"][0]
+        (part,) = update.lora_B.keys()
+        B, A = update.lora_B[part].detach(), update.lora_A[part].detach()
+        assert B.shape == (rows, rank) and A.shape == (rank, columns)
+        torch.testing.assert_close(_delta(module, "weight"), alpha / rank * B @ A, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("targets", [("q",), ("v",), ("q", "v"), ("k", "v")])
+def test_each_attention_target_changes_exactly_its_rows(targets: tuple[str, ...]) -> None:
+    model = Seq2SeqTransformer(TransformerConfig.from_dict(TINY))
+    add_lora(model, LoraSettings(rank=RANK, targets=targets))
+    _randomize_adapters(model)
+    for attention in (model.encoder.layers[0].self_attn, model.decoder.layers[0].cross_attn):
+        changed = _delta(attention, "in_proj_weight").ne(0).any(dim=1)  # (3D,) rows that moved
+        expected = torch.zeros(3 * D, dtype=torch.bool)
+        for part in targets:
+            start = "qkv".index(part) * D
+            expected[start : start + D] = True
+        assert torch.equal(changed, expected), targets
+
+
+def test_rank_dropout_keeps_the_expectation_with_the_scale_and_drops_nothing_at_zero() -> None:
+    """With dropout 0 a training-mode update is the update (no draw at all); with dropout p the kept
+    components are scaled by 1 / (1 - p), on top of alpha / r."""
+    torch.manual_seed(3)
+    plain = LowRankUpdate(torch.zeros(4, 3), {"q": (0, 4)}, rank=2, scale=0.75, dropout=0.0).train()
+    with torch.no_grad():
+        plain.lora_B["q"].normal_()
+        expected = 0.75 * plain.lora_B["q"] @ plain.lora_A["q"]
+        state = torch.random.get_rng_state()
+        torch.testing.assert_close(plain.delta(), expected)
+        assert torch.equal(torch.random.get_rng_state(), state)  # no random draw without dropout
+    dropped = LowRankUpdate(torch.zeros(4, 3), {"q": (0, 4)}, rank=1, scale=0.75, dropout=0.25).train()
+    with torch.no_grad():
+        dropped.lora_B["q"].normal_()
+        one = 0.75 * dropped.lora_B["q"] @ dropped.lora_A["q"]
+        draws = {round(float((dropped.delta() / one).nanmean()), 5) for _ in range(60)}
+    assert draws == {0.0, round(1 / 0.75, 5)}
+
+
+def test_a_rank_as_large_as_the_projection_allows_is_taken() -> None:
+    """The bound is min(rows, columns), inclusive: rank D on q (D x D), D on ff (linear1 is D_FF x D)."""
+    for targets in (["q"], ["ff"], ["o"]):
+        task = _task(finetune={"lora": {"rank": D, "targets": targets}})
+        task.apply_finetune()
+        assert any(".lora_A." in name for name, _ in task.model.named_parameters())
+        with pytest.raises(ValueError, match=rf"finetune\.lora\.rank={D + 1} is larger than"):
+            _task(finetune={"lora": {"rank": D + 1, "targets": targets}})
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"rank": 0}, "lora.rank"),
+        ({"rank": -1}, "lora.rank"),
+        ({"rank": 2.0}, "lora.rank"),
+        ({"rank": True}, "lora.rank"),
+        ({"rank": 1, "alpha": 0}, "lora.alpha"),
+        ({"rank": 1, "alpha": -1.0}, "lora.alpha"),
+        ({"rank": 1, "alpha": float("inf")}, "lora.alpha"),
+        ({"rank": 1, "dropout": 1.0}, "lora.dropout"),
+        ({"rank": 1, "dropout": -0.01}, "lora.dropout"),
+        ({"rank": 1, "targets": []}, "lora.targets"),
+        ({"rank": 1, "targets": ["q", "q"]}, "lora.targets"),
+        ({"rank": 1, "targets": "q"}, "lora.targets"),
+        ({"rank": 1, "scale": 2}, "no setting 'scale'"),
+    ],
+)
+def test_lora_settings_are_refused_just_past_their_bounds(values: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+        LoraSettings.from_dict(values)
+
+
+def test_lora_settings_at_their_bounds_are_taken() -> None:
+    settings = LoraSettings.from_dict({"rank": 1, "alpha": 1e-6, "dropout": 0.0, "targets": ["ff"]})
+    assert (settings.rank, settings.scale, settings.targets) == (1, 1e-6, ("ff",))
+    assert LoraSettings.from_dict({"rank": 3, "dropout": 0.999}).dropout == 0.999
+    default = LoraSettings.from_dict({"rank": 4})
+    assert (default.alpha, default.scale, default.dropout, default.targets) == (
+        16.0,
+        4.0,
+        0.0,
+        ("q", "k", "v", "o"),
+    )
+    assert LoraSettings.from_dict(default.to_dict()) == default  # a checkpoint's hparams round trip
+    assert FinetuneSettings.from_values({"lora": {"rank": 0}}).lora is None  # rank 0: no adapters
+    assert FinetuneSettings.from_values({"lora": {"rank": 1}}).lora == LoraSettings(rank=1)
+    assert (
+        not FinetuneSettings.from_values(None).active
+        and FinetuneSettings.from_values({"freeze": "embeddings"}).active
+    )
