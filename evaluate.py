@@ -2,6 +2,7 @@
 
     python evaluate.py ckpt_path=PATH [data.test_split=NAME] [data.data_dir=DIR] [decode.beam_size=4]
     python evaluate.py ckpt_path=PATH translate.input=-     # translate stdin to stdout
+    python evaluate.py ckpt_path=CLS.ckpt classify.input=-  # label stdin's lines with a classifier
     python evaluate.py -m ckpt_path=PATH decode.beam_size=1,4    # a decoding sweep
     python evaluate.py 'ckpt_path=[A,B,C]' decode=beam        # an ensemble (mean of the probabilities)
 
@@ -69,7 +70,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     first = data.pop("test_sentences", None)  # evaluate.py's own: not a datamodule setting
     datamodule = checkpoint_setup.build_datamodule(restored, data, paths[-1], progress)
     translating = cfg.get("translate", {}).get("input") is not None
-    checkpoint_setup.keep_first_sentences(datamodule, first, translating)
+    classifying = (cfg.get("classify") or {}).get("input") is not None
+    checkpoint_setup.keep_first_sentences(datamodule, first, translating or classifying)
     decoding = None
     if restored.task == "translation":
         saved = checkpoint_decoding(restored.hparams)
@@ -77,6 +79,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     torch.manual_seed(checkpoint_setup.seed(cfg))  # sampling's draws: the same command, the same output
     if translating:
         text_io.translate_stream(cfg.translate, model, datamodule, decoding, device)
+        return {}
+    if classifying:
+        text_io.classify_stream(cfg.classify, model, datamodule, restored.class_names, device)
         return {}
     out_dir = Path(cfg.paths.output_dir)
     checkpoint_setup.check_new_output_dir(out_dir, _RESULT_FILES)
@@ -200,7 +205,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if exit_ is None:
             raise
         raise exit_ from None
-    if not metrics:  # translate mode: stdout holds the translations only
+    if not metrics:  # translate / classify mode: stdout holds the translations or labels only
         return None
     results.print_metrics(metrics, f"output directory: {HydraConfig.get().runtime.output_dir}")
     return metrics.get("test/bleu" if "test/bleu" in metrics else "test/acc")

@@ -122,8 +122,14 @@ def check_options(cfg: DictConfig, restored: RestoredModel, path: Path) -> None:
             )
         if cfg.get("translate", {}).get("input") is not None:
             raise ConfigError(
-                f"translate.input needs a translation checkpoint; {path} is a classification one"
+                f"translate.input needs a translation checkpoint; {path} is a classification one "
+                "(classify.input=FILE or - labels text lines with it)"
             )
+    elif (cfg.get("classify") or {}).get("input") is not None:
+        raise ConfigError(
+            f"classify.input needs a classification checkpoint; {path} is a translation one "
+            "(translate.input=FILE or - translates text lines with it)"
+        )
 
 
 def build_datamodule(
@@ -191,7 +197,7 @@ def keep_first_sentences(datamodule: Any, n: Any, translating: bool) -> None:
         raise ConfigError(f"data.test_sentences must be an integer >= 1 or null, got {n!r}")
     if translating:
         raise ConfigError(
-            "data.test_sentences cuts the scored split; translate.input translates all its lines"
+            "data.test_sentences cuts the scored split; translate.input / classify.input read all their lines"
         )
     split = datamodule.splits["test"]
     total = datamodule.keep_first(split, n)

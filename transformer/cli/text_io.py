@@ -23,6 +23,8 @@ from transformer.cli.translate_input import FORMATS, Entry, EntryParser, text_li
 from transformer.cli.word_alignments import Aligner, piece_function
 from transformer.disk import writing_aside
 from transformer.evaluation.n_best import n_best_lines
+from transformer.inference.classifier import Classifier
+from transformer.inference.outputs import Prediction
 from transformer.inference.translator import Translator, unsatisfiable_rows
 from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings
@@ -104,6 +106,69 @@ def translate_stream(
             parse=parse,
             blank=form == "jsonl" or decoding.n_best == 1,
             side=side,
+        )
+
+
+CLASSIFY_FORMATS = ("text", "jsonl")
+
+
+def classify_stream(
+    options: DictConfig,
+    model: torch.nn.Module,
+    datamodule: Any,
+    labels: list[str] | None,
+    device: torch.device,
+) -> None:
+    """Label lines from stdin or a file (one text a line) with a classification `model`, to stdout or a
+    file: one output line per input line, blank for a blank line. classify.format=text: the label, a tab,
+    then every class' probability as one JSON object (`positive\t{"negative": 0.1, "positive": 0.9}`);
+    jsonl: `{"label": ..., "probabilities": {...}}` a line. Labelled by the inference API's `Classifier`
+    with the datamodule's tokenizer and batching (as the checkpoint's split is scored) and the checkpoint's
+    class names `labels`."""
+    source, target = str(options.input), options.get("output")
+    form = str(options.get("format") or "text")
+    if form not in CLASSIFY_FORMATS:
+        raise ConfigError(f"classify.format must be one of {list(CLASSIFY_FORMATS)}, got {form!r}")
+    if source != "-" and not Path(source).is_file():
+        raise ConfigError(f"classify.input={source} is not a file (use - for stdin)")
+    if target not in (None, "-"):
+        _check_output("classify.output", Path(str(target)))
+    if not labels:
+        raise ConfigError("classify.input: the checkpoint names no classes (no class_names): it cannot label")
+    name = "stdin" if source == "-" else source
+    interactive = source == "-" and sys.stdin.isatty()
+    if interactive:
+        log.info("Type a text and press Enter (Ctrl-D ends)")
+    classifier = Classifier(
+        model,
+        datamodule.src_tokenizer,
+        labels,
+        max_len=datamodule.max_len,
+        max_tokens=datamodule.eval_max_tokens,
+        device=device,
+    )
+
+    def line(index: int, prediction: Prediction) -> list[str]:
+        if form == "jsonl":
+            item = {"label": prediction.label, "probabilities": prediction.probabilities}
+            return [json.dumps(item, ensure_ascii=False) + "\n"]
+        return [f"{prediction.label}\t{json.dumps(prediction.probabilities, ensure_ascii=False)}\n"]
+
+    with contextlib.ExitStack() as stack:
+        if source != "-":
+            reader = text_lines(stack.enter_context(open(source, "rb")), name)
+        else:
+            binary = None if interactive else getattr(sys.stdin, "buffer", None)
+            reader = sys.stdin if binary is None else text_lines(binary, name)
+        to_stdout = target in (None, "-")
+        writer = sys.stdout if to_stdout else stack.enter_context(writing_aside(target, "labels"))
+        stream_lines(
+            reader,
+            writer,
+            classifier.predict,
+            chunk_lines=1 if interactive else options.get("chunk_lines", 256),
+            format_output=line,
+            blank=True,
         )
 
 
