@@ -81,3 +81,91 @@ def test_a_vocabulary_larger_than_the_model_and_other_tokenizers_are_refused(tmp
     (directory / "vocab.txt").unlink()
     with pytest.raises(FileNotFoundError, match=r"neither tokenizer\.json nor vocab\.txt"):
         WordPieceTokenizer.from_directory(directory)
+
+
+# --- each setting's default when tokenizer_config.json leaves it out (BertTokenizerFast's: lower-cased,
+# accents stripped when lower-casing, CJK characters split), one key missing at a time -----------------
+
+CJK_VOCAB = [
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "東", "京", "東京", "cafe", "café", "Café", "CAFÉ", "##s",
+    "東京café", "[X]", "<cls>", "<sep>",
+]  # fmt: skip
+CJK_TEXTS = ["東京 café", "東京café CAFÉ", "Cafés 東京", "a [MASK] b [SEP] c", "<cls> [X] 東京"]
+
+
+def _cjk_directory(tmp_path: Path, settings: dict) -> Path:
+    directory = tmp_path / "cjk"
+    directory.mkdir(parents=True)
+    (directory / "vocab.txt").write_text("\n".join(CJK_VOCAB) + "\n", encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return directory
+
+
+def _reference(directory: Path, settings: dict):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.BertTokenizerFast(str(directory / "vocab.txt"), **settings)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"do_lower_case": True},
+        {"do_lower_case": False},
+        {"strip_accents": True},
+        {"strip_accents": False},
+        {"strip_accents": None},
+        {"tokenize_chinese_chars": True},
+        {"tokenize_chinese_chars": False},
+        {"do_lower_case": False, "tokenize_chinese_chars": False},
+        {"do_lower_case": False, "strip_accents": False, "tokenize_chinese_chars": True},
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "nothing",
+)
+def test_a_setting_left_out_takes_bert_tokenizer_fasts_default(tmp_path: Path, settings: dict) -> None:
+    directory = _cjk_directory(tmp_path, settings)
+    ours = WordPieceTokenizer.from_directory(directory)
+    assert ours.encode_batch(CJK_TEXTS) == _reference(directory, settings)(CJK_TEXTS).input_ids
+
+
+def test_the_cjk_and_case_defaults_are_the_ones_that_change_ids(tmp_path: Path) -> None:
+    """Left out, tokenize_chinese_chars is on (東京 -> 東, 京) and do_lower_case on (CAFÉ -> cafe): the
+    vocabulary holds the unsplit and the cased forms, so the other default gives other ids."""
+    ours = WordPieceTokenizer.from_directory(_cjk_directory(tmp_path / "a", {}))
+    east, capital, cafe = (CJK_VOCAB.index(t) for t in ("東", "京", "cafe"))
+    assert ours.encode("東京 CAFÉ") == [2, east, capital, cafe, 3]
+    unsplit = WordPieceTokenizer.from_directory(
+        _cjk_directory(tmp_path / "b", {"tokenize_chinese_chars": False})
+    )
+    assert unsplit.encode("東京 CAFÉ") == [2, CJK_VOCAB.index("東京"), cafe, 3]
+    cased = WordPieceTokenizer.from_directory(_cjk_directory(tmp_path / "c", {"do_lower_case": False}))
+    assert cased.encode("東京 CAFÉ") == [2, east, capital, CJK_VOCAB.index("CAFÉ"), 3]
+    keep_accents = WordPieceTokenizer.from_directory(_cjk_directory(tmp_path / "d", {"strip_accents": False}))
+    assert keep_accents.encode("CAFÉ") == [2, CJK_VOCAB.index("café"), 3]
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_special_tokens_named_by_the_config_are_its_own(tmp_path: Path, as_dict: bool) -> None:
+    """cls_token / sep_token / unk_token / mask_token given (a string, or transformers' added-token dict with
+    "content"): their ids, and a mask token kept whole in text, as BertTokenizerFast."""
+    names = {"cls_token": "<cls>", "sep_token": "<sep>", "unk_token": "[X]", "mask_token": "[PAD]"}
+    written = {k: {"content": v, "special": True} if as_dict else v for k, v in names.items()}
+    directory = _cjk_directory(tmp_path, written)
+    ours = WordPieceTokenizer.from_directory(directory)
+    reference = _reference(directory, names)
+    assert (ours.bos_id, ours.eos_id, ours.unk_id, ours.pad_id) == (15, 16, 14, 0) == (
+        reference.cls_token_id, reference.sep_token_id, reference.unk_token_id, reference.pad_token_id,
+    )  # fmt: skip
+    assert ours.encode_batch(CJK_TEXTS) == reference(CJK_TEXTS).input_ids
+    default = WordPieceTokenizer.from_directory(_cjk_directory(tmp_path / "default", {}))
+    assert default.encode("a [MASK] b") == [2, 1, 4, 1, 3]  # [MASK] one token, "a" and "b" unknown
+    assert default.encode("[X]") != [2, 14, 3]  # only a configured unk_token is special
+
+
+def test_the_models_vocabulary_may_equal_the_tokenizers_not_be_one_smaller(tmp_path: Path) -> None:
+    directory = _directory(tmp_path, {})
+    assert WordPieceTokenizer.from_directory(directory, vocab_size=len(VOCAB)).vocab_size == len(VOCAB)
+    with pytest.raises(ValueError, match=f"has {len(VOCAB)} tokens, more than the model's {len(VOCAB) - 1}"):
+        WordPieceTokenizer.from_directory(directory, vocab_size=len(VOCAB) - 1)
+    assert WordPieceTokenizer.from_directory(directory).vocab_size == len(VOCAB)  # default: its own size
