@@ -327,11 +327,11 @@ class CTranslate2Translator:
         """CTranslate2's hypotheses for sentences of one length limit (tokens with EOS, EOS included): each
         row's n_best, as token ids ending with EOS (forced at the limit, as ours)."""
         eos = self.config.eos_id
-        if limit <= 1:  # only EOS fits: ours forces it at once
-            return [[[eos]] for _ in sources]
+        if limit <= 1:  # only EOS fits: ours forces it at once (in each of sampling's n_best draws)
+            return [[[eos]] * (settings.n_best if settings.sampling else 1) for _ in sources]
+        # CTranslate2 counts an EOS it generates in max_decoding_length and adds none at the limit
         options: dict[str, Any] = {
-            "max_decoding_length": limit
-            - 1,  # CTranslate2 counts an EOS it generates, adds none at the limit
+            "max_decoding_length": limit - 1,
             "min_decoding_length": settings.min_len,
             "num_hypotheses": settings.n_best,
             "no_repeat_ngram_size": settings.no_repeat_ngram_size,
