@@ -101,6 +101,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         serve(cfg)
     except (*errors.USER_ERRORS, ValueError) as err:  # ServeConfigError and InferenceError are ValueErrors
         raise errors.user_error(err) from None
+    except KeyboardInterrupt:  # Ctrl-C while the models load (once serving, uvicorn takes it: exit 0)
+        raise SystemExit(130) from None
 
 
 def main() -> None:
