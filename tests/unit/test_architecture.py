@@ -216,6 +216,7 @@ MODULES_WITHOUT_LIGHTNING = (
     "transformer.evaluation.sweep_report",
     "transformer.export.cli",
     "transformer.inference",
+    "transformer.serving.app",  # the server: inference and FastAPI, no Lightning, no Hydra
     "data.batching",
 )
 
