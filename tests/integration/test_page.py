@@ -1,21 +1,21 @@
 """The page `python serve.py` answers GET / with (transformer/serving/page.html), in a real browser: Debian's
 chromium driven by Playwright's sync API (never a browser download), against the real server on
-127.0.0.1 serving the session's tiny trained checkpoints (tests/helpers/trained.py).
+127.0.0.1 serving the session's small trained checkpoints: the translation model of
+tests/helpers/serving.py (`served_run`: it writes different sentences for different inputs) and the
+classifier of tests/helpers/trained.py.
 
 A sentence of the checkpoint's test split typed in and translated shows exactly what `evaluate.py
 translate.input=FILE` writes for it; with beam 2 and n-best 2 the page lists evaluate.py's 2-best with their
-scores; a classification shows evaluate.py's label and class probabilities; the server's errors (a 422
-naming the field, a 404 listing the models) and a network error are shown in the page; a screenshot is
-saved. Without chromium or playwright every test here is skipped with the reason (.ci/run installs
-chromium with apt-get)."""
+scores; a classification shows `evaluate.py classify.input=FILE`'s labels and class probabilities; the
+server's errors (a 422 naming the field, a 404 listing the models), a network error and a missing API key
+are shown in the page; screenshots are saved. Without chromium or playwright every test here is skipped
+with the reason (.ci/run installs chromium with apt-get)."""
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,9 +27,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, cli_env, run_script
-from tests.helpers import trained
+from tests.helpers import serving, trained
+from tests.helpers.serving import evaluate_translations, free_port
 
-translation_run, classification_run = trained.translation_run, trained.classification_run
+served_run, classification_run = serving.served_run, trained.classification_run
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
 try:
@@ -50,12 +51,6 @@ def _best(run: Path) -> Path:
     return Path(json.loads((run / "metrics.json").read_text())["best_ckpt_path"])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/ready", timeout=5) as response:
@@ -68,7 +63,7 @@ def _ready(url: str) -> bool:
 def _serving(out: Path, *overrides: str) -> Iterator[str]:
     """`python serve.py OVERRIDES` on a free port of 127.0.0.1, its log in `out`: its base URL once /ready;
     stopped with SIGTERM at the end."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with (out / "console.log").open("w") as console:
         command = [sys.executable, "serve.py", "host=127.0.0.1", f"port={port}", f"hydra.run.dir={out}"]
@@ -96,12 +91,16 @@ def _model(model_id: str, checkpoint: Path) -> str:
     return f"{{id: {model_id}, checkpoint: '{checkpoint}'}}"
 
 
+def _translator(served_run: Path) -> Path:
+    return served_run / "checkpoints" / "last.ckpt"
+
+
 @pytest.fixture(scope="module")
 def server(
-    translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
+    served_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """Both tiny models, no API key."""
-    models = [_model(TRANSLATION, _best(translation_run)), _model(CLASSIFICATION, _best(classification_run))]
+    """Both models, no API key."""
+    models = [_model(TRANSLATION, _translator(served_run)), _model(CLASSIFICATION, _best(classification_run))]
     with _serving(tmp_path_factory.mktemp("serve"), f"models=[{', '.join(models)}]") as url:
         yield url
 
@@ -155,22 +154,19 @@ def _shown_translations(page: Page) -> list[str]:
     return page.locator("#segments .segment .best .text").all_text_contents()
 
 
-def test_translation_equals_evaluate_py(page: Page, translation_run: Path, tmp_path: Path) -> None:
+def test_translation_equals_evaluate_py(page: Page, served_run: Path, tmp_path: Path) -> None:
     """Typed, translated with the model's own decoding settings: evaluate.py's translations, in order, with
     the time taken; then beam 2 with n-best 2: evaluate.py's 2-best list with its scores."""
-    checkpoint = _best(translation_run)
+    checkpoint = _translator(served_run)
     sources = _test_sources(checkpoint)[:2]
-    source = tmp_path / "in.txt"
+    expected = evaluate_translations(checkpoint, sources, tmp_path / "plain")
+    assert len(set(expected)) == 2 and all(expected)  # two sentences, two translations: a real comparison
+    source, nbest = tmp_path / "in.txt", tmp_path / "nbest.txt"
     source.write_text("\n".join(sources) + "\n", encoding="utf-8")
-    plain, nbest = tmp_path / "plain.txt", tmp_path / "nbest.txt"
-    common = [f"ckpt_path={checkpoint}", f"translate.input={source}"]
-    _evaluate([*common, f"translate.output={plain}", f"hydra.run.dir={tmp_path / 'eval_plain'}"])
     _evaluate(
-        [*common, f"translate.output={nbest}", "decode.beam_size=2", "decode.n_best=2",
-         f"hydra.run.dir={tmp_path / 'eval_nbest'}"]
+        [f"ckpt_path={checkpoint}", f"translate.input={source}", f"translate.output={nbest}",
+         "decode.beam_size=2", "decode.n_best=2", f"hydra.run.dir={tmp_path / 'nbest_run'}"]
     )  # fmt: skip
-    expected = plain.read_text(encoding="utf-8").splitlines()
-    assert len(expected) == 2
 
     page.select_option("#model", TRANSLATION)
     assert page.locator("#submit").text_content() == "Translate"
@@ -202,34 +198,38 @@ def test_translation_equals_evaluate_py(page: Page, translation_run: Path, tmp_p
 
 
 def test_classification_equals_evaluate_py(page: Page, classification_run: Path, tmp_path: Path) -> None:
-    """Sentences of the dev split classified in the page: evaluate.py's labels and class probabilities
-    (predictions.tsv, 4 decimals; the page shows percentages with one)."""
-    checkpoint = _best(classification_run)
-    out = tmp_path / "eval"
-    _evaluate([f"ckpt_path={checkpoint}", f"hydra.run.dir={out}", "report.enabled=false"])
-    with (out / "predictions.tsv").open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t"))[:3]
+    """Texts classified in the page: `evaluate.py classify.input=FILE`'s labels and class probabilities (the
+    page shows percentages with one decimal)."""
+    texts = ["a great fun film 3", "boring and flat 7", "a warm story, but dull"]
+    source, out = tmp_path / "texts.txt", tmp_path / "labels.jsonl"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    _evaluate(
+        [f"ckpt_path={_best(classification_run)}", f"classify.input={source}", "classify.format=jsonl",
+         f"classify.output={out}", f"hydra.run.dir={tmp_path / 'run'}"]
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == len(texts)
 
     page.select_option("#model", CLASSIFICATION)
     assert page.locator("#submit").text_content() == "Classify"
     assert page.locator("#decoding").is_hidden()
-    page.fill("#text", "\n".join(row["text"] for row in rows))
+    page.fill("#text", "\n".join(texts))
     _submit(page)
     assert page.locator("#error").text_content() == ""
     segments = page.locator("#segments .segment").all()
     assert len(segments) == len(rows)
     for segment, row in zip(segments, rows):
-        assert segment.locator(".label .text").text_content() == row["prediction"]
+        assert segment.locator(".label .text").text_content() == row["label"]
         bars = segment.locator(".probs li").all()
         shown = {bar.locator(".name").text_content(): bar.locator(".value").text_content() for bar in bars}
-        theirs = {key[2:-1]: float(value) for key, value in row.items() if key.startswith("p(")}
+        theirs = row["probabilities"]
         assert set(shown) == set(theirs)
         for name, percent in shown.items():
-            assert float(percent.rstrip("%")) == pytest.approx(100 * theirs[name], abs=0.06), name
+            assert float(percent.rstrip("%")) == pytest.approx(100 * theirs[name], abs=0.051), name
     page.screenshot(path=tmp_path / "classification.png", full_page=True)
 
 
-def test_errors_are_shown_in_the_page(page: Page, translation_run: Path) -> None:
+def test_errors_are_shown_in_the_page(page: Page, served_run: Path) -> None:
     """Empty text, the server's 422 (n-best above the beam, naming the field) and 404 (a model the server
     no longer has: the list the page loaded is stale), and a network error: each shown in the page, the
     next good request answered."""
@@ -239,7 +239,7 @@ def test_errors_are_shown_in_the_page(page: Page, translation_run: Path) -> None
     page.click("#submit")
     expect(error).to_contain_text("Enter some text")
 
-    sentence = _test_sources(_best(translation_run))[0]
+    sentence = _test_sources(_translator(served_run))[0]
     page.fill("#text", sentence)
     page.fill("#beam_size", "2")
     page.fill("#n_best", "3")
@@ -274,14 +274,12 @@ def test_errors_are_shown_in_the_page(page: Page, translation_run: Path) -> None
     assert message.startswith("Error 404") and "retired-model" in message and TRANSLATION in message
 
 
-def test_api_key_is_sent_and_kept_in_the_tab_only(
-    browser: Browser, translation_run: Path, tmp_path: Path
-) -> None:
+def test_api_key_is_sent_and_kept_in_the_tab_only(browser: Browser, served_run: Path, tmp_path: Path) -> None:
     """A server with an API key: without it the page shows the 401; typed in (Enter reloads the models),
     it is sent as a bearer token and the translation comes; a reload of the tab keeps it (sessionStorage),
     a new session starts without it, and nothing is in localStorage."""
     secret = "page-test-secret"
-    models = f"models=[{_model(TRANSLATION, _best(translation_run))}]"
+    models = f"models=[{_model(TRANSLATION, _translator(served_run))}]"
     with _serving(tmp_path, models, f"api_key={secret}") as url:
         context = browser.new_context()
         tab = context.new_page()
@@ -296,7 +294,7 @@ def test_api_key_is_sent_and_kept_in_the_tab_only(
         assert request.value.headers["authorization"] == f"Bearer {secret}"
         expect(tab.locator("#submit")).to_be_enabled(timeout=WAIT_MS)
         assert error.text_content() == ""
-        tab.fill("#text", _test_sources(_best(translation_run))[0])
+        tab.fill("#text", _test_sources(_translator(served_run))[0])
         with tab.expect_request("**/v1/translate") as request:
             _submit(tab)
         assert request.value.headers["authorization"] == f"Bearer {secret}"
