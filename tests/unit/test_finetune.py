@@ -573,3 +573,89 @@ def test_lora_settings_at_their_bounds_are_taken() -> None:
         not FinetuneSettings.from_values(None).active
         and FinetuneSettings.from_values({"freeze": "embeddings"}).active
     )
+
+
+# --- init_from's fit checks at their exact boundaries -------------------------------------------------
+
+
+def _untrained(tmp_path, cls=TranslationTask, **kwargs) -> str:
+    """A checkpoint as train.py writes one, of a fresh task (the checks read shapes, not values)."""
+    task = _task(cls, **kwargs)
+    data = {"src_lang": "de", "tgt_lang": "en"} if cls is TranslationTask else None
+    return _save(task, tmp_path / f"{cls.__name__}.ckpt", data=data)
+
+
+def test_data_max_len_may_equal_the_checkpoints_not_exceed_it_by_one(tmp_path) -> None:
+    path = _untrained(tmp_path)
+    assert take_init_from(_cfg(path, max_len=TINY["max_len"]), None, set()) == TOKENIZERS
+    with pytest.raises(ConfigError, match=rf"^data\.max_len \({TINY['max_len'] + 1}\) exceeds the max_len"):
+        take_init_from(_cfg(path, max_len=TINY["max_len"] + 1), None, set())
+    resumed = {"hyper_parameters": {"config": dict(TINY)}}  # resuming checks the resumed run's max_len
+    cfg = _cfg("/no/such/file", max_len=TINY["max_len"] + 1)
+    cfg.ckpt_path = "run/last.ckpt"
+    with pytest.raises(ConfigError, match=r"^data\.max_len \(33\) exceeds the max_len of ckpt_path=run/last"):
+        take_init_from(cfg, resumed, set())
+
+
+def test_a_model_config_key_given_equal_to_the_checkpoints_is_no_contradiction(tmp_path) -> None:
+    path = _untrained(tmp_path)
+    cfg = _cfg(path)
+    cfg.model.config.d_model = D
+    take_init_from(cfg, None, {"model.config.d_model", "model.config.dropout"})
+    assert cfg.model.config.d_model == D and cfg.model.config.dropout == 0.3
+    cfg = _cfg(path)
+    cfg.model.config.d_model = D + 1
+    with pytest.raises(ConfigError, match=rf"^model\.config\.d_model={D + 1} contradicts"):
+        take_init_from(cfg, None, {"model.config.d_model"})
+    cfg = _cfg(path)
+    cfg.model.config.not_a_key = 1  # a key the checkpoint's config lacks contradicts it too
+    with pytest.raises(ConfigError, match=r"^model\.config\.not_a_key=1 contradicts \S+ \(None\)"):
+        take_init_from(cfg, None, {"model.config.not_a_key"})
+
+
+def test_languages_equal_to_the_checkpoints_pass_and_each_side_is_checked(tmp_path) -> None:
+    path = _untrained(tmp_path)
+    take_init_from(_cfg(path, src_lang="de", tgt_lang="en"), None, set())
+    with pytest.raises(ConfigError, match=r"^data\.tgt_lang=fr but \S+ translates de -> en"):
+        take_init_from(_cfg(path, tgt_lang="fr"), None, set())
+    with pytest.raises(ConfigError, match=r"^data\.src_lang=en data\.tgt_lang=de but"):
+        take_init_from(_cfg(path, src_lang="en", tgt_lang="de"), None, set())
+    unnamed = _save(_task(), tmp_path / "unnamed.ckpt", data={"src_lang": "src", "tgt_lang": "tgt"})
+    take_init_from(_cfg(unnamed, src_lang="fr", tgt_lang="it"), None, set())  # an import naming none
+
+
+@pytest.mark.parametrize("change", [{"src_vocab_size": 1}, {"src_vocab_size": -1}, {"max_len": 1}])
+def test_a_translation_model_one_off_the_checkpoints_vocabulary_or_positions_is_refused(
+    tmp_path, change
+) -> None:
+    base = {**TINY, "positional": "learned"}  # learned positions: max_len is a weight's shape
+    path = _save(TranslationTask(base), tmp_path / "learned.ckpt", data={"src_lang": "de", "tgt_lang": "en"})
+    same = Seq2SeqTransformer(TransformerConfig.from_dict(base))
+    assert load_pretrained_translation(same, path, TOKENIZERS) == len(same.state_dict())
+    key, step = next(iter(change.items()))
+    other = Seq2SeqTransformer(TransformerConfig.from_dict({**base, key: base[key] + step}))
+    with pytest.raises(CheckpointError, match=r"its weights do not fit model\.config \(\S+ has shape"):
+        load_pretrained_translation(other, path)
+
+
+@pytest.mark.parametrize(("saved", "run"), [(2, 2), (3, 3), (2, 3), (3, 2)])
+def test_the_head_is_kept_exactly_when_the_class_counts_are_equal(tmp_path, saved, run) -> None:
+    from transformer.evaluation.restore import load_pretrained_classifier
+
+    encoder_only = {**TINY, "n_decoder_layers": 0}
+    source = ClassificationTask(encoder_only, num_classes=saved)
+    path = _save(source, tmp_path / "classifier.ckpt")
+    torch.manual_seed(1)  # another draw than the source's: a kept head differs from a new one
+    model = ClassificationTask(encoder_only, num_classes=run).model
+    fresh_head = {k: v.clone() for k, v in model.head.state_dict().items()}
+    n, what = load_pretrained_classifier(model, path, TOKENIZERS)
+    total = len(source.model.state_dict())
+    for key, value in source.model.state_dict().items():
+        if not key.startswith("head."):
+            assert torch.equal(model.state_dict()[key], value), key
+    kept = source.model.head.state_dict() if saved == run else fresh_head
+    assert all(torch.equal(model.head.state_dict()[k], v) for k, v in kept.items())
+    assert n == (total if saved == run else total - 2)
+    assert ("kept" in what) == (saved == run) and ("new" in what) == (saved != run), what
+    with pytest.raises(CheckpointError, match="another tokenizer"):
+        load_pretrained_classifier(model, path, {"joint": "{}"})
