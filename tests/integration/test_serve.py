@@ -133,7 +133,7 @@ def test_serves_the_model_and_stops_gracefully_on_sigterm(server, checkpoint: Pa
         ]
 
         heavy = source_lines(256, seed=4)
-        request = {"model": "t", "segments": heavy, "beam_size": 8, "min_len": 40, "max_len_b": 60}
+        request = {"model": "t", "segments": heavy, "beam_size": 16, "min_len": 60, "max_len_b": 80}
         answer: dict[str, httpx.Response] = {}
         sender = threading.Thread(
             target=lambda: answer.setdefault(
@@ -152,7 +152,7 @@ def test_serves_the_model_and_stops_gracefully_on_sigterm(server, checkpoint: Pa
         sender.join(120)
     response = answer["r"]
     assert response.status_code == 200, response.text[:500]
-    want = translator.translate(heavy[:8], beam_size=8, min_len=40, max_len_b=60)  # a sample: the rest alike
+    want = translator.translate(heavy[:8], beam_size=16, min_len=60, max_len_b=80)  # a sample: the rest alike
     assert [t["translation"] for t in response.json()["translations"][:8]] == [t.text for t in want]
     assert len(response.json()["translations"]) == len(heavy)
     assert process.wait(60) == 0, (tmp_path / "serve.err").read_text()[-3000:]

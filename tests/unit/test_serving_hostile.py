@@ -196,12 +196,12 @@ def test_clients_that_disconnect(server: str, translator: Translator) -> None:
 def test_a_missed_deadline_is_504_and_its_queued_work_is_skipped(
     checkpoint: Path, translator: Translator
 ) -> None:
-    """Three long requests (256 segments, beam 8, 40 tokens at least) with a 0.3 s deadline: all three 504;
-    the first one's call finishes unread, the two queued behind it never reach the model."""
+    """Three long requests (256 segments, beam 16, 60 tokens at least: seconds each) with a 0.3 s deadline:
+    all three 504; the first one's call finishes unread, the two queued behind it never reach the model."""
     lines = source_lines(256, seed=4)
     values = {"batching": {"timeout_s": 0.3, "max_wait_ms": 0, "max_batch_tokens": 1}}
     app = create_app(settings({"t": str(checkpoint)}, **values), {"t": translator})
-    heavy = {"model": "t", "segments": lines, "beam_size": 8, "min_len": 40, "max_len_b": 60}
+    heavy = {"model": "t", "segments": lines, "beam_size": 16, "min_len": 60, "max_len_b": 80}
     with serving(app) as url, HealthWatch(url), httpx.Client(base_url=url, timeout=60) as client:
         with ThreadPoolExecutor(3) as pool:
             answers = list(pool.map(lambda _: client.post("/v1/translate", json=heavy), range(3)))
