@@ -92,6 +92,11 @@ def test_a_bad_value_is_refused_naming_its_key(case: str) -> None:
     assert expected in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_device_auto_is_left_to_the_inference_api() -> None:
+    settings = ServeSettings.from_dict({"models": [{"id": "x", "checkpoint": "a", "device": "auto"}]})
+    assert settings.models[0].device == "auto"
+
+
 def test_beyond_loopback_with_a_key_or_the_explicit_opt_out() -> None:
     assert ServeSettings.from_dict({**ONE_MODEL, "host": "0.0.0.0", "api_key": "k"}).api_key == "k"
     opted = ServeSettings.from_dict({**ONE_MODEL, "host": "::", "allow_remote_without_key": True})

@@ -171,10 +171,14 @@ def _checkpoints(value: Any, key: str) -> tuple[str, ...]:
 def _device(value: Any, key: str) -> str:
     if not isinstance(value, str):
         raise ServeConfigError(f"{key} must be a device name such as cpu or cuda:0, got {value!r}")
+    if value == "auto":  # CUDA when available, else the CPU (the inference API decides)
+        return value
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
-        raise ServeConfigError(f"{key}={value} is not a device (expected cpu, cuda, cuda:N or mps)") from None
+        raise ServeConfigError(
+            f"{key}={value} is not a device (expected cpu, cuda, cuda:N, mps or auto)"
+        ) from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
