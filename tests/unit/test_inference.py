@@ -1,8 +1,8 @@
 """The inference API's parts on their own: it imports neither Hydra, OmegaConf nor Lightning; the batching
 defaults it assumes for a checkpoint's data section are the datamodules' own; a checkpoint's tokenizers and
-class names are read from its own keys, else from the datamodule state of older checkpoints; target phrases
-are encoded and refused as evaluate.py's JSONL input refuses them; token-budget batches keep every text
-once, shortest first, within the budget."""
+class names are read from its own keys or from the datamodule state (older checkpoints have only that);
+target phrases are encoded and refused as evaluate.py's JSONL input refuses them; token-budget batches keep
+every text once, shortest first, within the budget."""
 
 from __future__ import annotations
 
@@ -41,18 +41,18 @@ def test_the_assumed_data_defaults_are_the_datamodules_own(task: str, cls: type)
     assert parameters["eval_max_tokens"].default is None  # then max_tokens, as loading assumes
 
 
-def test_tokenizers_and_class_names_from_the_checkpoint_key_else_the_datamodule_state() -> None:
+def test_tokenizers_and_class_names_from_the_checkpoint_key_or_the_datamodule_state() -> None:
     old = {"ClassificationDataModule": {"tokenizers": {"joint": "{...}"}, "class_names": ["neg", "pos"]}}
     assert saved_tokenizers(old, "classification") == {"joint": "{...}"}
     assert saved_class_names(old) == ["neg", "pos"]
     new = with_stable_keys(dict(old))
     assert new["tokenizers"] is old["ClassificationDataModule"]["tokenizers"]  # shared: pickled once
     assert new["class_names"] == ["neg", "pos"]
-    own = {**new, "tokenizers": {"joint": "mine"}, "class_names": ["a", "b"]}
-    assert saved_tokenizers(own, "classification") == {"joint": "mine"} and saved_class_names(own) == [
-        "a",
-        "b",
-    ]
+    alone = {"tokenizers": {"joint": "mine"}, "class_names": ["a", "b"]}  # no datamodule state
+    assert saved_tokenizers(alone, "classification") == {"joint": "mine"}
+    assert saved_class_names(alone) == ["a", "b"]
+    edited = {**new, "tokenizers": {"joint": "mine"}}  # a hand-edited checkpoint: the state wins
+    assert saved_tokenizers(edited, "classification") == {"joint": "{...}"}
     imported = {"ClassificationDataModule": {"tokenizers": {}}, "imported_from": {"labels": ["L0", "L1"]}}
     assert saved_class_names(imported) == ["L0", "L1"]  # a BERT imported before the class_names key
     assert saved_tokenizers({}, "translation") == {} and saved_class_names({}) is None

@@ -45,8 +45,10 @@ DATAMODULES: dict[TaskKind, str] = {
 }
 # The checkpoint's own keys for what a program needs besides the weights, whatever wrote it (train.py's
 # tasks, aiayn-import): the tokenizer JSON(s) by side ("joint", or "src" and "tgt") and a classifier's class
-# names in id order. Older checkpoints hold them only in the datamodule's state (`DATAMODULES`).
+# names in id order, readable without knowing the datamodule class. Older checkpoints hold them only in the
+# datamodule's state (`DATAMODULES`); `saved_tokenizers` / `saved_class_names` read either.
 TOKENIZERS_KEY, CLASS_NAMES_KEY = "tokenizers", "class_names"
+STARTED_FROM_KEY = "started_from"  # a fine-tuning run's `model.init_from` and its provenance (`init_origin`)
 _MODEL_PREFIX = "model."  # the tasks hold their network as `self.model`
 _ENCODER_PREFIXES = ("src_embed.", "encoder.")  # what pretraining hands on to a classifier
 
@@ -65,6 +67,14 @@ class RestoredModel:
     tokenizers: dict[str, str] = field(default_factory=dict)  # `saved_tokenizers`: JSON by side
     class_names: list[str] | None = None  # `saved_class_names` (classification)
     imported_from: dict[str, Any] | None = None  # aiayn-import's provenance (None: trained here)
+    # a fine-tuning run's start (`model.init_from`): {"init_from": absolute path, "imported_from": ...}
+    started_from: dict[str, Any] | None = None
+
+    @property
+    def origin(self) -> dict[str, Any] | None:
+        """What the weights were imported from: this checkpoint's `imported_from`, else that of the
+        checkpoint its fine-tuning run started from (None: trained here from scratch)."""
+        return self.imported_from or (self.started_from or {}).get("imported_from")
 
     def __post_init__(self) -> None:
         # built by hand from a datamodule state alone (tests, older callers): read it as a checkpoint's
@@ -184,25 +194,60 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
         tokenizers=saved_tokenizers(checkpoint, kind),
         class_names=saved_class_names(checkpoint, kind) if kind == "classification" else None,
         imported_from=dict(imported) if isinstance(imported, Mapping) else None,
+        started_from=started_from(checkpoint),
     )
 
 
+def started_from(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A fine-tuning checkpoint's `started_from` key (written by the training task): the `model.init_from`
+    it started from and what that one was imported from."""
+    value = checkpoint.get(STARTED_FROM_KEY)
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def init_origin(path: str | Path) -> dict[str, Any]:
+    """What a fine-tuning run records about its `model.init_from` checkpoint (`started_from`): its absolute
+    path and what it was imported from (its own `imported_from`, or the one its own start recorded: a
+    fine-tuned import fine-tuned again still names the original source). Reads the file memory-mapped:
+    its weights were loaded already."""
+    checkpoint = load_checkpoint(path, mmap=True)
+    imported = checkpoint.get("imported_from")
+    if not isinstance(imported, Mapping):
+        imported = (started_from(checkpoint) or {}).get("imported_from")
+    origin: dict[str, Any] = {"init_from": str(Path(path).resolve())}
+    if isinstance(imported, Mapping):
+        origin["imported_from"] = {k: v for k, v in imported.items() if k != "labels"}
+    return origin
+
+
+def imported_note(started: Mapping[str, Any] | None) -> str:
+    """ " (imported from SOURCE)" for a log line when a run's start (`init_origin`) was imported, else ""."""
+    imported = (started or {}).get("imported_from")
+    return f" (imported from {imported.get('source')})" if imported else ""
+
+
 def saved_tokenizers(checkpoint: Mapping[str, Any], kind: TaskKind) -> dict[str, str]:
-    """The tokenizer JSON(s) of `checkpoint` by side ("joint", or "src" and "tgt"; {} if it has none): its
-    `tokenizers` key, else (a checkpoint written before that key) its datamodule's state. Plain strings:
-    `data.tokenization.tokenizer_from_json` turns one into a tokenizer."""
-    saved = checkpoint.get(TOKENIZERS_KEY)
-    if not isinstance(saved, Mapping):
-        saved = (checkpoint.get(DATAMODULES[kind]) or {}).get("tokenizers")
-    return dict(saved) if isinstance(saved, Mapping) else {}
+    """The tokenizer JSON(s) of `checkpoint` by side ("joint", or "src" and "tgt"; {} if it has none). The
+    writers put the same object under the checkpoint's `tokenizers` key and in its datamodule's state; where
+    a checkpoint was edited so that they differ, the datamodule state wins (what a resumed run and
+    evaluate.py's datamodule load); a checkpoint without that state is read from the key alone. Plain
+    strings: `data.tokenization.tokenizer_from_json` turns one into a tokenizer."""
+    for saved in (
+        (checkpoint.get(DATAMODULES[kind]) or {}).get("tokenizers"),
+        checkpoint.get(TOKENIZERS_KEY),
+    ):
+        if isinstance(saved, Mapping) and saved:
+            return dict(saved)
+    return {}
 
 
 def saved_class_names(checkpoint: Mapping[str, Any], kind: TaskKind = "classification") -> list[str] | None:
-    """A classifier's class names in id order: its `class_names` key, else its datamodule's state, else (an
-    older aiayn-import of a BERT) the labels its provenance records; None when nothing names them."""
+    """A classifier's class names in id order: its datamodule's state (as `saved_tokenizers`), else its
+    `class_names` key (an imported BERT's: its id2label), else (a BERT imported before that key) the labels
+    its provenance records; None when nothing names them."""
     for names in (
-        checkpoint.get(CLASS_NAMES_KEY),
         (checkpoint.get(DATAMODULES[kind]) or {}).get("class_names"),
+        checkpoint.get(CLASS_NAMES_KEY),
         (checkpoint.get("imported_from") or {}).get("labels"),
     ):
         if isinstance(names, (list, tuple)) and names:
@@ -281,8 +326,8 @@ def load_pretrained_classifier(
     """`model.init_from` of a classification run: the encoder of a masked-LM checkpoint (the head stays
     new), or every weight of a classification checkpoint (trained here, or an imported BERT), its head
     too when it has as many classes (else the head stays new). Returns the number of tensors copied and
-    what they were ("encoder tensors", "tensors", "tensors (a new head)"). `tokenizers` as in
-    `load_pretrained_translation`."""
+    what they were ("encoder tensors", or "tensors" saying whether the head was kept or is new).
+    `tokenizers` as in `load_pretrained_translation`."""
     checkpoint = load_checkpoint(path)
     if _is_masked_lm(checkpoint.get("hyper_parameters")):
         return _copy_encoder(model, checkpoint, path, tokenizers), "encoder tensors"
@@ -304,7 +349,12 @@ def load_pretrained_classifier(
     wanted = {k: v for k, v in expected.items() if head_fits or not k.startswith("head.")}
     _check_fits(wanted, weights, path)
     model.load_state_dict(weights, strict=head_fits)
-    return len(weights), "tensors" if head_fits else "tensors (a new head)"
+    classes, theirs = model.head.out_features, restored.model.head.out_features
+    if head_fits:
+        return len(weights), f"tensors, the classification head kept ({classes} classes)"
+    return len(
+        weights
+    ), f"tensors; the classification head is new ({classes} classes, the checkpoint's {theirs})"
 
 
 def load_pretrained_translation(
