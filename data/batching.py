@@ -308,10 +308,11 @@ def host_packing(keep: Tensor) -> tuple[Tensor, Tensor, int]:
 
 
 def _prefix(tokens: Tensor, pad_id: int) -> Tensor:
-    """(B, T) bool: every position up to each row's last non-pad token (a causal decoder's inputs; the
-    model's `transformer.packing.prefix_mask`, which data/ may not import)."""
+    """(B, T) bool: every position up to each row's last non-pad token, position 0 always (a causal
+    decoder's inputs, its start token even when that is the pad id; the model's
+    `transformer.packing.prefix_mask`, which data/ may not import)."""
     positions = torch.arange(1, tokens.size(1) + 1)  # (T,)
-    return positions <= (tokens.ne(pad_id) * positions).amax(dim=1, keepdim=True)  # (B, T)
+    return positions <= (tokens.ne(pad_id) * positions).amax(dim=1, keepdim=True).clamp(min=1)  # (B, T)
 
 
 class TranslationCollator:

@@ -76,10 +76,12 @@ class TokenPacking:
 
 
 def prefix_mask(tokens: Tensor, pad_id: int) -> Tensor:
-    """(B, T) bool: every position up to each row's last non-pad token (all that a causal decoder needs)."""
+    """(B, T) bool: every position up to each row's last non-pad token (all that a causal decoder needs),
+    and position 0 always: the start token is an input even when it is the pad id (`bos_id == pad_id`, an
+    imported Marian model's), and an empty sentence's [start] alone still predicts its EOS."""
     positions = torch.arange(1, tokens.size(1) + 1, device=tokens.device)  # (T,)
     lengths = (tokens.ne(pad_id) * positions).amax(dim=1, keepdim=True)  # (B, 1) last non-pad position + 1
-    return positions <= lengths  # (B, T)
+    return positions <= lengths.clamp(min=1)  # (B, T)
 
 
 @dataclass(frozen=True)

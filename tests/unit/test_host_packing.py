@@ -349,3 +349,42 @@ def test_a_task_step_on_host_packed_batches_reads_nothing_back() -> None:
     with counter:  # the counter sees the model's own packing
         _task_step({k: v for k, v in batch.items() if k != "packing"}, packed=True, fused=False)
     assert "aten::nonzero" in counter.reads
+
+
+# --- a decoder that starts from the pad token (an imported OPUS-MT model: bos_id == pad_id) ------------
+
+
+def _pad_start_examples(seed: int, batch: int = 6) -> list[dict[str, Any]]:
+    """Marian's framing: targets [PAD, y1 .. yn, EOS] (the decoder's first input is the pad id), one of
+    them empty ([PAD, EOS]: tgt_in is the pad id alone, tgt_out its EOS), sources without BOS."""
+    examples = _examples(seed, batch=batch)
+    for example in examples:
+        example["tgt_ids"][0] = PAD
+    examples[1]["tgt_ids"] = [PAD, 2]  # an empty target sentence
+    return examples
+
+
+def test_host_packing_keeps_the_pad_start_token_of_every_target() -> None:
+    batch = TranslationCollator(PAD, packing=True)(_pad_start_examples(0))
+    assert batch["tgt_in"][:, 0].eq(PAD).all()  # the start token is the pad id in every row
+    packing = BatchPacking.from_collated(batch["packing"], batch["src"], batch["tgt_in"])
+    assert packing.target.keep[:, 0].all()  # position 0 is an input, not padding, in every row
+    lengths = batch["tgt_out"].ne(PAD).sum(dim=1)  # (B,): each target's tokens, its EOS included
+    assert torch.equal(packing.target.keep.sum(dim=1), lengths)
+    assert torch.equal(packing.target.cu_seqlens, F.pad(lengths.cumsum(0), (1, 0)).int())
+    assert packing.target.max_len == int(lengths.max())
+    # every scored token (the empty sentence's EOS too) is at a packed position
+    assert torch.equal(packing.target.pack(batch["tgt_out"]), batch["tgt_out"][batch["tgt_out"].ne(PAD)])
+    device = TokenPacking(prefix_mask(batch["tgt_in"], PAD))  # what the model finds itself
+    _assert_same_packing(packing.target, device)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_pad_start_model_steps_the_same_host_packed_device_packed_and_padded(seed: int) -> None:
+    """bos_id == pad_id: the packed steps (host-built and device-found packing) give the padded step's loss
+    and gradients, so the first target position and an empty sentence's EOS are trained on."""
+    model = _model(bos_id=PAD)
+    batch = TranslationCollator(PAD, packing=True)(_pad_start_examples(seed))
+    padded = _padded_step(model, batch)
+    _assert_same_step(_host_packed_step(model, batch), padded)
+    _assert_same_step(_device_packed_step(model, batch), padded)
