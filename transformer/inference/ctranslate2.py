@@ -54,7 +54,7 @@ __all__ = ["CTranslate2Translator", "ctranslate2_refusal"]
 
 def ctranslate2_refusal(settings: DecodingSettings) -> str | None:
     """Why CTranslate2 cannot decode as `settings` say exactly (one line naming the option), or None."""
-    beam = not settings.greedy and not settings.sampling
+    beam = not settings.sampling and settings.beam_size > 1  # one beam searches as greedy search does
     if settings.alignments:
         return "alignments: translate() gives no word alignments (evaluate.py does)"
     if settings.temperature != 1.0:
