@@ -39,14 +39,22 @@ _DAMAGED = (
 )
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint dict with `weights_only=True`, turning every failure into one clear line."""
+def _zip(path: Path) -> bool:
+    """Whether `path` is in torch.save's zip format (the one torch.load can memory-map)."""
+    return zipfile.is_zipfile(path)
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False
+) -> dict[str, Any]:
+    """Load a checkpoint dict with `weights_only=True`, turning every failure into one clear line; `mmap`:
+    tensors memory-mapped, not read (the zip format torch.save writes; an older file is read whole)."""
     path = Path(path)
     if not path.is_file():
         what = f"is a directory, not a file: {files_in_hint(path)}" if path.is_dir() else "does not exist"
         raise CheckpointError(f"checkpoint {path} {what}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and _zip(path))
     except pickle.UnpicklingError as err:
         # weights_only refuses any global that is not a tensor/primitive type: this is where a
         # planted `__reduce__` payload ends up, before anything is executed. Random bytes and a raw pickle

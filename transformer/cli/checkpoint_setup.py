@@ -268,7 +268,25 @@ def run_info(
         "split": split,
         "num_examples": len(datamodule.sources(split)),
         "device": str(device),
+        **provenance(restored),
     }
+
+
+def provenance(restored: RestoredModel) -> dict[str, Any]:
+    """What the checkpoint was imported from (`imported_from`: source, transformers version, ...), its own
+    or that of the `model.init_from` its fine-tuning run started from (`init_from`), logged once."""
+    origin = restored.origin
+    if origin is None:
+        return {}
+    imported = {k: v for k, v in origin.items() if k != "labels"}
+    start = (restored.started_from or {}).get("init_from") if restored.imported_from is None else None
+    log.info(
+        "The checkpoint's weights were imported from %s (transformers %s)%s",
+        imported.get("source"),
+        imported.get("transformers"),
+        f", then fine-tuned from {start}" if start else "",
+    )
+    return {"imported_from": imported, **({"init_from": start} if start else {})}
 
 
 def id_to_token(tokenizer: Any) -> Any:

@@ -145,6 +145,17 @@ def _header(source: ExportSource, target: str, src_lang: str, tgt_lang: str) -> 
             'the checkpoint computes (see the project\'s docs/pretrained.md, "Exporting an imported model").',
             "",
         ]
+    origin = source.origin
+    if origin is not None:  # fine-tuned here from an import
+        return [
+            f"# {origin.get('architecture', 'MarianMTModel')}, {src_lang} -> {tgt_lang}, fine-tuned",
+            "",
+            f"A translation model imported from `{origin.get('source')}` with `aiayn-import` (the aiayn "
+            "project), fine-tuned by this project, and exported with "
+            f"`aiayn-export {source.path.name} --to {target}`, which checks that the export computes what "
+            "the checkpoint computes.",
+            "",
+        ]
     return [
         f"# aiayn Transformer, {src_lang} -> {tgt_lang}",
         "",
@@ -175,8 +186,39 @@ def _model_section(source: ExportSource) -> list[str]:
     ]
 
 
-def _data_section(data: Mapping[str, Any]) -> list[str]:
-    return ["## Data", "", *[f"- `data.{key}`: {data[key]}" for key in _DATA_KEYS if key in data], ""]
+def _data_section(source: ExportSource, data: Mapping[str, Any]) -> list[str]:
+    """The run's data settings; the vocabulary as the tokenizers have it: a fine-tuning run takes its start's
+    tokenizers (an import's SentencePiece models), whatever `data.vocab_size` says, and a trained BPE may
+    end below the size asked for."""
+    config, joint = source.config, source.joint_vocabulary
+    sizes = (
+        f"{config.src_vocab_size}"
+        if joint
+        else f"{config.src_vocab_size} source / {config.tgt_vocab_size} target"
+    )
+    kind = "SentencePiece" if source.sentencepiece is not None else "BPE"
+    took = _get(source.run_config, "model", "init_from")
+    vocabulary = (
+        f"- vocabulary: {kind}, {sizes} tokens, the tokenizers of the start (`model.init_from`)"
+        if took
+        else f"- vocabulary: {'joint ' if joint else ''}{kind}, {sizes} tokens"
+        + (f" (`data.vocab_size`: {data['vocab_size']})" if "vocab_size" in data else "")
+    )
+    skipped = ("vocab_size", "joint_vocab", "bpe_dropout") if took else ("vocab_size", "joint_vocab")
+    lines = [f"- `data.{key}`: {data[key]}" for key in _DATA_KEYS if key in data and key not in skipped]
+    return ["## Data", "", *lines, vocabulary, ""]
+
+
+def _init_from_text(source: ExportSource, path: Any) -> str:
+    """`model.init_from` as the card names it: the original source of an imported start (the local file's
+    path means nothing to a reader of the card), else the checkpoint's file name."""
+    origin = (source.started_from or {}).get("imported_from")
+    if origin:
+        return (
+            f"`{origin.get('source')}` (imported with aiayn-import from transformers "
+            f"{origin.get('transformers')}; here the file {Path(str(path)).name})"
+        )
+    return json.dumps(path, default=str)
 
 
 def _recipe_section(source: ExportSource) -> list[str]:
@@ -190,7 +232,8 @@ def _recipe_section(source: ExportSource) -> list[str]:
         f"- experiment tags: {', '.join(map(str, run.get('tags') or [])) or 'none'}; seed {run.get('seed')}",
         f"- checkpoint `{source.path.name}`: epoch {source.epoch}, global step {source.global_step}",
         *[
-            f"- `model.{key}`: {json.dumps(value, default=str)}"
+            f"- `model.{key}`: "
+            + (_init_from_text(source, value) if key == "init_from" else json.dumps(value, default=str))
             for key in _RECIPE_KEYS
             if (value := _get(run, "model", key)) is not None
         ],
@@ -292,11 +335,12 @@ def model_card(
     data = source.run_config.get("data") or {}
     src_lang, tgt_lang = data.get("src_lang", "src"), data.get("tgt_lang", "tgt")
     trained = source.imported_from is None or bool(source.global_step)  # an import has trained no step
+    origin = source.origin  # a fine-tuned import's too (its start's provenance)
     lines = [
         *_header(source, target, src_lang, tgt_lang),
         *_model_section(source),
-        *([] if source.imported_from is None else _provenance_section(source.imported_from, trained)),
-        *(_data_section(data) if trained else []),
+        *([] if origin is None else _provenance_section(origin, trained)),
+        *(_data_section(source, data) if trained else []),
         *(_recipe_section(source) if trained else []),
         *_scores_section(source, data),
         *_usage_section(source, target, tokenizer_files, src_lang),

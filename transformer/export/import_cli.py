@@ -118,7 +118,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 1
     print(f"imported {args.source} as {checkpoint}")
+    print(import_summary(checkpoint))
     return 0
+
+
+def import_summary(path: Path) -> str:
+    """What an imported checkpoint holds, a few indented lines: architecture and sizes, languages,
+    vocabulary, parameters, the decoding defaults it took, and (a classifier) whether its head was kept."""
+    from transformer.checkpoint import load_checkpoint
+    from transformer.evaluation.restore import checkpoint_decoding
+
+    checkpoint = load_checkpoint(path, mmap=True)
+    hparams, imported = checkpoint["hyper_parameters"], checkpoint.get("imported_from") or {}
+    config = hparams["config"]
+    data = (checkpoint.get("config") or {}).get("data") or {}
+    parameters = sum(t.numel() for k, t in checkpoint["state_dict"].items() if k.startswith("model."))
+    classifier = "class_names" in checkpoint or "new_head" in imported
+    layers = (
+        f"{config['n_encoder_layers']} layers"
+        if classifier
+        else f"{config['n_encoder_layers']} encoder + {config['n_decoder_layers']} decoder layers"
+    )
+    joint = config.get("src_vocab_size") == config.get("tgt_vocab_size", config.get("src_vocab_size"))
+    vocab = (
+        f"{config['src_vocab_size']}"
+        if classifier or joint
+        else f"{config['src_vocab_size']} source / {config['tgt_vocab_size']} target"
+    )
+    kind = "WordPiece" if classifier else "SentencePiece"
+    lines = [
+        f"  architecture: {imported.get('architecture')} -> ours, {layers}, d_model {config['d_model']}, "
+        f"{config['n_heads']} heads, d_ff {config['d_ff']}, max_len {config['max_len']}",
+        f"  vocabulary: {kind}, {vocab} tokens; {parameters:,} parameters",
+        f"  read with transformers {imported.get('transformers')}, revision "
+        f"{imported.get('revision') or 'none (a local directory)'}",
+    ]
+    if classifier:
+        names = checkpoint.get("class_names") or imported.get("labels") or []
+        head = (
+            "new (initialized here, to be fine-tuned)" if imported.get("new_head") else "kept from the source"
+        )
+        lines.append(f"  classification head: {head}; {len(names)} classes {list(names)}")
+    else:
+        languages = f"{data.get('src_lang')} -> {data.get('tgt_lang')}"
+        if (data.get("src_lang"), data.get("tgt_lang")) == ("src", "tgt"):
+            languages = "not named by the source (src -> tgt)"
+        decoding = checkpoint_decoding(hparams)
+        normalization = decoding.length_normalization
+        lines.append(f"  languages: {languages}")
+        lines.append(
+            f"  decoding defaults (the source's generation settings): beam {decoding.beam_size}, "
+            f"length penalty {decoding.length_penalty} ({normalization} "
+            f"normalization), max length {decoding.max_len_a} * source + {decoding.max_len_b}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,12 @@ class ExportSource:
     epoch: int | None = None
     sentencepiece: SentencePiecePair | None = None  # an imported (OPUS-MT) model's tokenizers, else None
     imported_from: dict[str, Any] | None = None  # aiayn-import's provenance (source, transformers version)
+    started_from: dict[str, Any] | None = None  # a fine-tuning run's model.init_from and its provenance
+
+    @property
+    def origin(self) -> dict[str, Any] | None:
+        """What the weights were imported from: this checkpoint, or the start of its fine-tuning run."""
+        return self.imported_from or (self.started_from or {}).get("imported_from")
 
     @property
     def config(self) -> TransformerConfig:
@@ -154,6 +160,7 @@ def load_source(path: str | Path) -> ExportSource:
         epoch=restored.epoch,
         sentencepiece=pair,
         imported_from=dict(imported_from) if isinstance(imported_from, Mapping) else None,
+        started_from=restored.started_from,
     )
     _check_tokenizers(source)
     return source

@@ -18,13 +18,14 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric
 
 from transformer.checkpoint import strip_compile_prefix
-from transformer.evaluation.restore import with_stable_keys
+from transformer.evaluation.restore import STARTED_FROM_KEY, started_from, with_stable_keys
 from transformer.losses import TokenLoss
 from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import checkpoint_layers, compile_layers
 from transformer.training.compiling import CompiledStep
 from transformer.training.finetune import FinetuneSettings, apply_finetune
 from transformer.training.lightning_private import should_update_logs
+from transformer.training.schedules import warmup_of
 from transformer.training.validation_schedule import max_steps_before_validation
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,8 @@ class TaskBase(L.LightningModule):
     finetune_settings = FinetuneSettings()  # `finetune` (set by the tasks that take it)
     trainable_modules: tuple[str, ...] = ()  # new modules that LoRA leaves trainable (a classifier's head)
     _finetuned = False
+    # `model.init_from` and what it was imported from (`init_origin`), saved in every checkpoint
+    started_from: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -230,15 +233,24 @@ class TaskBase(L.LightningModule):
             return optimizer
         kwargs = {}
         keywords = getattr(self.scheduler_factory, "keywords", {})
-        if "total_steps" in inspect.signature(self.scheduler_factory).parameters and (
-            keywords.get("total_steps") is None
-        ):
+        parameters = inspect.signature(self.scheduler_factory).parameters
+        warmup = keywords.get("warmup_steps", getattr(parameters.get("warmup_steps"), "default", None))
+        if "total_steps" in parameters or isinstance(warmup, int):
             total = int(self.trainer.estimated_stepping_batches)
-            warmup = keywords.get("warmup_steps") or 0
-            if total <= warmup:  # a debug run (fast_dev_run, limit_train_batches) shorter than warmup
-                log.warning("%d optimizer steps < warmup_steps=%d: the schedule is cut short", total, warmup)
-                total = warmup + 1
-            kwargs["total_steps"] = total
+            if warmup is None and keywords.get("warmup_ratio"):
+                warmup = warmup_of(total, None, keywords["warmup_ratio"])
+            if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= total:
+                # every schedule: a fine-tuning run (a few hundred steps) under a from-scratch warmup
+                # (model.scheduler.warmup_steps 800 or 4000) never reaches its learning rate
+                log.warning(
+                    "model.scheduler.warmup_steps=%d is not shorter than the run (%d optimizer steps): the "
+                    "learning rate never reaches its peak; lower the warmup (a fine-tuning preset: "
+                    "experiment=finetune_opus_mt or finetune_bert_sst2)",
+                    warmup,
+                    total,
+                )
+            if "total_steps" in parameters and keywords.get("total_steps") is None:
+                kwargs["total_steps"] = max(total, (warmup if isinstance(warmup, int) else 0) + 1)
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -326,7 +338,10 @@ class TaskBase(L.LightningModule):
             if type(logger).__name__ == "WandbLogger":
                 checkpoint["wandb_run_id"] = str(logger.version)
         checkpoint[f"{self.best_metric[0]}_best"] = self.best
+        if self.started_from is not None:
+            checkpoint[STARTED_FROM_KEY] = self.started_from
         with_stable_keys(checkpoint)  # the tokenizers (class names) where programs read them (inference)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.best = checkpoint.get(f"{self.best_metric[0]}_best", self._worst())
+        self.started_from = started_from(checkpoint) or self.started_from  # a resumed fine-tuning run's

@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from transformer.config import TransformerConfig
 from transformer.encoder_only import Pooling
-from transformer.evaluation.restore import load_pretrained_classifier
+from transformer.evaluation.restore import imported_note, init_origin, load_pretrained_classifier
 from transformer.losses import symmetric_kl
 from transformer.model import TransformerClassifier
 from transformer.training.base import (
@@ -90,7 +90,9 @@ class ClassificationTask(TaskBase):
         if not self.hparams.init_from:
             return 0
         loaded, what = load_pretrained_classifier(self.model, self.hparams.init_from, tokenizers)
-        log.info("Initialized %d %s from %s", loaded, what, self.hparams.init_from)
+        self.started_from = init_origin(self.hparams.init_from)
+        note = imported_note(self.started_from)
+        log.info("Initialized %d %s from %s%s", loaded, what, self.hparams.init_from, note)
         return loaded
 
     def forward(self, src: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.evaluation.restore import load_pretrained_translation
+from transformer.evaluation.restore import imported_note, init_origin, load_pretrained_translation
 from transformer.evaluation.scoring import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
@@ -92,7 +92,13 @@ class TranslationTask(TaskBase):
         if not self.hparams.init_from:
             return 0
         loaded = load_pretrained_translation(self.model, self.hparams.init_from, tokenizers)
-        log.info("Initialized all %d tensors from %s", loaded, self.hparams.init_from)
+        self.started_from = init_origin(self.hparams.init_from)
+        log.info(
+            "Initialized all %d tensors from %s%s",
+            loaded,
+            self.hparams.init_from,
+            imported_note(self.started_from),
+        )
         return loaded
 
     # --- loss -------------------------------------------------------------------------------------
