@@ -20,6 +20,8 @@ from transformer.search.decoding import DecodingSettings
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 GPU_EXPERIMENTS = {"iwslt14_de_en", "wmt14_en_de_base"}
+# fine-tuning an imported model: lr, warmup share of the run's steps, epochs, logger (docs/pretrained.md)
+FINETUNE_PRESETS = {"finetune_opus_mt": (5e-5, 0.05, 3), "finetune_bert_sst2": (2e-5, 0.06, 3)}
 
 
 @pytest.fixture
@@ -53,6 +55,8 @@ def test_every_experiment_composes_and_instantiates(fresh_hydra, tmp_path, exper
         overrides = overrides[:1]
     if experiment in GPU_EXPERIMENTS:  # the same objects, built on this CPU-only machine
         overrides += ["trainer.accelerator=cpu", "trainer.devices=1", "model.compile=false"]
+    if experiment in FINETUNE_PRESETS:  # model.init_from is mandatory (???): the task only stores it here
+        overrides.append(f"model.init_from={tmp_path / 'imported' / 'model.ckpt'}")
     cfg = compose_train_cfg(overrides, output_dir=tmp_path)
     resolved = OmegaConf.to_container(
         OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True
@@ -63,7 +67,9 @@ def test_every_experiment_composes_and_instantiates(fresh_hydra, tmp_path, exper
     assert isinstance(trainer, L.Trainer)
     assert cfg.optimized_metric.startswith("val/")
     monitor = cfg.callbacks.model_checkpoint.monitor
-    expected = {"sst2": "val/acc", "sst2_pretrain": "val/loss"}.get(experiment, "val/bleu")
+    expected = {"sst2": "val/acc", "sst2_pretrain": "val/loss", "finetune_bert_sst2": "val/acc"}.get(
+        experiment, "val/bleu"
+    )
     assert monitor == expected
     assert trainer.checkpoint_callback is not None and trainer.checkpoint_callback.monitor == monitor
 
@@ -191,3 +197,29 @@ def test_the_model_configs_decode_with_the_types_defaults() -> None:
     """The translation model's validation decoding in configs/ is DecodingSettings' defaults, spelled out."""
     model = OmegaConf.load(CONFIGS / "model" / "translation.yaml")
     assert DecodingSettings.from_values(OmegaConf.to_container(model.decoding)) == DecodingSettings()
+
+
+@pytest.mark.parametrize("experiment", sorted(FINETUNE_PRESETS))
+def test_finetune_presets_schedule_a_pretrained_start(fresh_hydra, tmp_path, experiment: str) -> None:
+    """A low peak lr reached after a short warmup (a share of the run's steps), then a straight line down
+    to 0; few epochs; the csv logger alone (no wandb run, no warning about an anonymous one)."""
+    import torch
+
+    lr, share, epochs = FINETUNE_PRESETS[experiment]
+    init = f"model.init_from={tmp_path / 'model.ckpt'}"
+    cfg = compose_train_cfg([f"experiment={experiment}", init], output_dir=tmp_path)
+    assert cfg.trainer.max_epochs == epochs and set(cfg.logger) == {"csv"}
+    assert cfg.model.optimizer.lr == lr and cfg.model.init_from == str(tmp_path / "model.ckpt")
+    factory = hydra.utils.instantiate(cfg.model.scheduler)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    scheduler = factory(optimizer, total_steps=1000)
+    rates = []
+    for _ in range(1000):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    warmup = round(share * 1000)
+    assert rates[warmup - 1] == pytest.approx(lr) and max(rates) == pytest.approx(lr)
+    assert rates[0] == pytest.approx(lr / warmup)
+    assert rates[warmup + (1000 - warmup) // 2 - 1] == pytest.approx(lr / 2)  # halfway down the line
+    assert rates[-2] == pytest.approx(lr / (1000 - warmup)) and rates[-1] == 0.0  # 0 at the last step

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["CosineWithWarmup", "InverseSqrtWarmup", "constant", "cosine_with_warmup", "inverse_sqrt"]
+__all__ = [
+    "CosineWithWarmup",
+    "InverseSqrtWarmup",
+    "LinearWithWarmup",
+    "constant",
+    "cosine_with_warmup",
+    "inverse_sqrt",
+    "linear_with_warmup",
+]
 
 
 def _check_steps(name: str, value: int, minimum: int) -> None:
@@ -70,6 +78,55 @@ class CosineWithWarmup:
             return step / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass
+class LinearWithWarmup:
+    """Multiplier: linear warmup to 1, then a straight line down to `min_ratio` at `total_steps`, flat
+    after (the fine-tuning schedule of BERT and of transformers' `get_linear_schedule_with_warmup`)."""
+
+    warmup_steps: int
+    total_steps: int
+    min_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_steps("warmup_steps", self.warmup_steps, 0)
+        _check_steps("total_steps", self.total_steps, 1)
+        if self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"total_steps ({self.total_steps}) must be larger than warmup_steps ({self.warmup_steps})"
+            )
+        if not 0.0 <= self.min_ratio <= 1.0:
+            raise ValueError(f"min_ratio must be in [0, 1], got {self.min_ratio!r}")
+
+    def __call__(self, index: int) -> float:
+        step = index + 1
+        if step <= self.warmup_steps:
+            return step / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return 1.0 - (1.0 - self.min_ratio) * progress
+
+
+def warmup_of(total_steps: int, warmup_steps: int | None, warmup_ratio: float | None) -> int:
+    """`warmup_steps`, or `warmup_ratio` of `total_steps` (rounded, at least 1) when only that is given."""
+    if warmup_steps is not None:
+        return warmup_steps
+    if warmup_ratio is None or isinstance(warmup_ratio, bool) or not 0.0 <= float(warmup_ratio) < 1.0:
+        raise ValueError(f"warmup_ratio must be in [0, 1) when warmup_steps is null, got {warmup_ratio!r}")
+    return max(1, round(float(warmup_ratio) * total_steps)) if warmup_ratio else 0
+
+
+def linear_with_warmup(
+    optimizer: Optimizer,
+    total_steps: int,
+    warmup_steps: int | None = None,
+    warmup_ratio: float | None = None,
+    min_ratio: float = 0.0,
+) -> LambdaLR:
+    """Linear warmup then linear decay to `min_ratio`; the warmup in steps, or as `warmup_ratio` of the
+    run's optimizer steps. The tasks fill `total_steps` from the trainer when it is left out."""
+    warmup = warmup_of(total_steps, warmup_steps, warmup_ratio)
+    return LambdaLR(optimizer, LinearWithWarmup(warmup, total_steps, min_ratio))
 
 
 def inverse_sqrt(optimizer: Optimizer, warmup_steps: int = 4000, d_model: int | None = None) -> LambdaLR:
