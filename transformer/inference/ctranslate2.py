@@ -14,10 +14,11 @@ refused with one `InferenceError` naming the option (`ctranslate2_refusal`); wha
   together; greedy search and sampling decode a batch at its longest limit and cut each sentence at its
   own. A beam search whose hypotheses reach the limit ranks them without the forced EOS's log-probability
   (CTranslate2's), so such a sentence can get another translation than ours;
-- greedy search (`beam_size=1`), beam search with `length_penalty=0` (CTranslate2's beam search ranks by
-  len ** alpha with len without EOS and stops once beam_size hypotheses have ended: equal to ours only at
-  alpha 0), sampling (`sampling_topk` / `sampling_topp`, `num_hypotheses` independent samples; CTranslate2's
-  own random numbers), `min_len`, n-gram blocking (greedy and sampling), target prefixes;
+- greedy search (`beam_size=1`), beam search with `length_penalty=0` and one hypothesis (CTranslate2's
+  beam search ranks by len ** alpha with len without EOS and stops once beam_size hypotheses have ended:
+  its best one is ours only at alpha 0), sampling (`sampling_topk` / `sampling_topp`, `num_hypotheses`
+  independent samples; CTranslate2's own random numbers), `min_len`, n-gram blocking (greedy and
+  sampling), target prefixes;
 - scores: every hypothesis is scored by CTranslate2's `score_batch` (teacher-forced log-probabilities, EOS
   included, nothing banned or renormalized) and divided by the settings' length normalization, which is
   our search's score for the same tokens (`<pad>` and `<s>` are suppressed in the search, as ours never
