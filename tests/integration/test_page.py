@@ -311,3 +311,25 @@ def test_api_key_is_sent_and_kept_in_the_tab_only(browser: Browser, served_run: 
         expect(fresh.locator("#error")).to_contain_text("Error 401", timeout=WAIT_MS)
         assert fresh.input_value("#api-key") == ""
         fresh.context.close()
+
+
+def test_sampling_with_a_seed(page: Page, served_run: Path) -> None:
+    """The sampling check box enables the sampling fields, which are sent with `sampling: true`; the same
+    seed gives the same n samples again."""
+    page.select_option("#model", TRANSLATION)
+    assert page.locator("#top_k").is_disabled() and page.locator("#seed").is_disabled()  # in the fieldset
+    page.check("#sampling")
+    assert page.locator("#top_k").is_enabled() and page.locator("#seed").is_enabled()
+    page.fill("#text", _test_sources(_translator(served_run))[0])
+    page.fill("#n_best", "3")
+    page.fill("#temperature", "1.5")
+    page.fill("#seed", "7")
+    shown = []
+    for _ in range(2):
+        with page.expect_request("**/v1/translate") as request:
+            _submit(page)
+        body = request.value.post_data_json
+        assert body["sampling"] is True and body["seed"] == 7 and body["temperature"] == 1.5
+        assert page.locator("#error").text_content() == ""
+        shown.append(page.locator("#segments .nbest li .text").all_text_contents())
+    assert len(shown[0]) == 3 and shown[0] == shown[1]
