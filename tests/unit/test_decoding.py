@@ -9,7 +9,7 @@ from torch import nn
 
 from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer
-from transformer.search.decoding import beam_search, greedy_search
+from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, search
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 14  # 4 specials (pad, bos, eos, unk) + 10 symbols
@@ -221,6 +221,26 @@ def test_wide_beam_is_exhaustive_search_with_length_penalty(form: str) -> None:
             expected_score, expected_tokens = ranked[k]
             assert beams[row, k][beams[row, k] != PAD].tolist() == expected_tokens
             assert scores[row, k].item() == pytest.approx(expected_score, abs=1e-4)
+
+
+@pytest.mark.parametrize("form", ["gnmt", "power"])
+@pytest.mark.parametrize("search_kind", ["greedy", "sample"])
+def test_one_row_searches_score_with_the_length_normalization(form: str, search_kind: str) -> None:
+    """Greedy search and sampling (one hypothesis per row, the normalizer over a tensor of lengths) score
+    a hypothesis as its summed log-probability / the formula at its length, EOS counted."""
+    model = _random_model()
+    src = torch.tensor([[BOS, 4, 5, 6, 7, EOS], [BOS, 8, EOS, PAD, PAD, PAD]])
+    settings = DecodingSettings(
+        search=search_kind, length_penalty=1.3, length_normalization=form, max_len_a=0, max_len_b=6
+    )
+    tokens, scores = search(model, src, settings, torch.Generator().manual_seed(0))
+    lengths = set()
+    for row in range(2):
+        hypothesis = tokens[row, 0][tokens[row, 0] != PAD].tolist()
+        lengths.add(len(hypothesis))
+        expected = _log_prob(model, src[row], hypothesis) / NORMALIZATIONS[form](len(hypothesis), 1.3)
+        assert scores[row, 0].item() == pytest.approx(expected, abs=1e-4)
+    assert lengths != {1}  # not only EOS: the length matters
 
 
 def test_bad_arguments_raise() -> None:
