@@ -304,6 +304,12 @@ def test_api_key_is_sent_and_kept_in_the_tab_only(browser: Browser, served_run: 
         expect(tab.locator("#submit")).to_be_enabled(timeout=WAIT_MS)
         assert tab.input_value("#api-key") == secret
         assert tab.evaluate("window.localStorage.length") == 0
+
+        tab.fill("#api-key", "")  # the key removed: the models are no longer offered
+        tab.click("#reload")
+        expect(error).to_contain_text("Error 401", timeout=WAIT_MS)
+        assert tab.locator("#model option").count() == 0 and tab.locator("#submit").is_disabled()
+        assert tab.evaluate("window.sessionStorage.length") == 0
         context.close()
 
         fresh = browser.new_context().new_page()
