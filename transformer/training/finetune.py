@@ -12,7 +12,7 @@ from torch import nn
 
 from transformer.lora import FROZEN_MODULES, LoraSettings, add_lora, is_under, lora_targets
 
-__all__ = ["FinetuneSettings", "apply_finetune", "parameter_counts"]
+__all__ = ["FinetuneSettings", "apply_finetune", "frozen_parts", "parameter_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,35 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
     return sum(p.numel() for p in parameters if p.requires_grad), sum(p.numel() for p in parameters)
 
 
+def frozen_parts(model: nn.Module) -> str:
+    """What is frozen and what trains, by the model's top modules with their parameter counts (a shared
+    tensor counted under the first module holding it); a tensor several modules share (tied embeddings:
+    the source and target embeddings and the output projection are one matrix) is named with all of them,
+    since freezing it in one freezes it in every other."""
+    holders: dict[int, list[str]] = {}
+    tensors: dict[int, nn.Parameter] = {}
+    frozen, trainable = [], []
+    for name, child in model.named_children():
+        own = [p for p in child.parameters() if id(p) not in holders]
+        for p in child.parameters():
+            holders.setdefault(id(p), []).append(name)
+            tensors[id(p)] = p
+        n_frozen = sum(p.numel() for p in own if not p.requires_grad)
+        n_trainable = sum(p.numel() for p in own if p.requires_grad)
+        if n_frozen:
+            frozen.append(f"{name} {n_frozen}")
+        if n_trainable:
+            trainable.append(f"{name} {n_trainable}")
+    shared = [
+        f"one {tuple(tensors[key].shape)} tensor in {', '.join(names)} "
+        f"({'trainable' if tensors[key].requires_grad else 'frozen'} in all of them)"
+        for key, names in holders.items()
+        if len(names) > 1
+    ]
+    text = f"frozen: {', '.join(frozen) or 'nothing'}; trainable: {', '.join(trainable) or 'nothing'}"
+    return text + (f"; tied: {'; '.join(shared)}" if shared else "")
+
+
 def apply_finetune(model: nn.Module, settings: FinetuneSettings, trainable: Sequence[str] = ()) -> str:
     """Freeze `settings.freeze`'s modules; with LoRA, add the adapters (not in frozen modules) and freeze
     every other weight but the modules `trainable` (a classifier's new head). Returns the log line
@@ -86,7 +115,10 @@ def apply_finetune(model: nn.Module, settings: FinetuneSettings, trainable: Sequ
     if settings.lora is None:
         n_trainable, n_all = parameter_counts(model)
         frozen_part = f"finetune.freeze={settings.freeze}"
-        return f"Fine-tuning ({frozen_part}): {n_trainable} trainable of {n_all} parameters"
+        return (
+            f"Fine-tuning ({frozen_part}): {n_trainable} trainable of {n_all} parameters; "
+            f"{frozen_parts(model)}"
+        )
     model.requires_grad_(False)
     names = add_lora(model, settings.lora, frozen)  # its A and B are new parameters, trainable
     for path, module in model.named_modules():

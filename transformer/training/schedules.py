@@ -108,12 +108,15 @@ class LinearWithWarmup:
 
 
 def warmup_of(total_steps: int, warmup_steps: int | None, warmup_ratio: float | None) -> int:
-    """`warmup_steps`, or `warmup_ratio` of `total_steps` (rounded, at least 1) when only that is given."""
+    """`warmup_steps`, or `warmup_ratio` of `total_steps` when only that is given (rounded, at least 1 and
+    less than `total_steps`)."""
     if warmup_steps is not None:
         return warmup_steps
     if warmup_ratio is None or isinstance(warmup_ratio, bool) or not 0.0 <= float(warmup_ratio) < 1.0:
         raise ValueError(f"warmup_ratio must be in [0, 1) when warmup_steps is null, got {warmup_ratio!r}")
-    return max(1, round(float(warmup_ratio) * total_steps)) if warmup_ratio else 0
+    if not warmup_ratio:
+        return 0
+    return min(max(1, round(float(warmup_ratio) * total_steps)), total_steps - 1)  # never the whole run
 
 
 def linear_with_warmup(
