@@ -171,8 +171,10 @@ def _routes(app: FastAPI, state: State, page: Path) -> None:
         _check_size(len(body.segments), body.characters(), limits.max_segments, limits.max_chars)
         try:
             settings = served.decoding(body.options())
+            served.check_seed(settings, body.seed)
         except InferenceError as err:
-            raise _invalid(err, body.options()) from None
+            seeded = {"seed": body.seed} if body.seed is not None else {}
+            raise _invalid(err, {**body.options(), **seeded}) from None
         job = Job(body.inputs(), settings, body.seed, deadline=start + limits.timeout_s)
         outputs = await _outputs(state.workers[served.settings.id], job, request)
         return {

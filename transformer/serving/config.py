@@ -4,6 +4,7 @@ here, once, with an error naming its key (`ServeConfigError`). Files and models 
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import math
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,9 @@ __all__ = [
 ]
 
 # backend name -> what runs the model (`models.load_model` maps each to its loader)
-BACKENDS = ("torch",)
+BACKENDS = ("torch", "ctranslate2")
+# the optional dependency a backend needs, and the extra of this package that installs it
+_BACKEND_EXTRAS = {"ctranslate2": ("ctranslate2", "export")}
 
 
 class ServeConfigError(ValueError):
@@ -52,6 +55,11 @@ class ModelSettings:
     backend: str = "torch"
     decoding: Mapping[str, Any] = field(default_factory=dict)
     key: str = "models[0]"  # where it stands in the config, for error messages
+    # backend ctranslate2 only (None for torch): CTranslate2's compute type ("default": the converted float32
+    # weights; int8, int8_float32, float16, ...: quantized when loaded) and where converted models are kept
+    # (None: a temporary directory, converted at each start and removed at exit)
+    compute_type: str | None = None
+    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +145,11 @@ def _models(values: Any) -> tuple[ModelSettings, ...]:
         key = f"models[{i}]"
         if not isinstance(entry, Mapping):
             raise ServeConfigError(f"{key} must be a mapping {{id, checkpoint, ...}}, got {entry!r}")
-        _unknown_keys(entry, {"id", "checkpoint", "device", "backend", "decoding"}, f"{key}.")
+        _unknown_keys(
+            entry,
+            {"id", "checkpoint", "device", "backend", "decoding", "compute_type", "cache_dir"},
+            f"{key}.",
+        )
         model_id = entry.get("id")
         if not isinstance(model_id, str) or not model_id.strip() or model_id != model_id.strip():
             raise ServeConfigError(
@@ -146,14 +158,38 @@ def _models(values: Any) -> tuple[ModelSettings, ...]:
         earlier = [m.key for m in models if m.id == model_id]
         if earlier:
             raise ServeConfigError(f"{key}.id={model_id} is also the id of {earlier[0]}: ids must be unique")
+        checkpoint = _checkpoints(entry.get("checkpoint"), f"{key}.checkpoint")
+        device = _device(entry.get("device", "cpu"), f"{key}.device")
+        backend = _backend(entry.get("backend", "torch"), f"{key}.backend")
+        compute_type, cache_dir = entry.get("compute_type"), entry.get("cache_dir")
+        if backend == "ctranslate2":
+            if len(checkpoint) > 1:
+                raise ServeConfigError(
+                    f"{key}.checkpoint: backend ctranslate2 decodes one checkpoint, got {len(checkpoint)}: "
+                    "an ensemble needs backend torch (or average the checkpoints into one file first)"
+                )
+            compute_type = _compute_type(compute_type, device, key)
+            if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
+                raise ServeConfigError(
+                    f"{key}.cache_dir must be a directory path or null (a temporary one), got {cache_dir!r}"
+                )
+        else:
+            for name, value in (("compute_type", compute_type), ("cache_dir", cache_dir)):
+                if value is not None:
+                    raise ServeConfigError(
+                        f"{key}.{name}={value} is a setting of backend ctranslate2, not of backend "
+                        f"{backend}: set {key}.backend: ctranslate2 or leave {key}.{name} out"
+                    )
         models.append(
             ModelSettings(
                 id=model_id,
-                checkpoint=_checkpoints(entry.get("checkpoint"), f"{key}.checkpoint"),
-                device=_device(entry.get("device", "cpu"), f"{key}.device"),
-                backend=_backend(entry.get("backend", "torch"), f"{key}.backend"),
+                checkpoint=checkpoint,
+                device=device,
+                backend=backend,
                 decoding=_decoding(entry.get("decoding") or {}, f"{key}.decoding"),
                 key=key,
+                compute_type=compute_type,
+                cache_dir=cache_dir,
             )
         )
     return tuple(models)
@@ -195,6 +231,33 @@ def _device(value: Any, key: str) -> str:
 def _backend(value: Any, key: str) -> str:
     if value not in BACKENDS:
         raise ServeConfigError(f"{key}={value} is not a backend; expected one of {list(BACKENDS)}")
+    if value in _BACKEND_EXTRAS:
+        module, extra = _BACKEND_EXTRAS[value]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ServeConfigError(
+                f"{key}={value} needs the {module} package, which is not installed: "
+                f"pip install 'aiayn[{extra}]' (or backend torch)"
+            ) from None
+    return value
+
+
+def _compute_type(value: Any, device: str, key: str) -> str:
+    """CTranslate2's compute type of a model on `device`, checked against what CTranslate2 supports there."""
+    import ctranslate2  # installed: _backend checked it
+
+    where = "cuda" if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    if device.startswith("mps"):
+        raise ServeConfigError(f"{key}.device={device}: backend ctranslate2 runs on cpu or cuda")
+    supported = sorted(ctranslate2.get_supported_compute_types(where))
+    if value is None:
+        return "default"
+    if value not in ("default", "auto", *supported):
+        raise ServeConfigError(
+            f"{key}.compute_type={value} is not a compute type CTranslate2 supports on {where}; expected "
+            f"default (the float32 weights), auto or one of {supported}"
+        )
     return value
 
 
