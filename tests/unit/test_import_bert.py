@@ -338,3 +338,96 @@ def test_a_translation_model_takes_the_options_too() -> None:
     assert model.src_embed.scale == model.tgt_embed.scale == 1.0
     norms = [module for module in model.modules() if isinstance(module, torch.nn.LayerNorm)]
     assert len(norms) == 2 + 2 + 3 and all(norm.eps == 1e-6 for norm in norms)  # embedders, encoder, decoder
+
+
+# --- a new head: which weights are copied, which are new and how they start; the class-count bounds ---------
+
+
+def _head_from_transformers(source: Path, num_classes: int) -> dict[str, torch.Tensor]:
+    """What transformers gives a BertModel directory's new head (and a missing pooler) under seed 0."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = transformers.BertForSequenceClassification.from_pretrained(source, num_labels=num_classes)
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+
+
+def test_a_new_head_is_transformers_seeded_initialisation_and_the_rest_is_copied(
+    sst2: Path, tmp_path: Path
+) -> None:
+    source = bert_directory(tmp_path / "bare", sst2, head=False)
+    first = restore_model(_import(source, tmp_path / "one", "--num-classes", "2"))
+    second = restore_model(_import(source, tmp_path / "two", "--num-classes", "2"))
+    theirs = _head_from_transformers(source, 2)
+    head = first.model.head
+    assert torch.equal(head.weight, theirs["classifier.weight"]) and torch.equal(
+        head.bias, theirs["classifier.bias"]
+    )
+    assert not head.bias.any() and 0.01 < head.weight.std().item() < 0.03  # normal(0, 0.02), bias 0
+    # the same head on every import; the pooler and every other weight are the saved BertModel's
+    assert all(torch.equal(v, second.model.state_dict()[k]) for k, v in first.model.state_dict().items())
+    bare = transformers.BertModel.from_pretrained(source).state_dict()
+    ours = first.model.state_dict()
+    assert torch.equal(ours["pooler.0.weight"], bare["pooler.dense.weight"])
+    assert torch.equal(ours["pooler.0.bias"], bare["pooler.dense.bias"])
+    assert torch.equal(ours["src_embed.embedding.weight"], bare["embeddings.word_embeddings.weight"])
+    assert torch.equal(ours["encoder.layers.1.norm2.weight"], bare["encoder.layer.1.output.LayerNorm.weight"])
+
+
+def test_a_bert_model_saved_without_its_pooler_gets_a_new_one_too(
+    sst2: Path, sentences, tmp_path: Path
+) -> None:
+    """BertModel(add_pooling_layer=False): the pooler is new (transformers' seeded init), as the head;
+    the encoder is the saved one's."""
+    bare = bert_directory(tmp_path / "bare", sst2, head=False)
+    source = tmp_path / "no-pooler"
+    transformers.BertModel.from_pretrained(bare, add_pooling_layer=False).save_pretrained(source)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        (source / name).write_bytes((bare / name).read_bytes())
+    checkpoint = _import(source, tmp_path / "imported", "--num-classes", "3")
+    assert checkpoint["imported_from"]["new_head"] is True
+    model = restore_model(checkpoint).model
+    theirs = _head_from_transformers(source, 3)
+    for ours, name in (("pooler.0", "bert.pooler.dense"), ("head", "classifier")):
+        for part in ("weight", "bias"):
+            assert torch.equal(model.state_dict()[f"{ours}.{part}"], theirs[f"{name}.{part}"]), (ours, part)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    batch = tokenizer(sentences[:25], padding=True, return_tensors="pt")
+    encoder = transformers.BertModel.from_pretrained(source, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        hidden, padding = model.encode(batch.input_ids)
+        expected = encoder(**batch).last_hidden_state
+    assert (hidden - expected)[~padding].abs().max().item() < TOLERANCE
+
+
+def test_num_classes_bounds_for_a_new_head(sst2: Path, tmp_path: Path, capsys) -> None:
+    from transformer.export.weights import MAX_CLASSES
+
+    source = bert_directory(tmp_path / "bare", sst2, head=False)
+    for bad in ("1", "0", str(MAX_CLASSES + 1)):
+        assert main([str(source), "--output", str(tmp_path / f"out{bad}"), "--num-classes", bad]) == 1
+        err = capsys.readouterr().err.strip()
+        assert (
+            f"--num-classes {bad}: a classifier has 2 to {MAX_CLASSES} classes" in err and "\n" not in err
+        ), err
+        assert not (tmp_path / f"out{bad}").exists()
+    for good in ("2", str(MAX_CLASSES)):
+        restored = restore_model(_import(source, tmp_path / f"out{good}", "--num-classes", good))
+        assert restored.hparams["num_classes"] == int(good) == restored.model.head.out_features
+
+
+def test_a_head_of_the_same_size_is_kept_and_one_fewer_or_more_refused(
+    bert_dir: Path, tmp_path, capsys
+) -> None:
+    """--num-classes equal to the head's is the head itself (not a new one); 2 or 4 against its 3 refused."""
+    checkpoint = _import(bert_dir, tmp_path / "same", "--num-classes", "3")
+    assert checkpoint["imported_from"]["new_head"] is False
+    theirs = transformers.BertForSequenceClassification.from_pretrained(bert_dir).state_dict()
+    model = restore_model(checkpoint).model
+    assert torch.equal(model.head.weight, theirs["classifier.weight"])
+    assert torch.equal(model.head.bias, theirs["classifier.bias"])
+    assert torch.equal(model.pooler[0].weight, theirs["bert.pooler.dense.weight"])
+    for other in ("2", "4"):
+        assert main([str(bert_dir), "--output", str(tmp_path / other), "--num-classes", other]) == 1
+        err = capsys.readouterr().err.strip()
+        assert f"head for 3 classes, not --num-classes {other}" in err and "\n" not in err, err
+        assert not (tmp_path / other).exists()
