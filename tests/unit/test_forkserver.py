@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -158,3 +159,53 @@ def test_a_forked_commands_own_python_children_fork_from_the_server(
     assert piped == mine, done.stdout  # a pipe: a plain child of the command
     assert lines["sleeping"] == str(server["process"].pid), done.stdout
     assert lines["terminated"] == str(-signal.SIGTERM), done.stdout
+
+
+# --- a child's environment is exactly the one asked for: nothing of the server's own leaks in ---------
+
+ENVIRON = "import json, os; print(json.dumps(dict(os.environ)))"
+
+
+def _forked(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    before = dict(forkserver.STARTED)
+    done = forkserver.run(argv, cwd=REPO_ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert forkserver.STARTED["forked"] - before["forked"] == 1, "ran as a plain subprocess"
+    return done
+
+
+def test_a_forked_child_gets_exactly_the_environment_asked_for(server: dict[str, Any]) -> None:
+    """The server's own variables (its start environment: HYDRA_FULL_ERROR, PYTHONUNBUFFERED; what it set
+    itself: OMP_WAIT_POLICY) are not in a child that was not given them; a seed given to one child
+    (PL_GLOBAL_SEED, as an in-process run sets it) is in that child only."""
+    assert "HYDRA_FULL_ERROR" in server["env"] and "PYTHONUNBUFFERED" in server["env"]
+    drop = {"HYDRA_FULL_ERROR", "PYTHONUNBUFFERED", "OMP_WAIT_POLICY", "PYTEST_CURRENT_TEST"}
+    asked = {k: v for k, v in server["env"].items() if k not in drop}
+    seeded = {**asked, "PL_GLOBAL_SEED": "1234", "PYTEST_CURRENT_TEST": "tests/x.py::test_y (call)"}
+    code = [sys.executable, "-c", ENVIRON]
+    assert json.loads(_forked(code, seeded).stdout) == seeded
+    assert json.loads(_forked(code, asked).stdout) == asked  # no seed left over from the child before
+
+
+def test_forked_children_draw_their_own_random_numbers(server: dict[str, Any]) -> None:
+    """`random` and NumPy are reseeded in each child, as in a new interpreter: two children do not repeat
+    the server's (or each other's) numbers."""
+    code = [sys.executable, "-c", "import random, numpy; print(random.random(), numpy.random.random())"]
+    first, second = (_forked(code, server["env"]).stdout.split() for _ in range(2))
+    assert first[0] != second[0] and first[1] != second[1], (first, second)
+
+
+def test_a_hash_seed_runs_in_a_new_interpreter_with_that_seed(server: dict[str, Any]) -> None:
+    """PYTHONHASHSEED is read when an interpreter starts: a child forked from the server would hash with
+    the server's seed, so a command asking for another one runs as a plain subprocess."""
+    code = [sys.executable, "-c", "print(hash('attention'))"]
+    hashes = []
+    for seed in ("0", "1"):
+        before = dict(forkserver.STARTED)
+        env = {**server["env"], "PYTHONHASHSEED": seed}
+        done = forkserver.run(code, cwd=REPO_ROOT, env=env, timeout=300)
+        assert forkserver.STARTED["subprocess"] - before["subprocess"] == 1
+        plain = subprocess.run(code, cwd=REPO_ROOT, env=env, **TEXT)
+        assert done.stdout == plain.stdout and done.returncode == 0
+        hashes.append(done.stdout)
+    assert hashes[0] != hashes[1]
