@@ -3,6 +3,8 @@ source and target token ids, with the raw sentences and references by example id
 
 from __future__ import annotations
 
+import logging
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -12,9 +14,12 @@ import numpy as np
 
 from data import cache, sources, synthetic
 from data.batching import TranslationCollator
+from data.clean import REPORT_FILE, CleanSettings, clean_split
 from data.datamodules.base import TokenBudgetDataModule
 from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE
 from data.tokenization import BPETokenizer, CorpusEncoder
+
+log = logging.getLogger(__name__)
 
 
 class TranslationDataModule(TokenBudgetDataModule):
@@ -33,6 +38,11 @@ class TranslationDataModule(TokenBudgetDataModule):
     `packing`: each batch with targets also holds "packing", the kept positions and cumulative lengths of
     its source and target tokens computed here, on the host (`TranslationCollator`), so that the model's
     packed path (no pad tokens; torch's variable-length attention on CUDA) reads nothing back from the GPU.
+
+    `clean`: the parallel-data filters (`data.clean`, docs/data.md#cleaning), a mapping of filter name ->
+    settings, or None for none. They run once on the real training split (not `extra_train`, not val or
+    test), before the tokenizer learns from it; the cleaned split is a prepared-data cache entry whose key
+    holds the filters' settings, with `clean_report.json` beside its Arrow file.
     """
 
     _text_columns = ("src", "tgt")
@@ -68,6 +78,7 @@ class TranslationDataModule(TokenBudgetDataModule):
         extra_train: Sequence[Mapping[str, Any]] | None = None,
         train_copies: int = 1,
         packing: bool = False,
+        clean: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
         if source not in ("synthetic", "multi30k", "parallel", "hub"):
@@ -94,10 +105,15 @@ class TranslationDataModule(TokenBudgetDataModule):
         if not isinstance(packing, bool):
             raise ValueError(f"packing must be true or false, got {packing!r}")
         self.packing = packing
+        self.clean = None if clean is None else CleanSettings(clean, src_lang, tgt_lang)
+        self._clean_summary: dict[str, str] | None = None  # the cleaned split's report line and file
+        self._clean_logged = False
 
     def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:
         loaded = self._load_real(splits)
         train = self.splits["train"]
+        if train in loaded and self.clean is not None:
+            loaded[train] = self._cleaned(loaded[train])
         if train in loaded and (self.extra_train or self.train_copies != 1):
             parts = [loaded[train]] * self.train_copies
             parts += [sources.load_parallel(p["src"], p["tgt"], p["tag"]) for p in self.extra_train]
@@ -144,6 +160,13 @@ class TranslationDataModule(TokenBudgetDataModule):
         return tuple(dict.fromkeys(p["tag"] for p in self.extra_train if p["tag"]))
 
     def _identity(self, split: str) -> dict[str, Any]:
+        """The training split's identity also holds the cleaning filters' settings."""
+        identity = self._uncleaned_identity(split)
+        if split == self.splits["train"] and self.clean is not None:
+            identity["clean"] = self.clean.key()
+        return identity
+
+    def _uncleaned_identity(self, split: str) -> dict[str, Any]:
         """The training split's identity also names its extra pairs' files and how often the real pairs
         come (the real part: its files, or the fingerprint of the generated / hub split alone)."""
         if split != self.splits["train"] or not (self.extra_train or self.train_copies != 1):
@@ -159,6 +182,61 @@ class TranslationDataModule(TokenBudgetDataModule):
             for p in self.extra_train
         ]
         return {**real, "extra_train": extra, "train_copies": self.train_copies}
+
+    # -- cleaning ------------------------------------------------------------------------------------
+    def _cleaned(self, raw: datasets.Dataset) -> datasets.Dataset:
+        """The real training split through the `clean` filters: from the cache when a run already
+        cleaned the same data with the same settings, else cleaned (and cached with its report)."""
+        assert self.clean is not None
+        train = self.splits["train"]
+        files = self._files(train)
+        origin = " / ".join(map(str, files)) if files else f"{self.source} split {train!r}"
+        if self.cache_dir is None:
+            directory = Path(tempfile.mkdtemp(dir=datasets.fingerprint.get_temporary_cache_files_directory()))
+            dataset, report = clean_split(raw, self.clean, directory, origin)
+            summary = {"line": report.summary(), "report": str(directory / REPORT_FILE)}
+        else:
+            data = (
+                {"files": [cache.file_identity(p) for p in files]}
+                if files
+                else {"fingerprint": raw._fingerprint}
+            )
+            key = cache.cache_key(
+                {"kind": "cleaned", "data": data, "settings": self._settings(), "clean": self.clean.key()}
+            )
+            name = f"{self._cache_tag('joint')}-{train}-clean"
+            report_path = self.cache_dir / "cleaned" / f"{name}-{key[:16]}" / REPORT_FILE
+
+            def build(directory: Path) -> tuple[datasets.Dataset, dict[str, Any]]:
+                dataset, report = clean_split(raw, self.clean, directory, origin)
+                return dataset, {"line": report.summary(), "report": str(report_path)}
+
+            dataset, summary = cache.load_or_build(self.cache_dir / "cleaned", name, key, build)
+        self._clean_summary = dict(summary)
+        self._log_clean()
+        return dataset
+
+    def _log_clean(self) -> None:
+        """The one line of the training log that says what cleaning removed (once per process)."""
+        if self._clean_summary is not None and not self._clean_logged:
+            log.info(
+                "Cleaned %s (data.clean): %s; report: %s",
+                self.splits["train"],
+                self._clean_summary["line"],
+                self._clean_summary["report"],
+            )
+            self._clean_logged = True
+
+    def _tokenize(self, split: str, directory: Path) -> tuple[datasets.Dataset, dict[str, Any]]:
+        dataset, meta = super()._tokenize(split, directory)
+        if split == self.splits["train"] and self._clean_summary is not None:
+            meta["clean"] = self._clean_summary  # logged again by runs that find the entry cached
+        return dataset, meta
+
+    def _restore_meta(self, meta: Mapping[str, Any]) -> None:
+        if "clean" in meta and self.clean is not None:
+            self._clean_summary = dict(meta["clean"])
+            self._log_clean()
 
     def _cache_tag(self, side: str) -> str:
         langs = (

@@ -1,0 +1,19 @@
+"""Parallel-data cleaning (docs/data.md#cleaning): filters configured under `data.clean`, applied once to
+the training split when it is prepared, a report of what each removed; `python -m data.clean` (or
+`aiayn-clean`) runs the same filters on plain parallel files."""
+
+from data.clean.filters import FILTERS, PairFilter
+from data.clean.run import REPORT_FILE, Report, judge, new_report
+from data.clean.settings import CleanSettings
+from data.clean.split import clean_split
+
+__all__ = [
+    "FILTERS",
+    "REPORT_FILE",
+    "CleanSettings",
+    "PairFilter",
+    "Report",
+    "clean_split",
+    "judge",
+    "new_report",
+]
