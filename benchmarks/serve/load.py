@@ -31,7 +31,7 @@ measure a trained checkpoint (`--ckpt`) for numbers to quote. Decoding: greedy (
 and server share the machine's cores.
 
     python -m benchmarks.serve.load --data-dir $MULTI30K_DIR [--ckpt PATH] [--requests 2000] \
-        [--clients 64] [--backends torch,ctranslate2] [--results-dir benchmarks/results]
+        [--clients 64] [--backends torch,ctranslate2[,ctranslate2:int8]] [--results-dir benchmarks/results]
 
 `--smoke`: a tiny random checkpoint (`smoke_checkpoint`), 48 requests from 8 clients, torch (and
 CTranslate2 when the server has that backend).
@@ -45,6 +45,7 @@ import gzip
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +66,25 @@ def _sentences(data_dir: Path) -> list[str]:
         return [line.strip() for line in handle if line.strip()]
 
 
+def _revision() -> str:
+    """The checkout measured: its commit, and whether files differ from it."""
+    git = ["git", "-C", str(Path(__file__).resolve().parents[2])]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+        dirty = subprocess.run([*git, "status", "--porcelain", "-uno"], capture_output=True, text=True).stdout
+    except OSError:
+        return "revision unknown"
+    return f"at {commit.strip()}" + (" with uncommitted changes" if dirty.strip() else "")
+
+
+def _ctranslate2_version() -> str:
+    try:
+        import ctranslate2
+    except ImportError:
+        return ""
+    return f", ctranslate2 {ctranslate2.__version__}"
+
+
 def _served_backends() -> tuple[str, ...]:
     from transformer.serving.config import BACKENDS
 
@@ -76,7 +96,7 @@ def measure_one(
 ) -> tuple[Load, dict[str, Any]]:
     """One server, warmed up, under the load: what came back, and the run's numbers."""
     options = {"beam_size": args.beam_size}
-    with Server(checkpoint, backend, batching, out) as server:
+    with Server(checkpoint, backend, batching, out, cache_dir=out.parent / "ct2", decoding=options) as server:
         rss_loaded = server.rss_mb()
         # the warm-up as concurrent as the load, so that its batch sizes have been allocated once: what the
         # RSS does after it is what the run adds (a leak), not the first large batch
@@ -159,11 +179,12 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
         checkpoint = checkpoints.recipe_checkpoint(tmp / "recipe.ckpt", args.data_dir)
         model = "multi30k_de_en shape, random weights"
     served = _served_backends()
-    backends = [b for b in args.backends if b in served]
-    missing = [b for b in args.backends if b not in served]
+    backends = [b for b in args.backends if b.partition(":")[0] in served]
+    missing = [b for b in args.backends if b.partition(":")[0] not in served]
     print(
-        f"CPU: {cpu_name()}; torch {torch.__version__}; model: {model}; {args.requests} requests from "
-        f"{args.clients} clients, Multi30k val ({len(sentences)} sentences), beam {args.beam_size}"
+        f"CPU: {cpu_name()}; torch {torch.__version__}{_ctranslate2_version()}; {_revision()}\n"
+        f"model: {model}; {args.requests} requests from {args.clients} clients, Multi30k val "
+        f"({len(sentences)} sentences), beam {args.beam_size}"
     )
     for backend in missing:
         print(f"backend {backend}: missing (this server's backends: {', '.join(served)}): not measured")
@@ -190,10 +211,11 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
         checks["torch_bs1_vs_in_process"] = _check_in_process(
             checkpoint, references["torch"], sentences, args.check, args.beam_size
         )
-    if "torch" in references and "ctranslate2" in references:
-        common = set(references["torch"]) & set(references["ctranslate2"])
-        same = sum(references["torch"][s] == references["ctranslate2"][s] for s in common)
-        checks["ctranslate2_same_as_torch"] = f"{same}/{len(common)}"
+    for backend in references:
+        if backend != "torch" and "torch" in references:
+            common = set(references["torch"]) & set(references[backend])
+            same = sum(references["torch"][s] == references[backend][s] for s in common)
+            checks[f"{backend}_same_as_torch"] = f"{same}/{len(common)} sentences"
     report(args, rows, checks, missing, model)
 
 
@@ -204,7 +226,7 @@ def _ratio(rows: list[dict], backend: str) -> float:
 
 def report(args: argparse.Namespace, rows: list[dict], checks: dict, missing: list[str], model: str) -> None:
     header = (
-        f"{'backend':<12} {'batching':<13} {'sent/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
+        f"{'backend':<16} {'batching':<13} {'sent/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
         f"{'batch':>6} {'failed':>6} {'mismatch':>8} {'RSS loaded/start/end/peak MB':>29}"
     )
     print(header)
@@ -212,7 +234,7 @@ def report(args: argparse.Namespace, rows: list[dict], checks: dict, missing: li
     for r in rows:
         rss = f"{r['rss_loaded_mb']:.0f}/{r['rss_start_mb']:.0f}/{r['rss_end_mb']:.0f}/{r['rss_peak_mb']:.0f}"
         print(
-            f"{r['backend']:<12} {r['batching']:<13} {r['sentences_per_s']:>8.1f} {r['p50_ms']:>8.0f} "
+            f"{r['backend']:<16} {r['batching']:<13} {r['sentences_per_s']:>8.1f} {r['p50_ms']:>8.0f} "
             f"{r['p95_ms']:>8.0f} {r['p99_ms']:>8.0f} {r['mean_batch']:>6.1f} {r['failed']:>6} "
             f"{r['mismatched']:>8} {rss:>29}"
         )
@@ -224,14 +246,16 @@ def report(args: argparse.Namespace, rows: list[dict], checks: dict, missing: li
             f"dynamic / batch size 1, {backend}: {ratio:.2f}x sentences/s (target >= {TARGETS['speedup']}x)"
         )
     speed = {(r["backend"], r["batching"]): r["sentences_per_s"] for r in rows}
-    if ("ctranslate2", "dynamic") in speed and ("torch", "dynamic") in speed:
-        ratio = speed["ctranslate2", "dynamic"] / speed["torch", "dynamic"]
-        print(f"ctranslate2 / torch, dynamic: {ratio:.2f}x sentences/s")
+    for backend in ratios:
+        for batching in ("batch size 1", "dynamic"):
+            if backend != "torch" and (backend, batching) in speed and ("torch", batching) in speed:
+                ratio = speed[backend, batching] / speed["torch", batching]
+                print(f"{backend} / torch, {batching}: {ratio:.2f}x sentences/s")
     for name, value in checks.items():
         print(f"check {name}: {value}")
     dynamic = [r for r in rows if r["batching"] == "dynamic"]
     targets = {
-        "speedup": all(ratio >= TARGETS["speedup"] for ratio in ratios.values()),
+        **{f"speedup_{backend}": ratio >= TARGETS["speedup"] for backend, ratio in ratios.items()},
         "p99": all(r["p99_ms"] <= 1000 * TARGETS["p99_s"] for r in dynamic),
         "no_failed_or_mismatched": all(r["failed"] == 0 and r["mismatched"] == 0 for r in rows)
         and checks.get("torch_bs1_vs_in_process", 0) == 0,
@@ -264,7 +288,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--backends", default="torch,ctranslate2", help="comma-separated")
+    parser.add_argument(
+        "--backends",
+        default="torch,ctranslate2",
+        help="comma-separated: torch, ctranslate2, ctranslate2:COMPUTE_TYPE (e.g. ctranslate2:int8)",
+    )
     parser.add_argument("--beam-size", type=int, default=1, help="1: greedy")
     parser.add_argument("--warmup", type=int, default=128, help="requests to each server before measuring")
     parser.add_argument("--check", type=int, default=64, help="sentences translated alone in this process")

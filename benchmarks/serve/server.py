@@ -34,20 +34,37 @@ def _get(url: str, timeout: float = 10) -> tuple[int, str]:
 
 
 class Server:
-    """One `serve.py` process serving `checkpoint` as model "load" on `backend` with `batching` (serve.yaml's
-    batching keys), its log in `out`. A context manager: ready on entry, stopped on exit."""
+    """One `serve.py` process serving `checkpoint` as model "load" on `backend` ("torch", "ctranslate2", or
+    "ctranslate2:COMPUTE_TYPE", e.g. ctranslate2:int8) with `batching` (serve.yaml's batching keys), its
+    log in `out`; CTranslate2's converted model kept in `cache_dir`; `decoding`: the model's decoding
+    defaults over the checkpoint's. A context manager: ready on entry, stopped on exit."""
 
     def __init__(
-        self, checkpoint: Path, backend: str, batching: Mapping[str, float], out: Path, ready_s: float = 600
+        self,
+        checkpoint: Path,
+        backend: str,
+        batching: Mapping[str, float],
+        out: Path,
+        cache_dir: Path | None = None,
+        decoding: Mapping[str, float] | None = None,
+        ready_s: float = 600,
     ) -> None:
         self.checkpoint, self.backend, self.batching, self.out = checkpoint, backend, dict(batching), out
-        self.ready_s = ready_s
+        self.cache_dir, self.decoding, self.ready_s = cache_dir, dict(decoding or {}), ready_s
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        model = f"{{id: {MODEL_ID}, checkpoint: '{self.checkpoint}', backend: {self.backend}}}"
+        name, _, compute_type = self.backend.partition(":")
+        entry = [f"id: {MODEL_ID}", f"checkpoint: '{self.checkpoint}'", f"backend: {name}"]
+        if compute_type:
+            entry.append(f"compute_type: {compute_type}")
+        if name == "ctranslate2" and self.cache_dir is not None:
+            entry.append(f"cache_dir: '{self.cache_dir}'")  # converted once, for both batching settings
+        if self.decoding:  # the model's defaults (CTranslate2 refuses defaults it cannot decode as ours)
+            entry.append("decoding: {" + ", ".join(f"{k}: {v}" for k, v in self.decoding.items()) + "}")
+        model = "{" + ", ".join(entry) + "}"
         return [
             sys.executable, "serve.py", "host=127.0.0.1", f"port={self.port}", f"models=[{model}]",
             f"hydra.run.dir={self.out}", *[f"batching.{key}={value}" for key, value in self.batching.items()],
