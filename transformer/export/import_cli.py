@@ -132,7 +132,12 @@ def import_summary(path: Path) -> str:
     hparams, imported = checkpoint["hyper_parameters"], checkpoint.get("imported_from") or {}
     config = hparams["config"]
     data = (checkpoint.get("config") or {}).get("data") or {}
-    parameters = sum(t.numel() for k, t in checkpoint["state_dict"].items() if k.startswith("model."))
+    tensors = {  # tied embeddings are one tensor under several names (torch.save keeps them shared)
+        (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): t.numel()
+        for k, t in checkpoint["state_dict"].items()
+        if k.startswith("model.")
+    }
+    parameters = sum(tensors.values())
     classifier = "class_names" in checkpoint or "new_head" in imported
     layers = (
         f"{config['n_encoder_layers']} layers"

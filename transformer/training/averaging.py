@@ -3,6 +3,7 @@ updated on the device with no read back to the host."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning as L
@@ -48,7 +49,14 @@ class EMAWeightAveraging(_LightningEMA):
         self._updates = 0  # the host's copy of the averaged model's `n_averaged`
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
+        with warnings.catch_warnings():
+            # Lightning warns for any task that overrides configure_model, in case it shards its layers
+            # (FSDP), which its AveragedModel would not; ours freezes, adds LoRA adapters and compiles
+            # there (BaseTask.configure_model), never shards, so the memory warning is noise at every start
+            warnings.filterwarnings(
+                "ignore", message="You're using the WeightAveraging callback with a model"
+            )
+            super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._updates = 0  # a fresh average (a resumed one is counted in `on_load_checkpoint`)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from transformer.disk import human_size, write_text
@@ -71,3 +72,14 @@ def _write_rows(file: Any, keys: list[str], rows: list[dict[str, object]]) -> No
     writer = csv.DictWriter(file, fieldnames=keys)
     writer.writeheader()
     writer.writerows(rows)
+
+
+class WandbLogger(LightningWandbLogger):
+    """Lightning's wandb logger without its `anonymous=None`: Lightning passes `anonymous` to `wandb.init`
+    even when unset, and wandb >= 0.19 warns "The anonymous setting has no effect and will be removed" for
+    any value given, on every run. Left out unless `anonymous` was asked for."""
+
+    def __init__(self, *args: Any, anonymous: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, anonymous=anonymous, **kwargs)
+        if anonymous is None:
+            self._wandb_init.pop("anonymous", None)
