@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -237,8 +238,8 @@ def _check_size(segments: int, characters: int, max_segments: int, max_chars: in
 def _invalid(err: InferenceError, options: Mapping[str, Any]) -> ServeError:
     """A request the model refuses: 422 naming the option the message starts with (if one)."""
     message = " ".join(str(err).split())
-    named = sorted(
-        (name for name in options if f" {name} " in f" {message} " or message.startswith(name)),
+    named = sorted(  # a name as a word ("beam_size must ...") or with its value ("beam_size=4 ...")
+        (name for name in options if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message)),
         key=lambda name: not message.startswith(name),  # the option the message is about first
     )
     field = {"search": "sampling"}.get(named[0], named[0]) if named else None  # the request's own name
