@@ -97,3 +97,33 @@ def test_a_datamodule_with_the_pair_uses_its_special_ids(marian_dir) -> None:
     datamodule.load_state_dict(state)
     assert (datamodule.pad_id, datamodule.bos_id, datamodule.eos_id) == (pair.pad_id, pair.pad_id, 0)
     assert datamodule.state_dict() == state  # written back as read
+
+
+def test_packed_batches_of_the_pair_keep_the_pad_start_token(marian_dir, sentences) -> None:
+    """data.packing=true with an imported OPUS-MT tokenizer: the collator pads with the vocabulary's own pad
+    id (the last one), the targets start from it, and the host packing keeps that start token in every row
+    (an empty sentence's too) and every token the loss scores."""
+    import torch
+
+    from transformer.packing import BatchPacking, TokenPacking, prefix_mask
+
+    pair = SentencePiecePair.from_directory(marian_dir)
+    datamodule = TranslationDataModule(src_lang="de", tgt_lang="en", packing=True)
+    datamodule.load_state_dict(
+        {"tokenizers": {s: SentencePieceSide(pair, s).to_json() for s in ("src", "tgt")}}
+    )
+    source, target = SentencePieceSide(pair, "src"), SentencePieceSide(pair, "tgt")
+    texts = [*zip(sentences["de"][:5], sentences["en"][:5]), ("Hallo.", "")]
+    examples = [
+        {"id": i, "src_ids": source.encode(de), "tgt_ids": target.encode(en)}
+        for i, (de, en) in enumerate(texts)
+    ]
+    batch = datamodule._collator()(examples)
+    pad = pair.pad_id
+    assert pad == pair.vocab_size - 1 and batch["tgt_in"][:, 0].eq(pad).all()
+    packing = BatchPacking.from_collated(batch["packing"], batch["src"], batch["tgt_in"])
+    assert packing.target.keep[:, 0].all()
+    assert torch.equal(packing.target.keep, prefix_mask(batch["tgt_in"], pad))
+    assert torch.equal(packing.source.keep, batch["src"].ne(pad))
+    assert torch.equal(packing.target.pack(batch["tgt_out"]), batch["tgt_out"][batch["tgt_out"].ne(pad)])
+    assert torch.equal(packing.target.index, TokenPacking(batch["tgt_out"].ne(pad)).index)
