@@ -250,6 +250,12 @@ def test_config_refusals_name_the_key(
     ).models[0]
     with pytest.raises(ServeConfigError, match=r"^models\[0\]\.backend=ctranslate2: .* classification"):
         load_model(entry)
+    # device auto on a machine whose torch sees CUDA and whose ctranslate2 does not
+    with monkeypatch.context() as patched:
+        patched.setattr("torch.cuda.is_available", lambda: True)
+        patched.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+        message = refused({"backend": "ctranslate2", "device": "auto"})
+        assert message.startswith("models[0].device=auto: this ctranslate2 sees no CUDA device")
     # ctranslate2 not installed: the extra to install
     monkeypatch.setitem(sys.modules, "ctranslate2", None)
     message = refused({"backend": "ctranslate2"})

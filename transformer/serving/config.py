@@ -250,6 +250,11 @@ def _compute_type(value: Any, device: str, key: str) -> str:
     where = "cuda" if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "cpu"
     if device.startswith("mps"):
         raise ServeConfigError(f"{key}.device={device}: backend ctranslate2 runs on cpu or cuda")
+    if where == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        raise ServeConfigError(
+            f"{key}.device={device}: this ctranslate2 sees no CUDA device (a CPU-only build, or a driver "
+            "it cannot use): set device: cpu or install a CUDA build of ctranslate2"
+        )
     supported = sorted(ctranslate2.get_supported_compute_types(where))
     if value is None:
         return "default"
