@@ -2,9 +2,9 @@
 the training split when it is prepared, a report of what each removed; `python -m data.clean` (or
 `aiayn-clean`) runs the same filters on plain parallel files."""
 
-from data.clean.filters import FILTERS, PairFilter
-from data.clean.run import REPORT_FILE, Report, judge, new_report
-from data.clean.settings import CleanSettings
+from data.clean.filters import PairFilter
+from data.clean.run import REPORT_FILE, Report, fit, judge, new_report
+from data.clean.settings import FILTERS, CleanSettings
 from data.clean.split import clean_split
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "PairFilter",
     "Report",
     "clean_split",
+    "fit",
     "judge",
     "new_report",
 ]

@@ -19,9 +19,8 @@ from typing import Any
 
 import yaml
 
-from data.clean.filters import FILTERS
-from data.clean.run import REPORT_FILE, Report, judge, new_report
-from data.clean.settings import CleanSettings
+from data.clean.run import REPORT_FILE, Report, fit, judge, new_report
+from data.clean.settings import FILTERS, CleanSettings
 from data.sources import DataError, iter_lines
 
 REJECTED_FILE = "rejected.tsv"
@@ -76,6 +75,7 @@ def clean_files(
     output_dir.mkdir(parents=True, exist_ok=True)
     filters = settings.filters()
     report = new_report(f"{src} / {tgt}", filters, (settings.src_lang, settings.tgt_lang))
+    fit(filters, lambda: _pairs(src, tgt))
     tmp = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in outputs[:3]]
     try:
         with open(tmp[0], "w") as kept_src, open(tmp[1], "w") as kept_tgt, open(tmp[2], "w") as rejected:

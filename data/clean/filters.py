@@ -9,10 +9,12 @@ LanguageIDFilter), written here without OpusFilter's dependencies (docs/data.md 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -26,6 +28,9 @@ class PairFilter:
 
     def keep(self, src: str, tgt: str) -> bool:
         raise NotImplementedError
+
+    def fit(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """A first pass over the corpus, for filters that learn from it (`alignment`); most need none."""
 
     def settings(self) -> dict[str, Any]:
         """Its settings as plain data (they key the prepared-data cache and head the report)."""
@@ -81,7 +86,7 @@ class RatioFilter(PairFilter):
 
     name: ClassVar[str] = "ratio"
     max_ratio: float = 2.0
-    min_chars: int = 10
+    min_chars: int = 0
 
     def __post_init__(self) -> None:
         self._check_number("max_ratio", 1.0, float("inf"), "a number >= 1")
@@ -153,7 +158,7 @@ class ScriptFilter(PairFilter):
             return False
         if script is None or not letters:  # a language without a known script: letters alone
             return True
-        in_script = sum(unicodedata.name(c, "").startswith(script) for c in letters)
+        in_script = sum(_script_name(c) == script for c in letters)
         return in_script >= self.min_script_ratio * len(letters)
 
 
@@ -221,21 +226,6 @@ class LangidFilter(PairFilter):
         )
 
 
-FILTERS: dict[str, type[PairFilter]] = {
-    f.name: f
-    for f in (
-        LengthFilter,
-        RatioFilter,
-        IdenticalFilter,
-        DuplicatesFilter,
-        ScriptFilter,
-        NumbersFilter,
-        MarkupFilter,
-        RepetitionFilter,
-        LangidFilter,
-    )
-}
-
 _NUMBER = re.compile(r"\d+")
 _MARKUP = re.compile(
     r"https?://|www\.\w|\b[\w.+-]+@[\w-]+\.\w|</?[A-Za-z][A-Za-z0-9]*(?:\s[^<>]*)?/?>|&(?:#\d+|#x[\da-fA-F]+|[A-Za-z]+);"
@@ -258,6 +248,12 @@ _SCRIPTS = {
     "THAI": "th",
 }
 _SCRIPT_OF = {lang: script for script, langs in _SCRIPTS.items() for lang in langs.split()}
+
+
+@functools.cache
+def _script_name(char: str) -> str:
+    """The first word of a character's Unicode name ("LATIN", "CYRILLIC", ...), looked up once per char."""
+    return unicodedata.name(char, "").split(" ", 1)[0]
 
 
 def script_of(lang: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,15 @@ class Report:
             f"{self.origin}: the cleaning filters removed all {self.pairs} pairs; {worst.name} removed "
             f"the most ({worst.removed}): loosen or drop data.clean.{worst.name}"
         )
+
+
+def fit(filters: list[PairFilter], pairs: Callable[[], Iterable[tuple[str, str]]]) -> None:
+    """The first pass of the filters that learn from the corpus (`alignment`), if any: `pairs()` is
+    called once more for it (a second read of the files or the split, never a list of the corpus)."""
+    learning = [f for f in filters if type(f).fit is not PairFilter.fit]
+    if learning:
+        for f in learning:  # one pass each: few filters learn, and each keeps its own tables
+            f.fit(pairs())
 
 
 def judge(

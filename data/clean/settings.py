@@ -7,7 +7,36 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from data.clean.filters import FILTERS, LangidFilter, PairFilter, ScriptFilter
+from data.clean.alignment import AlignmentFilter
+from data.clean.filters import (
+    DuplicatesFilter,
+    IdenticalFilter,
+    LangidFilter,
+    LengthFilter,
+    MarkupFilter,
+    NumbersFilter,
+    PairFilter,
+    RatioFilter,
+    RepetitionFilter,
+    ScriptFilter,
+)
+
+# every filter by its name under data.clean, in the order of configs/data/clean/default.yaml
+FILTERS: dict[str, type[PairFilter]] = {
+    f.name: f
+    for f in (
+        LengthFilter,
+        RatioFilter,
+        IdenticalFilter,
+        DuplicatesFilter,
+        ScriptFilter,
+        NumbersFilter,
+        MarkupFilter,
+        RepetitionFilter,
+        LangidFilter,
+        AlignmentFilter,
+    )
+}
 
 
 class CleanSettings:

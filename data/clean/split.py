@@ -13,7 +13,7 @@ from pathlib import Path
 import datasets
 from datasets.arrow_writer import ArrowWriter
 
-from data.clean.run import REPORT_FILE, Report, judge, new_report
+from data.clean.run import REPORT_FILE, Report, fit, judge, new_report
 from data.clean.settings import CleanSettings
 
 CHUNK_ROWS = 10_000
@@ -26,6 +26,7 @@ def clean_split(
     mapped, and the report (also written to `directory`/clean_report.json). DataError if none is kept."""
     filters = settings.filters()
     report = new_report(origin, filters, (settings.src_lang, settings.tgt_lang))
+    fit(filters, lambda: _pairs(raw))
     path = directory / "data-00000.arrow"
     features = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
     kept = ((src, tgt) for src, tgt, rejected in judge(_pairs(raw), filters, report) if not rejected)
