@@ -183,3 +183,21 @@ def test_finetune_bert_sst2_preset_from_a_new_head(bert, tmp_path) -> None:
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert metrics["imported_from"]["source"] == str(directory) and metrics["init_from"] == str(imported)
+
+
+@pytest.mark.parametrize("stop", ["trainer.max_steps=1", "++trainer.limit_val_batches=0"])
+def test_a_run_that_validates_nothing_is_said_once(opus, tiny_multi30k, tmp_path, stop: str) -> None:
+    """A short fine-tuning (max_steps before the first validation) or none at all: ModelCheckpoint's
+    "could not find the monitored key" is not added to what the run says (our line for max_steps)."""
+    _, imported, _ = opus
+    run = tmp_path / "run"
+    result = run_script(
+        "train.py",
+        ["experiment=finetune_opus_mt", f"model.init_from={imported}", f"data.data_dir={tiny_multi30k}",
+         f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run}", "trainer.max_epochs=1", stop,
+         "model.decoding.max_len_b=5", "model.test_decoding.beam_size=1", "test=false"],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    _quiet(result.stderr)
+    said = "before the first validation" in (run / "train.log").read_text()
+    assert said == stop.startswith("trainer.max_steps")

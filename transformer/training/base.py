@@ -7,6 +7,7 @@ import inspect
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -28,6 +29,8 @@ from transformer.training.lightning_private import should_update_logs
 from transformer.training.schedules import warmup_of
 from transformer.training.validation_schedule import max_steps_before_validation
 
+# ModelCheckpoint's warning when it saves without the monitored metric (Lightning 2.x wording)
+_NO_MONITORED_KEY = r"`ModelCheckpoint\(monitor=.*\)` could not find the monitored key"
 log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
@@ -297,6 +300,25 @@ class TaskBase(L.LightningModule):
         message = max_steps_before_validation(self.trainer)
         if message is not None and self.trainer.is_global_zero:
             log.warning("%s", message)
+        if message is not None or self.trainer.limit_val_batches == 0:
+            # the run validates nothing before it ends (said above, or asked for with limit_val_batches=0):
+            # ModelCheckpoint then warns at each save that it "could not find the monitored key", which
+            # says the same thing again as Lightning's hint to log the metric; kept out until fit ends
+            warnings.filterwarnings("ignore", message=_NO_MONITORED_KEY)
+            self._quiet_filter = warnings.filters[0]
+
+    def on_fit_end(self) -> None:
+        quiet = getattr(self, "_quiet_filter", None)
+        if quiet is not None and quiet in warnings.filters:
+            warnings.filters.remove(quiet)
+            # what warnings.filterwarnings calls after a change, so that no module's registry keeps the
+            # "ignore" it cached (3.11-3.12: _filters_mutated; 3.13: _filters_mutated_lock_held)
+            mutated = getattr(warnings, "_filters_mutated", None) or getattr(
+                warnings, "_filters_mutated_lock_held", None
+            )
+            if mutated is not None:
+                mutated()
+        self._quiet_filter = None
 
     def on_train_epoch_start(self) -> None:
         self.throughput.reset()
