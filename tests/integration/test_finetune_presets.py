@@ -143,7 +143,8 @@ def test_finetune_opus_mt_preset_evaluate_and_export_name_the_source(opus, tiny_
     assert metrics["imported_from"]["source"] == str(directory)
     assert metrics["imported_from"]["transformers"] == transformers.__version__
     assert metrics["init_from"] == str(imported.resolve())
-    assert str(directory) in (tmp_path / "eval" / "report.md").read_text()
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert f"| imported_from | source: {directory}, architecture: MarianMTModel, transformers: " in report
 
     export = Path(sys.executable).parent / "aiayn-export"  # the installed command, as users run it
     exported = run_script(export, [checkpoint, "--to", "hf", "--output", str(tmp_path / "hf")])
@@ -201,3 +202,17 @@ def test_a_run_that_validates_nothing_is_said_once(opus, tiny_multi30k, tmp_path
     _quiet(result.stderr)
     said = "before the first validation" in (run / "train.log").read_text()
     assert said == stop.startswith("trainer.max_steps")
+
+
+def test_classify_input_on_a_translation_model_names_translate_input(opus, tmp_path) -> None:
+    _, imported, _ = opus
+    result = run_script(
+        "evaluate.py",
+        [f"ckpt_path={imported}", "classify.input=-", f"hydra.run.dir={tmp_path / 'e'}"],
+        stdin="",
+    )
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        f"error: classify.input needs a classification checkpoint; {imported} is a translation one "
+        "(translate.input=FILE or - translates text lines with it)"
+    )

@@ -94,8 +94,17 @@ def _start_report(info: Mapping[str, Any]) -> MarkdownReport:
     """The title (the checkpoint's file name) and the checkpoint / data table."""
     report = MarkdownReport(f"Evaluation: {Path(str(info.get('checkpoint', 'checkpoint'))).name}")
     report.heading("Checkpoint and data")
-    report.table(["", ""], [[key, one_line(str(value))] for key, value in info.items() if value is not None])
+    report.table(
+        ["", ""], [[key, one_line(_cell(value))] for key, value in info.items() if value is not None]
+    )
     return report
+
+
+def _cell(value: Any) -> str:
+    """A table cell: a mapping (an import's provenance) as `key: value` pairs, its unknown ones left out."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{key}: {item}" for key, item in value.items() if item is not None)
+    return str(value)
 
 
 def _metrics_section(report: MarkdownReport, metrics: Mapping[str, float]) -> None:
