@@ -8,7 +8,7 @@ that is neither rare (in fewer than `min_count` other pairs) nor common (in more
 pairs: function words, which every caption shares), the best Dice coefficient with a word of the other
 side, both counted without this pair (leave-one-out: a pair does not vouch for itself); a side's score is
 their mean weighted by inverse document frequency, the pair's the mean of its sides'. Pairs below
-`min_score` are rejected; a pair with no scored word is kept.
+`min_score` are rejected; a pair with no scored word, or overlong (over 200 x 200 distinct words), is kept.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 from data.clean.filters import PairFilter
 
 _WORD = re.compile(r"\w+")
+_MAX_WORD_PAIRS = 200 * 200  # pairs with more distinct (source, target) words are not counted nor judged
 # odd 64-bit constants, one per row of the count-min sketch of word pairs: two rows with independent
 # buckets, a pair's count is the smaller of its two (a collision must happen in both to inflate it)
 _MIXES = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
@@ -50,22 +51,27 @@ class AlignmentFilter(PairFilter):
         self._check_int("table_bits", 10)
         self._check("table_bits", self.table_bits <= 30, "an integer in [10, 30]")
 
-    def fit(self, pairs: Iterable[tuple[str, str]], chunk: int = 10_000) -> None:
-        """Count words and word pairs over the corpus (the first pass)."""
+    def fit(self, pairs: Iterable[tuple[str, str]], buffered: int = 1 << 20) -> None:
+        """Count words and word pairs over the corpus (the first pass), adding them to the tables every
+        `buffered` word pairs (16 bytes each: the buffer's bound, whatever the pairs' lengths)."""
         size, words = 1 << self.table_bits, 1 << (self.table_bits - 4)  # far fewer words than word pairs
         src_counts = np.zeros(words, np.int32)
         tgt_counts = np.zeros(words, np.int32)
         joint = np.zeros((len(_MIXES), size), np.int32)
-        n = 0
+        n = waiting = 0
         buffers: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
         for src, tgt in pairs:
             s, t = _hashes(src), _hashes(tgt)
+            n += 1
             buffers[0].append(s)
             buffers[1].append(t)
+            if len(s) * len(t) > _MAX_WORD_PAIRS:  # an overlong pair (the length filter's): words only
+                continue
             buffers[2].append(self._joint_index(s, t).reshape(len(_MIXES), -1))
-            n += 1
-            if n % chunk == 0:
+            waiting += len(s) * len(t)
+            if waiting >= buffered:
                 _add(buffers, (src_counts, tgt_counts, joint))
+                waiting = 0
         _add(buffers, (src_counts, tgt_counts, joint))
         self._tables = (n, src_counts, tgt_counts, joint)
 
@@ -84,7 +90,7 @@ class AlignmentFilter(PairFilter):
         """The pair's score in [0, 1], None when neither side has a word to score."""
         n, src_counts, tgt_counts, joint = self._tables
         s, t = _hashes(src), _hashes(tgt)
-        if not len(s) or not len(t):
+        if not len(s) or not len(t) or len(s) * len(t) > _MAX_WORD_PAIRS:
             return None
         cs = (
             src_counts[_bucket(s, len(src_counts))].astype(np.float64) - 1
@@ -134,7 +140,7 @@ def _hashes(text: str) -> np.ndarray:
     return np.fromiter((_word_hash(w) for w in set(_WORD.findall(text.lower()))), np.uint64)
 
 
-@functools.lru_cache(maxsize=1 << 18)
+@functools.lru_cache(maxsize=1 << 16)  # the frequent words' hashes: ~8 MB at most
 def _word_hash(word: str) -> int:
     data = word.encode()
     return (zlib.crc32(data) << 32) | zlib.adler32(data)

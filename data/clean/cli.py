@@ -127,9 +127,9 @@ def _plain_name(path: Path) -> str:
 
 
 def _suffix_lang(path: Path) -> str:
-    """The language code a `{split}.{lang}[.gz]` file name ends with."""
+    """The two-letter language code a `{split}.{lang}[.gz]` file name ends with (e.g. train.de.gz)."""
     suffix = Path(_plain_name(path)).suffix.lstrip(".")
-    if not suffix.isalpha() or not 2 <= len(suffix) <= 3:
+    if not (suffix.isalpha() and suffix.isascii() and len(suffix) == 2):
         raise DataError(f"cannot tell the language of {path} from its name: pass --src-lang / --tgt-lang")
     return suffix
 
