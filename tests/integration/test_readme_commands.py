@@ -7,7 +7,7 @@ small copies of the real datasets in
 place of `data.data_dir` (and of the hub download for commands without one), one Optuna trial, sweeps cut
 to two jobs (one under `hydra/launcher=local`, whose first command only runs through it), run directories
 under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[...]`, paths under
-`logs/` or `pretrained/` (an OPUS-MT model: a tiny one imported here), and any value of
+`logs/` or `pretrained/` (an OPUS-MT model, a BERT classifier: tiny ones imported here), and any value of
 `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint, run or file
 made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where the command
 says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a hub-only
@@ -30,7 +30,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, cli_env
 from tests.driver import run_in_one_interpreter
-from tests.pretrained import opus_mt_directory
+from tests.pretrained import bert_directory, opus_mt_directory
 from transformer.export import import_cli
 
 pytestmark = pytest.mark.slow
@@ -145,7 +145,9 @@ def _dataset(args: list[str]) -> str | None:
     names = " ".join(
         a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in ("experiment", "hparams_search")
     )
-    return next((d for d in ("multi30k", "sst2") if d in names), None)
+    # experiment=finetune_opus_mt fine-tunes a de -> en import on Multi30k
+    marks = {"multi30k": ("multi30k", "opus_mt"), "sst2": ("sst2",)}
+    return next((d for d, words in marks.items() if any(w in names for w in words)), None)
 
 
 def _plan(
@@ -158,7 +160,13 @@ def _plan(
     evaluating = command.script == "evaluate.py"
     # evaluate.py decodes a Multi30k de -> en run unless the command names the quickstart's (en -> de)
     quickstart = not evaluating or any(a.startswith("ckpt_path=<quickstart") for a in args)
-    command.dataset = _dataset(args) or (None if quickstart else "multi30k")
+    # a BERT import (pretrained/bert-*: a tiny one imported here) is a classifier of SST-2
+    bert = "bert" in fixtures and any(
+        a.partition("=")[0] in ("ckpt_path", "model.init_from")
+        and a.partition("=")[2].startswith("pretrained/bert")
+        for a in args
+    )
+    command.dataset = _dataset(args) or ("sst2" if bert else None if quickstart else "multi30k")
     # a run's path (logs/...) stands for a checkpoint trained here; an OPUS-MT model's (pretrained/opus-mt-*)
     # for a tiny OPUS-MT-shaped model imported here (tests/pretrained.py), other imports for the de -> en run
     placeholders = re.compile(r"PATH|<[^>]*>|\.\.\.|^logs/|^pretrained/")
@@ -170,6 +178,8 @@ def _plan(
             and "opus" in fixtures
         ):
             args[i] = f"{key}={fixtures['opus']}"
+        elif key in ("ckpt_path", "model.init_from") and value.startswith("pretrained/bert") and bert:
+            args[i] = f"{key}={fixtures['bert']}"
         elif key == "model.init_from" and placeholders.search(value):
             args[i] = f"{key}={fixtures['multi30k'] / 'checkpoints' / 'last.ckpt'}"
         elif key == "ckpt_path" and placeholders.search(value):
@@ -361,6 +371,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         opus = opus_mt_directory(tmp / "opus-mt-de-en", Path(os.environ["MULTI30K_DIR"]))
         assert import_cli.main([str(opus), "--output", str(tmp / "fixtures" / "opus")]) == 0
         fixtures["opus"] = tmp / "fixtures" / "opus" / "model.ckpt"
+    if "sst2" in data:  # a BERT classifier as aiayn-import makes it (WordPiece trained on SST-2's lines)
+        bert = bert_directory(tmp / "bert", Path(os.environ["SST2_DIR"]), num_labels=2)
+        assert import_cli.main([str(bert), "--output", str(tmp / "fixtures" / "bert")]) == 0
+        fixtures["bert"] = tmp / "fixtures" / "bert" / "model.ckpt"
     fixture_steps = len(steps)
     owners: list[tuple[str, int]] = []
     launched = False  # the first command under the local launcher runs through it, later ones in this process
