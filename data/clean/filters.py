@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from data.clean import langid
+from data.clean.langid import check_language, classify, identifier
 
 
 class PairFilter:
@@ -215,13 +215,13 @@ class LangidFilter(PairFilter):
         self._check_int("min_chars", 0)
 
     def for_languages(self, src_lang: str, tgt_lang: str) -> LangidFilter:
-        self._langs = (langid.check_language(src_lang), langid.check_language(tgt_lang))
-        langid.identifier()  # loaded now: a missing package fails before any data is read
+        self._langs = (check_language(src_lang), check_language(tgt_lang))
+        identifier()  # loaded now: a missing package fails before any data is read
         return self
 
     def keep(self, src: str, tgt: str) -> bool:
         return all(
-            len(text) < self.min_chars or langid.classify(text) == lang
+            len(text) < self.min_chars or classify(text) == lang
             for text, lang in zip((src, tgt), self._langs)
         )
 

@@ -38,6 +38,8 @@ IN_PROCESS = {
     "gpu.gpu_profile": ["--smoke", "--models", "ours"],
     "gpu.bytes_per_step": ["--smoke"],
     "data.padding_waste": ["--smoke"],
+    "data.bench_clean": ["--smoke", "--data-dir", DATA],  # the cleaning filters on a noisy Multi30k sample
+    "data.langid_choice": ["--smoke", "--data-dir", DATA],
 }
 OWN_PROCESSES = {  # each starts processes of its own (a model a process; train.py runs)
     "train.bench_checkpointing": ["--smoke", "--repeats", "1"],
