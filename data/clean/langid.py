@@ -17,7 +17,7 @@ INSTALL = "pip install 'aiayn[clean]' (py3langid)"
 
 @cache
 def identifier() -> Any:
-    """py3langid's identifier over its whole model (97 languages)."""
+    """py3langid's identifier over its whole model (every language it knows)."""
     try:
         from py3langid.langid import MODEL_FILE, LanguageIdentifier
     except ImportError as err:
