@@ -3,7 +3,7 @@ the training split when it is prepared, a report of what each removed; `python -
 `aiayn-clean`) runs the same filters on plain parallel files."""
 
 from data.clean.filters import PairFilter
-from data.clean.run import REPORT_FILE, Report, fit, judge, new_report
+from data.clean.run import REPORT_FILE, Report, fit, judge, new_report, summary_line
 from data.clean.settings import FILTERS, CleanSettings
 from data.clean.split import clean_split
 
@@ -17,4 +17,5 @@ __all__ = [
     "fit",
     "judge",
     "new_report",
+    "summary_line",
 ]

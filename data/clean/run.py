@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,9 +52,7 @@ class Report:
 
     def summary(self) -> str:
         """One line for the training log."""
-        share = 100 * self.kept / self.pairs if self.pairs else 0.0
-        removed = ", ".join(f"{c.name} {c.removed}" for c in self.counts)
-        return f"kept {self.kept} of {self.pairs} pairs ({share:.1f}%); removed first by {removed}"
+        return summary_line(self.as_dict())
 
     def write(self, path: Path) -> None:
         """The report as JSON at `path` (whole or absent: written beside, then renamed)."""
@@ -71,6 +69,14 @@ class Report:
             f"{self.origin}: the cleaning filters removed all {self.pairs} pairs; {worst.name} removed "
             f"the most ({worst.removed}): loosen or drop data.clean.{worst.name}"
         )
+
+
+def summary_line(report: Mapping[str, Any]) -> str:
+    """A report (`Report.as_dict()`, or its JSON read back) in one line: kept, and removed per filter."""
+    pairs, kept = report["pairs"], report["kept"]
+    share = 100 * kept / pairs if pairs else 0.0
+    removed = ", ".join(f"{f['name']} {f['removed']}" for f in report["filters"])
+    return f"kept {kept} of {pairs} pairs ({share:.1f}%); removed first by {removed}"
 
 
 def fit(filters: list[PairFilter], pairs: Callable[[], Iterable[tuple[str, str]]]) -> None:

@@ -3,6 +3,7 @@ source and target token ids, with the raw sentences and references by example id
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ import numpy as np
 
 from data import cache, sources, synthetic
 from data.batching import TranslationCollator
-from data.clean import REPORT_FILE, CleanSettings, clean_split
+from data.clean import REPORT_FILE, CleanSettings, clean_split, summary_line
 from data.datamodules.base import TokenBudgetDataModule
 from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE
 from data.tokenization import BPETokenizer, CorpusEncoder
@@ -196,15 +197,11 @@ class TranslationDataModule(TokenBudgetDataModule):
             dataset, report = clean_split(raw, self.clean, directory, origin)
             summary = {"line": report.summary(), "report": str(directory / REPORT_FILE)}
         else:
-            data = (
+            name, key = self._cleaned_entry(
                 {"files": [cache.file_identity(p) for p in files]}
                 if files
                 else {"fingerprint": raw._fingerprint}
             )
-            key = cache.cache_key(
-                {"kind": "cleaned", "data": data, "settings": self._settings(), "clean": self.clean.key()}
-            )
-            name = f"{self._cache_tag('joint')}-{train}-clean"
             report_path = self.cache_dir / "cleaned" / f"{name}-{key[:16]}" / REPORT_FILE
 
             def build(directory: Path) -> tuple[datasets.Dataset, dict[str, Any]]:
@@ -215,6 +212,33 @@ class TranslationDataModule(TokenBudgetDataModule):
         self._clean_summary = dict(summary)
         self._log_clean()
         return dataset
+
+    def _cleaned_entry(self, data: dict[str, Any]) -> tuple[str, str]:
+        """The name and key of the cleaned training split's cache entry, for raw data identified by `data`."""
+        assert self.clean is not None
+        key = cache.cache_key(
+            {"kind": "cleaned", "data": data, "settings": self._settings(), "clean": self.clean.key()}
+        )
+        return f"{self._cache_tag('joint')}-{self.splits['train']}-clean", key
+
+    def clean_summary(self, cache_dir: str | Path | None = None) -> str | None:
+        """What cleaning did to the training split, in one line with its report's path (evaluate.py's
+        report), from the cache entry in `cache_dir` (default: this datamodule's; evaluate.py's has none
+        and passes the training run's); None when `clean` is off or the entry is not there (hub data:
+        not looked up, as that would load the corpus)."""
+        if self.clean is None:
+            return None
+        if self._clean_summary is None:
+            directory = self.cache_dir if cache_dir is None else Path(cache_dir).expanduser()
+            files = self._files(self.splits["train"])
+            if directory is None or not files or not all(p.is_file() for p in files):
+                return None
+            name, key = self._cleaned_entry({"files": [cache.file_identity(p) for p in files]})
+            path = directory / "cleaned" / f"{name}-{key[:16]}" / REPORT_FILE
+            if not path.is_file():
+                return None
+            self._clean_summary = {"line": summary_line(json.loads(path.read_text())), "report": str(path)}
+        return f"{self._clean_summary['line']}; report: {self._clean_summary['report']}"
 
     def _log_clean(self) -> None:
         """The one line of the training log that says what cleaning removed (once per process)."""

@@ -350,3 +350,30 @@ def test_pairs_are_generated_not_listed() -> None:
     filters = CleanSettings({"alignment": {"table_bits": 12}, "identical": {}}, "en", "de").filters()
     fit(filters, pairs)
     assert len(calls) == 1
+
+
+def test_clean_summary_for_evaluate_from_the_training_runs_cache(tmp_path: Path) -> None:
+    """evaluate.py's report row: read from the cleaned entry's report without loading the split; its
+    datamodule has no cache of its own and looks in the training run's."""
+    data_dir = tmp_path / "corpus"
+    data_dir.mkdir()
+    pairs = [*PAIRS[:1], *PAIRS[2:4]] * 2  # the copy is left out; each pair twice: 3 duplicates
+    for split in ("train", "val", "test"):
+        (data_dir / f"{split}.en").write_text("".join(f"{s}\n" for s, _ in pairs))
+        (data_dir / f"{split}.de").write_text("".join(f"{t}\n" for _, t in pairs))
+    settings = dict(source="parallel", data_dir=data_dir, vocab_size=60, max_tokens=400, max_len=48,
+                    min_frequency=1, show_progress=False)  # fmt: skip
+    clean = {"duplicates": {}, "numbers": {}}
+    TranslationDataModule(**settings, cache_dir=tmp_path / "cache", clean=clean).setup("fit")
+    evaluating = TranslationDataModule(**settings, cache_dir=None, clean=clean)
+    (entry,) = _entries(tmp_path / "cache", "cleaned")
+    expected = (
+        "kept 2 of 6 pairs (33.3%); removed first by duplicates 3, numbers 1; "
+        f"report: {tmp_path / 'cache' / 'cleaned' / entry / 'clean_report.json'}"
+    )
+    assert evaluating.clean_summary(tmp_path / "cache") == expected
+    assert evaluating._raw == {}  # nothing loaded
+    assert TranslationDataModule(**settings, cache_dir=None, clean=clean).clean_summary() is None
+    assert TranslationDataModule(**settings, cache_dir=None).clean_summary(tmp_path / "cache") is None
+    other = TranslationDataModule(**settings, cache_dir=None, clean={"duplicates": {"normalized": False}})
+    assert other.clean_summary(tmp_path / "cache") is None  # other settings: no such entry

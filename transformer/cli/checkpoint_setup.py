@@ -269,7 +269,18 @@ def run_info(
         "num_examples": len(datamodule.sources(split)),
         "device": str(device),
         **provenance(restored),
+        **_cleaning(datamodule, restored),
     }
+
+
+def _cleaning(datamodule: Any, restored: RestoredModel) -> dict[str, str]:
+    """What `data.clean` removed from the training split (docs/cleaning.md), when the training run's
+    cache still holds its entry (this datamodule has no cache: its tokenizers are the checkpoint's)."""
+    if not hasattr(datamodule, "clean_summary"):
+        return {}
+    saved = restored.run_config.get("data")
+    summary = datamodule.clean_summary(saved.get("cache_dir") if isinstance(saved, Mapping) else None)
+    return {"data_cleaning": summary} if summary else {}
 
 
 def provenance(restored: RestoredModel) -> dict[str, Any]:
