@@ -4,6 +4,7 @@ checks (one ValueError naming `clean.<filter>.<key>`)."""
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 
 import pytest
@@ -210,3 +211,19 @@ def test_alignment_needs_fit() -> None:
 def test_bad_settings_name_the_key(make, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{message}"):
         make()
+
+
+def test_langid_without_py3langid_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from data.clean import langid
+    from data.sources import DataError
+
+    langid.identifier.cache_clear()
+    monkeypatch.setitem(sys.modules, "py3langid", None)  # import py3langid now raises ImportError
+    monkeypatch.setitem(sys.modules, "py3langid.langid", None)
+    try:
+        with pytest.raises(
+            DataError, match=r"^the langid filter needs py3langid: pip install 'aiayn\[clean\]'"
+        ):
+            LangidFilter().for_languages("en", "de")
+    finally:
+        langid.identifier.cache_clear()  # loaded again, for real, by the next test that needs it
