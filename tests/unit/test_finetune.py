@@ -659,3 +659,78 @@ def test_the_head_is_kept_exactly_when_the_class_counts_are_equal(tmp_path, save
     assert ("kept" in what) == (saved == run) and ("new" in what) == (saved != run), what
     with pytest.raises(CheckpointError, match="another tokenizer"):
         load_pretrained_classifier(model, path, {"joint": "{}"})
+
+
+# --- what the mutation survey found untested ------------------------------------------------------------
+
+
+def test_the_adapters_a_starts_as_pefts_kaiming_uniform_and_b_at_zero() -> None:
+    """A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a = sqrt(5), as PEFT and nn.Linear), B = 0."""
+    torch.manual_seed(0)
+    update = LowRankUpdate(torch.zeros(D_FF, D), {"ff": (0, D_FF)}, rank=8, scale=2.0, dropout=0.0)
+    A, B = update.lora_A["ff"].detach(), update.lora_B["ff"].detach()
+    bound = 1 / D**0.5
+    assert A.abs().max() <= bound and A.abs().max() > 0.9 * bound  # 256 draws reach near the bound
+    assert abs(A.std().item() - bound / 3**0.5) < 0.15 * bound
+    assert B.shape == (D_FF, 8) and not B.any()
+
+
+def test_finetune_freeze_null_is_none() -> None:
+    """`finetune.freeze=null` (or an empty value) freezes nothing, as leaving it out does."""
+    for values in ({"freeze": None}, {"freeze": ""}, {}, None):
+        settings = FinetuneSettings.from_values(values)
+        assert settings.freeze == "none" and settings.frozen_modules == () and not settings.active
+
+
+def _masked_lm_checkpoint(tmp_path) -> str:
+    path = tmp_path / "pretrained.ckpt"
+    torch.save(
+        {
+            "state_dict": {},
+            "hyper_parameters": {"config": {**TINY, "n_decoder_layers": 0}, "mask_prob": 0.15},
+            "config": {"model": {"_target_": "transformer.training.MaskedLMTask"}, "data": {}},
+        },
+        path,
+    )
+    return str(path)
+
+
+def test_a_masked_lm_checkpoint_starts_a_classifier_only(tmp_path) -> None:
+    """A classification run takes nothing from it here (its encoder is copied later, the run's own config and
+    tokenizer kept); a translation run is refused in one line."""
+    path = _masked_lm_checkpoint(tmp_path)
+    cfg = OmegaConf.create(
+        {"ckpt_path": None, "data": {"max_len": 16},
+         "model": {"_target_": "transformer.training.ClassificationTask", "init_from": path,
+                   "config": {"d_model": 256}}}
+    )  # fmt: skip
+    assert take_init_from(cfg, None, set()) is None
+    assert OmegaConf.to_container(cfg.model.config) == {"d_model": 256}
+    with pytest.raises(
+        ConfigError, match=r"^model\.init_from=\S+ is a masked-LM pretraining checkpoint"
+    ) as refused:
+        take_init_from(_cfg(path), None, set())
+    assert "\n" not in str(refused.value)
+
+
+def test_init_from_is_read_only_by_the_tasks_that_take_it(tmp_path) -> None:
+    """Another task's `model.init_from` (none takes one) is not read: no file access, the config untouched."""
+    cfg = _cfg("/no/such/file.ckpt")
+    cfg.model._target_ = "transformer.training.MaskedLMTask"
+    assert take_init_from(cfg, None, set()) is None
+    assert cfg.model.config.d_model == 512
+
+
+def test_a_checkpoint_without_its_tokenizer_is_refused_and_the_taken_config_is_logged(
+    tmp_path, caplog
+) -> None:
+    bare = tmp_path / "bare.ckpt"
+    checkpoint = torch.load(_untrained(tmp_path), weights_only=True)
+    del checkpoint["TranslationDataModule"]
+    torch.save(checkpoint, bare)
+    with pytest.raises(ConfigError, match=r"^model\.init_from=\S+ carries no tokenizer"):
+        take_init_from(_cfg(str(bare)), None, set())
+    with caplog.at_level("INFO", logger="train"):
+        take_init_from(_cfg(_untrained(tmp_path)), None, set())
+    assert "model.config from model.init_from=" in caplog.text and f"d_model={D}" in caplog.text
+    assert "dropout" not in caplog.text  # the run's own setting: not replaced
