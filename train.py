@@ -34,6 +34,7 @@ from transformer.cli import build, checks, console, errors, init_from, process, 
 from transformer.cli.distill import synthetic
 from transformer.disk import write_text
 from transformer.training.checkpoint_io import check_room_for_checkpoint
+from transformer.training.peers import stop_on_lost_peer
 
 log = logging.getLogger("train")
 
@@ -115,7 +116,7 @@ def fit_and_test(cfg: DictConfig, trainer: L.Trainer, task: Any, datamodule: Any
     """`trainer.fit`, then `trainer.test` on the best checkpoint; the final metrics and checkpoints."""
     metrics: dict[str, Any] = {}
     if cfg.train:
-        with errors.lightning_refusals():
+        with errors.lightning_refusals(), stop_on_lost_peer(trainer):
             trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         metrics.update(results.floats(trainer.callback_metrics))
     checkpoint_callback = trainer.checkpoint_callback
@@ -129,7 +130,7 @@ def fit_and_test(cfg: DictConfig, trainer: L.Trainer, task: Any, datamodule: Any
             log.warning(
                 "No best checkpoint to test (checkpointing off or nothing saved): testing current weights"
             )
-        with errors.lightning_refusals():
+        with errors.lightning_refusals(), stop_on_lost_peer(trainer):
             trainer.test(task, datamodule=datamodule, ckpt_path=test_ckpt)
         metrics.update(results.floats(trainer.callback_metrics))
     best_score = checkpoint_callback.best_model_score if checkpoint_callback is not None else None

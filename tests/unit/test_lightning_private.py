@@ -5,11 +5,13 @@ changed: re-check every use in that module, then update `CHECKED_WITH`."""
 from __future__ import annotations
 
 import inspect
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -104,6 +106,14 @@ def test_the_subprocess_launcher_keeps_its_processes_in_procs() -> None:
     launcher.procs.append(object())
     lightning_private.forget_launched_ranks(_Trainer())  # type: ignore[arg-type]
     assert launcher.procs == []
+
+
+def test_the_ddp_strategy_keeps_its_timeout() -> None:
+    strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=12))
+    assert lightning_private.process_group_timeout(strategy) == timedelta(seconds=12)
+    # the process group is made with it (read in the strategy's source)
+    assert '{"timeout": self._timeout}' in inspect.getsource(DDPStrategy.setup_distributed)
+    assert lightning_private.process_group_timeout(SingleDeviceStrategy("cpu")) is None
 
 
 @pytest.mark.parametrize("name", ["PATH"])

@@ -124,6 +124,8 @@ NUMBERS = {
     "trainer.check_val_every_n_epoch": (int, 1, True),
     "trainer.val_check_interval": (float, 0.0, False),
     "trainer.num_sanity_val_steps": (int, -1, True),
+    # how long a DDP collective waits for the other processes (0 would fail every collective at once)
+    "trainer.strategy.timeout.seconds": (float, 0.0, False),
     "num_threads": (int, 1, True),
 }
 

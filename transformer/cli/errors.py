@@ -3,7 +3,9 @@ error raised by its owner) ends in one `error:` line and exit status 1, never a 
 composition errors (unknown key, group or option), job set-up failures (a run directory under a file),
 the settings Lightning refuses only once its loop has started, and a full disk (or exceeded quota, or a
 read-only filesystem) under any write: checkpoints, the data cache, logs, outputs, a sweep's storage
-(`disk_full`, via `transformer.disk`). The traceback goes to the run's log file.
+(`disk_full`, via `transformer.disk`), and a DDP run that lost one of its processes
+(`transformer.training.peers`: what happened, the checkpoint to resume from). The traceback goes to the
+run's log file.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from data.sources import DataError
 from transformer.checkpoint import CheckpointError
 from transformer.disk import disk_full_line
+from transformer.training.peers import PeerLostError
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +52,9 @@ class ConfigError(Exception):
     """A config value that cannot work: reported as one line naming the key, exit status 1."""
 
 
-# What a user can fix (a config value, a data file, a checkpoint, a NaN/inf loss stop): one line.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, FloatingPointError)
+# What a user can fix (a config value, a data file, a checkpoint, a NaN/inf loss stop) or resume from (a DDP
+# process lost: the line names the checkpoint): one line.
+USER_ERRORS = (ConfigError, DataError, CheckpointError, FloatingPointError, PeerLostError)
 
 
 def user_error(err: BaseException) -> SystemExit:

@@ -9,6 +9,7 @@ private names.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
@@ -19,6 +20,7 @@ __all__ = [
     "PATH",
     "accumulating",
     "forget_launched_ranks",
+    "process_group_timeout",
     "replace_sigterm_broadcast",
     "should_update_logs",
     "val_batch_progress",
@@ -63,6 +65,13 @@ def forget_launched_ranks(trainer: L.Trainer) -> None:
     children = getattr(trainer.strategy.launcher, "procs", None)
     if children:
         children.clear()
+
+
+def process_group_timeout(strategy: Any) -> timedelta | None:
+    """How long the DDP strategy's collectives wait for the other processes (the `timeout` it was built
+    with, kept as `DDPStrategy._timeout`), to name it when a process did not answer; None if not DDP."""
+    timeout = getattr(strategy, "_timeout", None)
+    return timeout if isinstance(timeout, timedelta) else None
 
 
 def val_batch_progress(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
