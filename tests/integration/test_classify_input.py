@@ -99,3 +99,22 @@ def test_classify_input_refusals_are_one_line(imported_bert, tmp_path: Path, arg
     assert "Traceback" not in result.stderr
     last = result.stderr.rstrip().splitlines()[-1]
     assert last.startswith("error: ") and expected in last, result.stderr[-2000:]
+
+
+def test_evaluating_an_import_names_where_it_came_from(imported_bert, tmp_path: Path) -> None:
+    """metrics.json, report.md and the console name the import's source and transformers version."""
+    source, ckpt = imported_bert
+    small = tmp_path / "sst2"  # 8 dev sentences in the GLUE layout
+    small.mkdir()
+    lines = (_data_dir("SST2_DIR") / "dev.tsv").read_text(encoding="utf-8").splitlines()[:9]
+    (small / "dev.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "eval"
+    result = run_script(
+        "evaluate.py", [f"ckpt_path={ckpt}", f"data.data_dir={small}", f"hydra.run.dir={out}"]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"weights were imported from {source} (transformers {transformers.__version__})" in result.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["imported_from"]["source"] == str(source) and "init_from" not in metrics
+    assert metrics["imported_from"]["transformers"] == transformers.__version__
+    assert f"| imported_from | source: {source}, architecture: " in (out / "report.md").read_text()
