@@ -195,3 +195,42 @@ def test_a_killed_node_ends_the_other_with_one_line_and_a_resumable_checkpoint(
     )
     for key, value in expected.items():
         assert torch.equal(got[key], value), key
+
+
+def test_a_frozen_node_ends_the_other_after_the_configured_timeout(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Node 1 stops (SIGSTOP) at the end of step 7: its sockets stay open, so node 0 waits in its next
+    collective for `trainer.strategy.timeout.seconds`, then exits 1 with the same line, naming the timeout.
+    (Short here; torch's 30 minutes by default.)"""
+    run_dir = tmp_path / "frozen"
+    timeout = 20
+    args = [
+        *RUN,
+        f"paths.cache_dir={runs['cache']}",
+        f"hydra.run.dir={run_dir}",
+        f"trainer.strategy.timeout.seconds={timeout}",
+    ]
+    stop = ["+callbacks.stop._target_=tests.helpers.callbacks.SignalAtStep", "+callbacks.stop.step=7"]
+    running: set[int] = set()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        try:
+            node0, node1 = _two_nodes(
+                pool, args, [*stop, "+callbacks.stop.signal=SIGSTOP"], tmp_path, running
+            )
+            ended0, done = node0.result()
+        finally:
+            _kill_all(running)  # node 1, stopped
+    assert node1.result()[1].returncode == -signal.SIGKILL
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    frozen = ckpt.stat().st_mtime  # saved at the end of step 6, just before node 1 stopped
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        "error: training stopped at step 7: another process of this 2-process DDP run was lost"
+    )
+    assert f", no answer within trainer.strategy.timeout ({timeout} s)); " in line, line
+    assert line.endswith(f"the last checkpoint written is {ckpt} (step 6): resume with ckpt_path={ckpt}")
+    waited = time.time() - (time.monotonic() - ended0) - frozen  # from the save to node 0's end
+    assert timeout <= waited < timeout + 60, waited
