@@ -49,6 +49,7 @@ def test_the_backends_words_for_a_lost_process(err: RuntimeError, cause: str | N
     [
         RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
         RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"),
+        RuntimeError("DataLoader timed out after 60 seconds"),  # a loader, not a collective
         ValueError("Connection reset by peer"),  # not raised by a collective
         OSError("Connection reset by peer"),
     ],

@@ -28,9 +28,11 @@ class PeerLostError(RuntimeError):
 # noticed at once, a silent peer after the process group's timeout), NCCL's aborted communicators and
 # watchdog, the rendezvous store. `torch.distributed.DistError` (backend, network, store) is one too.
 _LOST = re.compile(
-    r"gloo/|connection (reset|closed|refused)|broken pipe|pair closure|timed out|communicator was aborted",
+    r"gloo/|connection (reset|closed|refused)|broken pipe|pair closure|timed out waiting|"
+    r"communicator was aborted",
     re.IGNORECASE,
 )
+_DIST_ERRORS = getattr(torch.distributed, "DistError", ())  # absent where torch has no distributed package
 _TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 # gloo prefixes its messages with its source file and appends generic advice
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(cc|cpp|h)(:\d+)?\]\s*")
@@ -43,7 +45,7 @@ def lost_peer_cause(err: BaseException) -> str | None:
     if not isinstance(err, RuntimeError):
         return None
     text = " ".join(str(err).strip().splitlines()[:1]) if str(err).strip() else ""
-    if not isinstance(err, torch.distributed.DistError) and not _LOST.search(text):
+    if not isinstance(err, _DIST_ERRORS) and not _LOST.search(text):
         return None
     return _ADVICE.sub("", _SOURCE_PREFIX.sub("", text)).strip().rstrip(".") or type(err).__name__
 
