@@ -169,3 +169,29 @@ def test_the_models_vocabulary_may_equal_the_tokenizers_not_be_one_smaller(tmp_p
     with pytest.raises(ValueError, match=f"has {len(VOCAB)} tokens, more than the model's {len(VOCAB) - 1}"):
         WordPieceTokenizer.from_directory(directory, vocab_size=len(VOCAB) - 1)
     assert WordPieceTokenizer.from_directory(directory).vocab_size == len(VOCAB)  # default: its own size
+
+
+def test_control_characters_are_cleaned_as_bert_tokenizer_fast_cleans_them(tmp_path: Path) -> None:
+    """BertNormalizer's clean_text: control characters dropped, tabs and newlines as spaces."""
+    directory = _cjk_directory(tmp_path, {})
+    texts = ["café\x07 東京", "CAFÉ\tcafé\n東京", "caf\x00é\ufffd"]
+    ours = WordPieceTokenizer.from_directory(directory)
+    assert ours.encode_batch(texts) == _reference(directory, {})(texts).input_ids
+    assert ours.encode("café\x07") == [2, CJK_VOCAB.index("cafe"), 3]
+
+
+def test_a_tokenizer_json_saved_with_truncation_or_padding_encodes_whole_sentences(tmp_path: Path) -> None:
+    """transformers encodes without truncation or padding unless asked; so does ours, whatever the file."""
+    directory = _cjk_directory(tmp_path, {})
+    pipeline = WordPieceTokenizer.from_directory(directory).tokenizer
+    pipeline.enable_truncation(max_length=3)
+    pipeline.enable_padding(length=12, pad_id=0, pad_token="[PAD]")
+    pipeline.save(str(directory / "tokenizer.json"))
+    ours = WordPieceTokenizer.from_directory(directory)
+    assert ours.encode("東京 café CAFÉ") == [2, 5, 6, 8, 8, 3]
+    assert WordPieceTokenizer.from_json(ours.to_json()).encode("東京 café CAFÉ") == [2, 5, 6, 8, 8, 3]
+
+
+def test_an_empty_special_token_name_in_the_config_is_the_default(tmp_path: Path) -> None:
+    ours = WordPieceTokenizer.from_directory(_cjk_directory(tmp_path, {"unk_token": "", "cls_token": None}))
+    assert (ours.unk_id, ours.bos_id) == (1, 2)
