@@ -431,3 +431,42 @@ def test_a_head_of_the_same_size_is_kept_and_one_fewer_or_more_refused(
         err = capsys.readouterr().err.strip()
         assert f"head for 3 classes, not --num-classes {other}" in err and "\n" not in err, err
         assert not (tmp_path / other).exists()
+
+
+def test_the_heads_labels_problem_type_and_max_len_are_the_checkpoints(
+    sst2: Path, tmp_path: Path, capsys
+) -> None:
+    """problem_type single_label_classification is ours; the class names come from id2label in id order;
+    the data section's max_len is the model's positions; a headed model whose other weights lack one (its
+    pooler) is refused rather than given a random one."""
+    names = {0: "negative", 1: "neutral", 2: "positive"}
+    source = bert_directory(
+        tmp_path / "labelled", sst2, problem_type="single_label_classification", id2label=names,
+        label2id={v: k for k, v in names.items()}, hidden_dropout_prob=0.15,
+        attention_probs_dropout_prob=0.25,
+    )  # fmt: skip
+    checkpoint = _import(source, tmp_path / "imported")
+    assert checkpoint["class_names"] == checkpoint["imported_from"]["labels"] == list(names.values())
+    config = restore_model(checkpoint).model.config
+    assert checkpoint["config"]["data"]["max_len"] == 128 == config.max_len
+    assert (config.dropout, config.attention_dropout) == (0.15, 0.25)  # each BERT rate where ours applies it
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(source / "model.safetensors")
+    save_file(
+        {k: v for k, v in weights.items() if not k.startswith("bert.pooler.")}, source / "model.safetensors"
+    )
+    assert main([str(source), "--output", str(tmp_path / "refused")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "its weights lack bert.pooler.dense" in err and "\n" not in err, err
+    assert not (tmp_path / "refused").exists()
+
+
+def test_a_config_with_pruned_heads_is_refused(bert_dir: Path, tmp_path: Path, capsys) -> None:
+    config = transformers.AutoConfig.from_pretrained(bert_dir)
+    config.pruned_heads = {0: [1]}
+    config.save_pretrained(tmp_path / "source")
+    assert main([str(tmp_path / "source"), "--output", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "pruned_heads: ours has the same number of heads in every layer" in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
