@@ -198,3 +198,22 @@ def test_what_ours_cannot_represent_is_refused_by_name(config, named: str) -> No
     with pytest.raises(ExportError, match="cannot import this model: ") as refused:
         from_marian(Stub(config()))  # type: ignore[arg-type]
     assert named in str(refused.value)
+
+
+def test_a_decoder_starting_from_its_bos_token_is_taken_and_an_end_token_equal_to_the_start_refused() -> None:
+    """Marian configs may start the decoder from the pad token (OPUS-MT) or from a BOS token of its own;
+    ours starts from `bos_id` either way. An EOS equal to the start token (or the pad) has no end."""
+    from transformer.export.marian import config_from_marian, marian_refusal
+
+    opus = config_from_marian(_opus_mt_config())
+    assert (opus.pad_id, opus.bos_id, opus.eos_id) == (PAD, PAD, EOS)
+    started = _opus_mt_config(bos_token_id=3, decoder_start_token_id=3)
+    assert marian_refusal(started) is None
+    config = config_from_marian(started)
+    assert (config.pad_id, config.bos_id, config.eos_id) == (PAD, 3, EOS)
+    for start in (EOS, 3):
+        same = _opus_mt_config(bos_token_id=start, decoder_start_token_id=start, eos_token_id=start)
+        assert marian_refusal(same) == (
+            "eos_token_id equals the pad or decoder start token: ours needs a distinct end token"
+        )
+    assert "decoder_start_token_id=4 is neither" in marian_refusal(_opus_mt_config(decoder_start_token_id=4))
