@@ -42,6 +42,7 @@ IN_PROCESS = {
     "data.langid_choice": ["--smoke", "--data-dir", DATA],
 }
 OWN_PROCESSES = {  # each starts processes of its own (a model a process; train.py runs)
+    "data.bench_clean_scale": ["--smoke"],  # python -m data.clean in a child per size and filter set
     "train.bench_checkpointing": ["--smoke", "--repeats", "1"],
     "data.bench_data": ["--smoke"],
     "serve.load": ["--smoke"],  # python serve.py processes (two per backend) and their clients
