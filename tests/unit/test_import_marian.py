@@ -217,3 +217,27 @@ def test_a_decoder_starting_from_its_bos_token_is_taken_and_an_end_token_equal_t
             "eos_token_id equals the pad or decoder start token: ours needs a distinct end token"
         )
     assert "decoder_start_token_id=4 is neither" in marian_refusal(_opus_mt_config(decoder_start_token_id=4))
+
+
+def test_tied_matrices_that_disagree_and_a_shared_embedding_over_two_vocabularies_are_refused() -> None:
+    """Marian holds the shared embedding under three names (shared, encoder's, decoder's): ours keeps one
+    matrix, so the copies must be equal; sharing it between vocabularies of two sizes is impossible."""
+    from transformer.export.marian import config_from_marian, marian_refusal, weights_from_marian
+
+    torch.manual_seed(0)
+    marian = transformers.MarianMTModel(_opus_mt_config()).eval()
+    config = config_from_marian(marian.config)
+    weights = {name: tensor.clone() for name, tensor in marian.state_dict().items()}
+    assert (
+        weights_from_marian(config, weights).keys()
+        == tiny_seq2seq(0, vocab=VOCAB, activation="silu", max_len=64, tie_embeddings="all", output_bias=True)
+        .state_dict()
+        .keys()
+    )
+    weights["model.encoder.embed_tokens.weight"][3, 0] += 1.0
+    with pytest.raises(
+        ValueError, match=r"model\.encoder\.embed_tokens\.weight differs from the matrix tied"
+    ):
+        weights_from_marian(config, weights)
+    refusal = marian_refusal(_opus_mt_config(decoder_vocab_size=45))
+    assert refusal == "share_encoder_decoder_embeddings=true with vocab_size 40 != decoder_vocab_size 45"

@@ -127,3 +127,16 @@ def test_packed_batches_of_the_pair_keep_the_pad_start_token(marian_dir, sentenc
     assert torch.equal(packing.source.keep, batch["src"].ne(pad))
     assert torch.equal(packing.target.pack(batch["tgt_out"]), batch["tgt_out"][batch["tgt_out"].ne(pad)])
     assert torch.equal(packing.target.index, TokenPacking(batch["tgt_out"].ne(pad)).index)
+
+
+def test_separate_vocabularies_give_each_side_its_own_size_and_ids(marian_dir) -> None:
+    """separate_vocabs (target_vocab.json): the source side's size is vocab.json's, the target side's (and
+    its special ids) target_vocab.json's."""
+    shared = SentencePiecePair.from_directory(marian_dir)
+    target_vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(list(shared.vocab)[3:40])}}
+    target_vocab["<pad>"] = len(target_vocab)
+    pair = SentencePiecePair(shared.source_model, shared.target_model, shared.vocab, target_vocab)
+    source, target = SentencePieceSide(pair, "src"), SentencePieceSide(pair, "tgt")
+    assert source.vocab_size == len(shared.vocab) != target.vocab_size == len(target_vocab) == pair.vocab_size
+    assert (target.pad_id, target.bos_id, target.eos_id) == (len(target_vocab) - 1,) * 2 + (0,)
+    assert all(i < len(target_vocab) for i in target.encode("Two dogs play in the snow."))
