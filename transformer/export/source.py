@@ -26,8 +26,7 @@ from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
 from transformer.checkpoint import load_checkpoint
 from transformer.config import TransformerConfig
 from transformer.disk import human_size, tensor_bytes
-from transformer.evaluation.restore import DATAMODULES, restore_model
-from transformer.evaluation.scoring import checkpoint_decoding
+from transformer.evaluation.restore import DATAMODULES, checkpoint_decoding, restore_model
 from transformer.model import Seq2SeqTransformer
 
 __all__ = [

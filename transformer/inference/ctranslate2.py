@@ -39,7 +39,8 @@ import torch
 
 from data.batching import TranslationCollator
 from transformer.checkpoint import CheckpointError
-from transformer.evaluation.scoring import checkpoint_decoding, n_best_texts
+from transformer.evaluation.n_best import n_best_texts
+from transformer.evaluation.restore import checkpoint_decoding
 from transformer.export.source import ExportError, ExportSource, load_source
 from transformer.inference.batches import token_budget_batches
 from transformer.inference.loading import as_paths, device_of, load, max_tokens_of
