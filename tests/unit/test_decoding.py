@@ -1,6 +1,7 @@
 """Greedy and beam search: a trained tiny model reverses its inputs, KV-cached search equals naive
 recomputation, results do not depend on batch size or padding, scores follow the length penalty."""
 
+import inspect
 import itertools
 
 import pytest
@@ -9,7 +10,7 @@ from torch import nn
 
 from transformer.config import TransformerConfig
 from transformer.model import Seq2SeqTransformer
-from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, search
+from transformer.search.decoding import DecodingSettings, beam_search, greedy_search, sample, search
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 14  # 4 specials (pad, bos, eos, unk) + 10 symbols
@@ -262,3 +263,21 @@ def test_empty_batch() -> None:
     assert greedy_search(model, src).shape == (0, 0)
     hypotheses, scores = beam_search(model, src, beam_size=2, n_best=2)
     assert hypotheses.shape == (0, 2, 0) and scores.shape == (0, 2)
+
+
+@pytest.mark.parametrize("wrapper", [greedy_search, sample, beam_search])
+def test_the_wrappers_defaults_are_the_settings_defaults(wrapper: object) -> None:
+    """Each keyword of greedy_search / sample / beam_search that names a DecodingSettings field defaults
+    to that field's default (beam_search's beam_size excepted: 4, a beam search's own), so that the two
+    cannot drift apart."""
+    defaults = DecodingSettings()
+    keywords = {
+        name: parameter.default
+        for name, parameter in inspect.signature(wrapper).parameters.items()
+        if name in DecodingSettings.__dataclass_fields__
+    }
+    assert keywords, "every wrapper takes some of the settings"
+    expected = {name: getattr(defaults, name) for name in keywords}
+    if wrapper is beam_search:
+        expected["beam_size"] = 4
+    assert keywords == expected

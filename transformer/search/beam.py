@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer.search.constraints import ConstraintState
 from transformer.search.static_cache import Stepping
 from transformer.search.step import LengthLimits, LengthNormalizer, Searchable, StepRules
 
@@ -86,100 +87,173 @@ def beam_search_loop(
     stepping = stepping or Stepping()
     config, device, batch = model.config, src.device, src.size(0)
     limits = LengthLimits.of(config, src, max_len_a, max_len_b)  # the one read before the loop
-    lengths, longest = limits.per_sentence, limits.longest  # (B,), int
     constraints = (
         rules.constraints if rules.constraints is not None and rules.constraints.has_include else None
     )
     finished = _Finished(
-        src.new_full((batch, beam_size, longest), config.pad_id),
+        src.new_full((batch, beam_size, limits.longest), config.pad_id),
         torch.full((batch, beam_size), -math.inf, device=device),
         None if constraints is None else torch.full((batch, beam_size), _NONE, device=device),
     )
-    if not batch:
-        return finished.n_best(n_best, config.pad_id)
-    # (B, S), then (n, S) for the live sentences: the beams of a sentence share its memory row
-    sentence_padding_mask = src_padding_mask = model.padding_mask(src)
-    memory = model.encode(src)
-    cache = stepping.new_cache(model, batch, longest, beam_size, device)
-    # (B,) the sentences that stopped, with a static cache (they stay in the batch); None otherwise
-    done = torch.zeros(batch, dtype=torch.bool, device=device) if stepping.static else None
+    if batch:
+        search = _BeamSearch(model, src, rules, beam_size, penalty, limits, stepping, constraints, finished)
+        while search.step():
+            pass
+    return finished.n_best(n_best, config.pad_id)
 
-    sentences = torch.arange(batch, device=device)  # (n,) original index of each live sentence
-    beams, step = 1, 0  # one beam at the first step: all beams would be equal
-    scores = torch.zeros(batch, 1, device=device)  # (n, beams) summed log-probabilities
-    history = src.new_full((batch, 1), config.bos_id)  # (n * beams, 1 + t): BOS and the tokens so far
-    last_tokens = history[:, 0]  # (n * beams,) its last column, contiguous (one stride for a compiled step)
-    per_beam = min(2 * beam_size, config.tgt_vocab_size)  # tokens considered per beam
-    while True:
-        n = sentences.numel()
-        at_max_length = limits.reached(sentences, step, always=stepping.static)  # (n,) or None
+
+@dataclass
+class _Candidates:
+    """A step's best extensions of each live sentence (n, C), best first (C = 2K without constraints)."""
+
+    scores: Tensor  # summed log-probabilities
+    tokens: Tensor
+    parents: Tensor  # the beam of its sentence each extends
+    rows: Tensor  # that beam's row in the history (n * beams rows)
+    is_eos: Tensor
+
+
+class _BeamSearch:
+    """One beam search: its fixed parts (the model's memory, the cache, the limits) and the live beams.
+    `step` runs one step of `beam_search_loop`: rank the candidates, end hypotheses, keep the survivors,
+    stop the sentences that are done, advance the rest."""
+
+    def __init__(
+        self,
+        model: Searchable,
+        src: Tensor,
+        rules: StepRules,
+        beam_size: int,
+        penalty: LengthNormalizer,
+        limits: LengthLimits,
+        stepping: Stepping,
+        constraints: ConstraintState | None,
+        finished: _Finished,
+    ) -> None:
+        config, device, batch = model.config, src.device, src.size(0)
+        self.model, self.rules, self.beam_size, self.penalty = model, rules, beam_size, penalty
+        self.limits, self.stepping, self.constraints, self.finished = limits, stepping, constraints, finished
+        self.pad_id, self.eos_id, self.longest = config.pad_id, config.eos_id, limits.longest
+        # (B, S), then (n, S) for the live sentences: the beams of a sentence share its memory row
+        self.sentence_padding_mask = self.src_padding_mask = model.padding_mask(src)
+        self.memory = model.encode(src)
+        self.cache = stepping.new_cache(model, batch, self.longest, beam_size, device)
+        # (B,) the sentences that stopped, with a static cache (they stay in the batch); None otherwise
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device) if stepping.static else None
+        self.sentences = torch.arange(batch, device=device)  # (n,) original index of each live sentence
+        self.beams, self.step_index = 1, 0  # one beam at the first step: all beams would be equal
+        self.scores = torch.zeros(batch, 1, device=device)  # (n, beams) summed log-probabilities
+        self.history = src.new_full((batch, 1), config.bos_id)  # (n * beams, 1 + t): BOS and tokens so far
+        self.last_tokens = self.history[:, 0]  # (n * beams,) its last column, contiguous (one stride)
+        self.per_beam = min(2 * beam_size, config.tgt_vocab_size)  # tokens considered per beam
+
+    def step(self) -> bool:
+        """One step; False once every sentence is done."""
+        candidates = self._rank(self._log_probs())
+        normalizer = self.penalty(self.step_index + 1)  # the length of a hypothesis that ends here, EOS too
+        self._end_hypotheses(candidates, normalizer)
+        pick, new_tokens, scores = self._survive(candidates)
+        stops = self._stops(scores, normalizer)
+        n_live = stops.numel() - int(stops.sum())  # the one value read back per step
+        if n_live:
+            self._advance(candidates, pick, new_tokens, scores, stops, n_live)
+        return bool(n_live)
+
+    def _log_probs(self) -> Tensor:
+        """(n * beams, V): the next token's log-probabilities of every live beam."""
+        at_max_length = self.limits.reached(self.sentences, self.step_index, always=self.stepping.static)
         if at_max_length is not None:
-            at_max_length = at_max_length.repeat_interleave(beams)  # (n * beams,)
-        log_probs = stepping(
-            step, model, last_tokens, memory, src_padding_mask, cache, rules, at_max_length, history
-        )  # (n * beams, V)
-
-        # 1. the 2K best candidates of each sentence: their scores, tokens and parent beams
-        if constraints is None:
-            n_candidates = min(2 * beam_size, beams * per_beam)
-            cand_scores, cand_tokens, cand_parents = _candidates(log_probs, scores, per_beam, n_candidates)
-        else:  # every candidate: the top ones and the constraints' next tokens
-            cand_scores, cand_tokens, cand_parents = constraints.candidates(log_probs, scores, per_beam)
-            n_candidates = cand_scores.shape[1]
-        cand_rows = torch.arange(n, device=device).unsqueeze(1) * beams + cand_parents  # (n, 2K) in history
-
-        # 2. EOS among the K best candidates ends a hypothesis (-inf ones are dead beams' leftovers)
-        normalizer = penalty(step + 1)  # the length of a hypothesis that ends here, EOS included
-        is_eos = cand_tokens == config.eos_id  # (n, 2K)
-        ended = is_eos[:, :beam_size] & torch.isfinite(cand_scores[:, :beam_size])  # (n, K)
-        if done is not None:
-            ended &= ~done.unsqueeze(1)  # a done sentence's beams run on, ending nothing
-        ended_tokens = _ended_tokens(history, cand_rows[:, :beam_size], longest, config.pad_id, config.eos_id)
-        ended_scores = (cand_scores[:, :beam_size] / normalizer).masked_fill(~ended, -math.inf)
-        unmet = (
-            None if constraints is None else constraints.unmet_tokens(cand_rows[:, :beam_size].reshape(-1))
+            at_max_length = at_max_length.repeat_interleave(self.beams)  # (n * beams,)
+        return self.stepping(
+            self.step_index,
+            self.model,
+            self.last_tokens,
+            self.memory,
+            self.src_padding_mask,
+            self.cache,
+            self.rules,
+            at_max_length,
+            self.history,
         )
-        finished.add(sentences, ended_tokens, ended_scores, None if unmet is None else unmet.view(n, -1))
 
-        # 3. the K best non-EOS candidates live on (under constraints: shared among the banks)
-        beams = min(beam_size, n_candidates)
-        if constraints is None:
-            pick, new_tokens, scores = _survivors(cand_scores, cand_tokens, is_eos, beams)  # each (n, K)
+    def _rank(self, log_probs: Tensor) -> _Candidates:
+        """1. the 2K best candidates of each sentence (under constraints: the top ones and the
+        constraints' next tokens)."""
+        n = self.sentences.numel()
+        if self.constraints is None:
+            n_candidates = min(2 * self.beam_size, self.beams * self.per_beam)
+            scores, tokens, parents = _candidates(log_probs, self.scores, self.per_beam, n_candidates)
         else:
-            pick, new_tokens, scores = constraints.survivors(
-                cand_scores, cand_tokens, cand_rows, is_eos, beams
-            )
+            scores, tokens, parents = self.constraints.candidates(log_probs, self.scores, self.per_beam)
+        rows = torch.arange(n, device=scores.device).unsqueeze(1) * self.beams + parents  # (n, C)
+        return _Candidates(scores, tokens, parents, rows, tokens == self.eos_id)
 
-        # 4. a sentence is done at its max length, or once K hypotheses ended and its best live beam,
-        #    normalized at the current length, scores below the K-th of them (exact for
-        #    alpha 0; with one beam it stops exactly where greedy search stops)
-        kth_best = finished.scores[sentences, -1]  # (n,) -inf until K have ended
-        stops = (lengths[sentences] <= step + 1) | (kth_best >= scores[:, 0] / normalizer)  # (n,)
-        if done is not None:
-            done = stops = done | stops
-        n_live = n - int(stops.sum())  # the one value read back per step
-        if not n_live:
-            break
+    def _end_hypotheses(self, candidates: _Candidates, normalizer: Tensor | float) -> None:
+        """2. EOS among the K best candidates ends a hypothesis (-inf ones are dead beams' leftovers)."""
+        k, n = self.beam_size, self.sentences.numel()
+        ended = candidates.is_eos[:, :k] & torch.isfinite(candidates.scores[:, :k])  # (n, K)
+        if self.done is not None:
+            ended &= ~self.done.unsqueeze(1)  # a done sentence's beams run on, ending nothing
+        rows = candidates.rows[:, :k]
+        ended_tokens = _ended_tokens(self.history, rows, self.longest, self.pad_id, self.eos_id)
+        ended_scores = (candidates.scores[:, :k] / normalizer).masked_fill(~ended, -math.inf)
+        unmet = None if self.constraints is None else self.constraints.unmet_tokens(rows.reshape(-1))
+        self.finished.add(
+            self.sentences, ended_tokens, ended_scores, None if unmet is None else unmet.view(n, -1)
+        )
+
+    def _survive(self, candidates: _Candidates) -> tuple[Tensor, Tensor, Tensor]:
+        """3. the K best non-EOS candidates live on (under constraints: shared among the banks): their
+        index among the candidates, tokens and scores, each (n, K)."""
+        self.beams = min(self.beam_size, candidates.scores.shape[1])
+        if self.constraints is None:
+            return _survivors(candidates.scores, candidates.tokens, candidates.is_eos, self.beams)
+        return self.constraints.survivors(
+            candidates.scores, candidates.tokens, candidates.rows, candidates.is_eos, self.beams
+        )
+
+    def _stops(self, scores: Tensor, normalizer: Tensor | float) -> Tensor:
+        """4. (n,) bool: a sentence is done at its max length, or once K hypotheses ended and its best
+        live beam, normalized at the current length, scores below the K-th of them (exact for alpha 0;
+        with one beam it stops exactly where greedy search stops)."""
+        kth_best = self.finished.scores[self.sentences, -1]  # (n,) -inf until K have ended
+        at_limit = self.limits.per_sentence[self.sentences] <= self.step_index + 1
+        stops = at_limit | (kth_best >= scores[:, 0] / normalizer)
+        if self.done is not None:
+            self.done = stops = self.done | stops
+        return stops
+
+    def _advance(
+        self,
+        candidates: _Candidates,
+        pick: Tensor,
+        new_tokens: Tensor,
+        scores: Tensor,
+        stops: Tensor,
+        n_live: int,
+    ) -> None:
+        """5. the survivors become the beams of the next step; the sentences that are done leave the batch
+        (with a static cache they stay)."""
         live = None
-        if n_live < n and done is None:
+        if n_live < stops.numel() and self.done is None:
             live = stops.byte().argsort(stable=True)[:n_live]  # (n',) in order
-        parents = cand_parents.gather(1, pick)  # (n, K)
-        rows = cand_rows.gather(1, pick)  # (n, K) parent rows of the new beams
+        parents = candidates.parents.gather(1, pick)  # (n, K)
+        rows = candidates.rows.gather(1, pick)  # (n, K) parent rows of the new beams
         if live is not None:
             parents, rows, new_tokens, scores = parents[live], rows[live], new_tokens[live], scores[live]
-            sentences = sentences[live]
-            src_padding_mask = sentence_padding_mask[sentences]  # (n', S)
-        last_tokens = new_tokens.view(-1)  # (n' * K,)
-        history = torch.cat([history[rows.view(-1)], last_tokens.unsqueeze(1)], dim=1)  # (n' * K, 2 + t)
-        if rules.constraints is not None:  # each new beam takes its parent's progress, then its token's
-            rules.constraints.select(rows.view(-1))
-            rules.constraints.advance(last_tokens)
+            self.sentences = self.sentences[live]
+            self.src_padding_mask = self.sentence_padding_mask[self.sentences]  # (n', S)
+        self.scores = scores
+        self.last_tokens = new_tokens.view(-1)  # (n' * K,)
+        self.history = torch.cat([self.history[rows.view(-1)], self.last_tokens.unsqueeze(1)], dim=1)
+        if self.rules.constraints is not None:  # each new beam takes its parent's progress, then its token's
+            self.rules.constraints.select(rows.view(-1))
+            self.rules.constraints.advance(self.last_tokens)
         # a beam's parent is a beam of the same sentence: the caches (one row per sentence) only lose
         # the sentences that are done, and each new beam points at its parent's keys
-        cache.select_beams(parents, live)
-        step += 1
-        stepping.advance(cache)
-    return finished.n_best(n_best, config.pad_id)
+        self.cache.select_beams(parents, live)
+        self.step_index += 1
+        self.stepping.advance(self.cache)
 
 
 def _ended_tokens(history: Tensor, rows: Tensor, longest: int, pad_id: int, eos_id: int) -> Tensor:

@@ -204,6 +204,10 @@ def _check_settings(settings: Mapping[str, Any], prefix: str = "") -> None:
         raise ValueError(f"{prefix}temperature must be > 0, got {settings['temperature']!r}")
 
 
+# the wrappers' defaults (`greedy_search`, `sample`, `beam_search`): DecodingSettings' own, never restated
+_DEFAULT = DecodingSettings()
+
+
 @torch.no_grad()
 def search(
     model: Searchable,
@@ -277,10 +281,10 @@ def greedy_search(
     model: Searchable,
     src: Tensor,
     *,
-    max_len_a: float = 1.2,
-    max_len_b: float = 10,
-    min_len: int = 0,
-    no_repeat_ngram_size: int = 0,
+    max_len_a: float = _DEFAULT.max_len_a,
+    max_len_b: float = _DEFAULT.max_len_b,
+    min_len: int = _DEFAULT.min_len,
+    no_repeat_ngram_size: int = _DEFAULT.no_repeat_ngram_size,
 ) -> Tensor:
     """src (B, S) long -> hypotheses (B, L) long: the most likely token at each step, until EOS.
 
@@ -302,16 +306,16 @@ def sample(
     model: Searchable,
     src: Tensor,
     *,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    temperature: float = 1.0,
-    n_best: int = 1,
-    length_penalty: float = 0.6,
-    length_normalization: str = "gnmt",
-    max_len_a: float = 1.2,
-    max_len_b: float = 10,
-    min_len: int = 0,
-    no_repeat_ngram_size: int = 0,
+    top_k: int = _DEFAULT.top_k,
+    top_p: float = _DEFAULT.top_p,
+    temperature: float = _DEFAULT.temperature,
+    n_best: int = _DEFAULT.n_best,
+    length_penalty: float = _DEFAULT.length_penalty,
+    length_normalization: str = _DEFAULT.length_normalization,
+    max_len_a: float = _DEFAULT.max_len_a,
+    max_len_b: float = _DEFAULT.max_len_b,
+    min_len: int = _DEFAULT.min_len,
+    no_repeat_ngram_size: int = _DEFAULT.no_repeat_ngram_size,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
     """src (B, S) -> n_best independent samples per sentence (B, n_best, L) and their scores (B, n_best),
@@ -336,14 +340,14 @@ def beam_search(
     model: Searchable,
     src: Tensor,
     *,
-    beam_size: int = 4,
-    length_penalty: float = 0.6,
-    length_normalization: str = "gnmt",
-    max_len_a: float = 1.2,
-    max_len_b: float = 10,
-    n_best: int = 1,
-    min_len: int = 0,
-    no_repeat_ngram_size: int = 0,
+    beam_size: int = 4,  # the wrapper's own: DecodingSettings' is 1 (greedy search)
+    length_penalty: float = _DEFAULT.length_penalty,
+    length_normalization: str = _DEFAULT.length_normalization,
+    max_len_a: float = _DEFAULT.max_len_a,
+    max_len_b: float = _DEFAULT.max_len_b,
+    n_best: int = _DEFAULT.n_best,
+    min_len: int = _DEFAULT.min_len,
+    no_repeat_ngram_size: int = _DEFAULT.no_repeat_ngram_size,
 ) -> tuple[Tensor, Tensor]:
     """src (B, S) long -> (hypotheses (B, n_best, L) long, scores (B, n_best) float), best first.
 
