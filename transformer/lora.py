@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +25,7 @@ from transformer.layers import FeedForward
 __all__ = [
     "FROZEN_MODULES",
     "TARGETS",
+    "FinetuneSettings",
     "LoraSettings",
     "LowRankUpdate",
     "add_lora",
@@ -213,3 +215,55 @@ def merge_lora(model: nn.Module) -> int:
                 parametrize.remove_parametrizations(module, name, leave_parametrized=True)
                 merged += 1
     return merged
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """The `finetune` section (configs/finetune/, a checkpoint's hyperparameters), read here only: `freeze`:
+    none, embeddings or encoder; `lora`: the adapters' settings, None without LoRA."""
+
+    freeze: str = "none"
+    lora: LoraSettings | None = None
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any] | None) -> FinetuneSettings:
+        """From the `finetune` config node (plain data); a bad value raises ValueError naming its key."""
+        values = dict(values or {})
+        unknown = sorted(set(values) - {"freeze", "lora"})
+        if unknown:
+            raise ValueError(f"finetune has no setting {unknown[0]!r} (freeze, lora)")
+        freeze = values.get("freeze") or "none"
+        if freeze not in FROZEN_MODULES:
+            raise ValueError(f"finetune.freeze must be one of {', '.join(FROZEN_MODULES)}, got {freeze!r}")
+        lora = values.get("lora") or {}
+        if not isinstance(lora, Mapping):
+            raise ValueError(f"finetune.lora must be a mapping (rank, alpha, dropout, targets), got {lora!r}")
+        if not lora.get("rank"):  # rank 0 / null: no adapters
+            return cls(freeze, None)
+        try:
+            return cls(freeze, LoraSettings.from_dict(lora))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"finetune.{err}") from None
+
+    @property
+    def frozen_modules(self) -> tuple[str, ...]:
+        return FROZEN_MODULES[self.freeze]
+
+    @property
+    def active(self) -> bool:
+        return self.freeze != "none" or self.lora is not None
+
+    def check_fits(self, model: nn.Module) -> None:
+        """Raise ValueError (naming finetune.lora.rank) if a rank is larger than a projection allows, or
+        (naming finetune.freeze) if the frozen modules hold every projection LoRA targets."""
+        if self.lora is not None:
+            try:
+                found = lora_targets(model, self.lora, self.frozen_modules)
+            except ValueError as err:
+                raise ValueError(f"finetune.{err}") from None
+            if not found:  # LoRA would freeze every weight and adapt none: only a new head would train
+                raise ValueError(
+                    f"finetune.lora.targets={list(self.lora.targets)} are all in what "
+                    f"finetune.freeze={self.freeze} freezes: LoRA would adapt no weight (to train the head "
+                    f"alone, use finetune.freeze={self.freeze} without LoRA)"
+                )

@@ -15,10 +15,10 @@ from transformer.cli.errors import ConfigError
 from transformer.cli.init_from import explicit_keys, take_init_from
 from transformer.config import TransformerConfig
 from transformer.evaluation.restore import load_pretrained_translation, restore_model
-from transformer.lora import LoraSettings, LowRankUpdate, add_lora, merge_lora
+from transformer.lora import FinetuneSettings, LoraSettings, LowRankUpdate, add_lora, merge_lora
 from transformer.model import Seq2SeqTransformer
 from transformer.training import ClassificationTask, TranslationTask
-from transformer.training.finetune import FinetuneSettings, apply_finetune, parameter_counts
+from transformer.training.finetune import apply_finetune, parameter_counts
 from transformer.training.optim import adamw
 
 TOKENIZERS = {"joint": '{"a tokenizer": 1}'}
@@ -387,7 +387,7 @@ def test_adversarial_training_works_with_frozen_embeddings(tmp_path) -> None:
 
 def test_averaging_the_checkpoints_of_a_lora_run_is_refused(tmp_path) -> None:
     """The mean of B A over checkpoints is not the product of the mean B and the mean A."""
-    from transformer.cli.checkpoint_setup import load_checkpoints
+    from transformer.cli.evaluate_steps import load_checkpoints
 
     task = _task(finetune={"lora": {"rank": RANK}})
     task.apply_finetune()
@@ -734,3 +734,31 @@ def test_a_checkpoint_without_its_tokenizer_is_refused_and_the_taken_config_is_l
         take_init_from(_cfg(_untrained(tmp_path)), None, set())
     assert "model.config from model.init_from=" in caplog.text and f"d_model={D}" in caplog.text
     assert "dropout" not in caplog.text  # the run's own setting: not replaced
+
+
+def test_masked_lm_pretraining_takes_only_a_finetune_section_that_changes_nothing() -> None:
+    """`FinetuneSettings` decides what "changes nothing" means for train.py too: the defaults and rank 0
+    pass (no argument for the task), a freeze or a LoRA rank is refused in one line naming the model."""
+    from tests.helpers.configs import compose_train_cfg
+    from transformer.cli.build import finetune_argument
+
+    assert finetune_argument(compose_train_cfg(["model=masked_lm"])) == {}
+    assert finetune_argument(compose_train_cfg(["model=masked_lm", "finetune.lora.rank=0"])) == {}
+    for override in ("finetune.freeze=encoder", "finetune.lora.rank=2", "finetune.freeze=everything"):
+        with pytest.raises(ConfigError, match=r"^finetune\.\* needs a translation or classification model"):
+            finetune_argument(compose_train_cfg(["model=masked_lm", override]))
+
+
+def test_a_checkpoint_finetune_section_is_read_by_the_same_settings_type() -> None:
+    """restore reads a checkpoint's `finetune` with `FinetuneSettings`: its frozen modules and adapters, and
+    a bad value as one CheckpointError naming the file and the key."""
+    from transformer.evaluation.restore import finetune_settings, lora_settings
+
+    hparams = {"finetune": {"freeze": "embeddings", "lora": {"rank": 2, "targets": ["q", "v"]}}}
+    settings = finetune_settings(hparams, "run.ckpt")
+    assert settings == FinetuneSettings.from_values(hparams["finetune"])
+    assert settings.frozen_modules == ("src_embed", "tgt_embed")
+    assert lora_settings(hparams) == LoraSettings(rank=2, targets=("q", "v"))
+    assert lora_settings({"finetune": {"lora": {"rank": 0}}}) is None and lora_settings({}) is None
+    with pytest.raises(CheckpointError, match=r"^checkpoint run\.ckpt: its finetune\.lora\.alpha must be"):
+        lora_settings({"finetune": {"lora": {"rank": 2, "alpha": -1}}}, "run.ckpt")

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from transformer.config import TransformerConfig
+from transformer.lora import FinetuneSettings
 from transformer.model import Seq2SeqTransformer
-from transformer.training.finetune import FinetuneSettings, apply_finetune, parameter_counts
+from transformer.training.finetune import apply_finetune, parameter_counts
 
 SIZES = dict(src_vocab_size=50, tgt_vocab_size=50, d_model=16, n_heads=2, n_encoder_layers=1,
              n_decoder_layers=1, d_ff=32)  # fmt: skip

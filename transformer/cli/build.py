@@ -20,6 +20,7 @@ from transformer.cli.arguments import ArgumentError, check_arguments
 from transformer.cli.checks import check_checkpoint_fits
 from transformer.cli.errors import ConfigError
 from transformer.cli.process import set_matmul_precision
+from transformer.lora import FinetuneSettings
 
 log = logging.getLogger("train")
 
@@ -163,12 +164,21 @@ def finetune_argument(cfg: DictConfig) -> dict[str, Any]:
             "weight would train; give a rank >= 1 (finetune=lora's own is 8), or leave out finetune=lora"
         )
     if _accepts(cfg.model.get("_target_"), "finetune"):
-        return {"finetune": values}
-    if isinstance(values, dict) and values.get("freeze", "none") == "none" and not lora.get("rank"):
+        return {"finetune": values}  # the task reads it (`FinetuneSettings`), refusing a bad value by its key
+    if isinstance(values, dict) and _changes_nothing(values):
         return {}
     raise ConfigError(
         f"finetune.* needs a translation or classification model; {cfg.model._target_} takes none"
     )
+
+
+def _changes_nothing(values: dict[str, Any]) -> bool:
+    """Whether the `finetune` values leave every weight as it is (one that `FinetuneSettings` refuses
+    does not)."""
+    try:
+        return not FinetuneSettings.from_values(values).active
+    except ValueError:
+        return False
 
 
 def _composed_option(group: str) -> str | None:

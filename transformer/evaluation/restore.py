@@ -15,7 +15,7 @@ from torch import nn
 
 from transformer.checkpoint import CheckpointError, load_checkpoint, state_dict_mismatch, strip_compile_prefix
 from transformer.config import TransformerConfig
-from transformer.lora import FROZEN_MODULES, LoraSettings, add_lora, merge_lora
+from transformer.lora import FinetuneSettings, LoraSettings, add_lora, merge_lora
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 from transformer.search.decoding import DecodingSettings
 
@@ -24,6 +24,7 @@ __all__ = [
     "TASKS",
     "RestoredModel",
     "checkpoint_decoding",
+    "finetune_settings",
     "last_checkpoints",
     "load_pretrained_classifier",
     "load_pretrained_encoder",
@@ -145,15 +146,18 @@ def checkpoint_decoding(hparams: Mapping[str, Any]) -> DecodingSettings:
     return DecodingSettings.from_values(hparams.get("test_decoding"), hparams.get("decoding"))
 
 
+def finetune_settings(hparams: Mapping[str, Any], path: str | Path = "<checkpoint>") -> FinetuneSettings:
+    """The `finetune` settings a run was trained with (frozen modules, LoRA adapters); a plain checkpoint's
+    are the defaults."""
+    try:
+        return FinetuneSettings.from_values(hparams.get("finetune"))
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {path}: its {err}") from None
+
+
 def lora_settings(hparams: Mapping[str, Any], path: str | Path = "<checkpoint>") -> LoraSettings | None:
     """The LoRA adapters a fine-tuning run trained (its `finetune.lora`), None for a plain checkpoint."""
-    lora = (hparams.get("finetune") or {}).get("lora") or {}
-    if not lora.get("rank"):
-        return None
-    try:
-        return LoraSettings.from_dict(lora)
-    except (ValueError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {path}: its finetune.{err}") from None
+    return finetune_settings(hparams, path).lora
 
 
 def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") -> RestoredModel:
@@ -167,9 +171,10 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
             model: nn.Module = Seq2SeqTransformer(config)
         else:
             model = TransformerClassifier(config, hparams["num_classes"], hparams.get("pooling", "cls"))
-        lora = lora_settings(hparams, path)
+        finetune = finetune_settings(hparams, path)
+        lora = finetune.lora
         if lora is not None:  # the layout it was trained and saved in: base weights and adapters
-            add_lora(model, lora, skip=FROZEN_MODULES.get(hparams["finetune"].get("freeze"), ()))
+            add_lora(model, lora, skip=finetune.frozen_modules)
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path}: its model config cannot be built: {err}") from None
     weights = _model_weights(checkpoint)

@@ -20,11 +20,12 @@ from torchmetrics import MeanMetric, Metric
 
 from transformer.checkpoint import strip_compile_prefix
 from transformer.evaluation.restore import STARTED_FROM_KEY, started_from, with_stable_keys
+from transformer.lora import FinetuneSettings
 from transformer.losses import TokenLoss
 from transformer.norm import residual_in_autocast_dtype
 from transformer.stacks import checkpoint_layers, compile_layers
 from transformer.training.compiling import CompiledStep
-from transformer.training.finetune import FinetuneSettings, apply_finetune
+from transformer.training.finetune import apply_finetune
 from transformer.training.lightning_private import should_update_logs
 from transformer.training.schedules import warmup_of
 from transformer.training.validation_schedule import max_steps_before_validation
