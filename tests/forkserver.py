@@ -217,7 +217,7 @@ def serve(path: str, parent: int) -> None:
     import torch  # noqa: F401
 
     import transformer.cli.build
-    import transformer.cli.checkpoint_setup
+    import transformer.cli.evaluate_steps
     import transformer.evaluation.reports
     import transformer.training  # noqa: F401
 

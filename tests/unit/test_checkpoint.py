@@ -19,8 +19,8 @@ from transformer.checkpoint import (
     strip_compile_prefix,
 )
 from transformer.cli import checks
-from transformer.cli.checkpoint_setup import load_checkpoints
 from transformer.cli.errors import ConfigError
+from transformer.cli.evaluate_steps import load_checkpoints
 
 
 def _save(path: Path, scale: float = 1.0) -> Path:

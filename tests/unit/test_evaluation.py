@@ -431,8 +431,8 @@ def test_ensemble_of_checks_tasks_tokenizers_and_weights() -> None:
     """evaluate.py's ensemble building: one line naming both checkpoints and what differs."""
     from pathlib import Path
 
-    from transformer.cli.checkpoint_setup import ensemble_of
     from transformer.cli.errors import ConfigError
+    from transformer.cli.evaluate_steps import ensemble_of
     from transformer.evaluation.restore import RestoredModel
     from transformer.search.ensemble import Ensemble
 
@@ -463,8 +463,8 @@ def test_data_test_sentences_keeps_the_splits_first_sentences(caplog: pytest.Log
     """evaluate.py's quick subset (`data.test_sentences=N`): the batches, sources and references of the
     scored split are its first N sentences, ids 0..N-1 (issue 51)."""
     from data.datamodules import TranslationDataModule
-    from transformer.cli.checkpoint_setup import keep_first_sentences
     from transformer.cli.errors import ConfigError
+    from transformer.cli.evaluate_steps import keep_first_sentences
 
     def datamodule() -> TranslationDataModule:
         sizes = {"train": 200, "val": 20, "test": 30}

@@ -241,8 +241,8 @@ def test_evaluating_an_import_in_other_languages_is_refused_naming_both(
 ) -> None:
     """`+data.src_lang=en +data.tgt_lang=de` (Hydra's hint) on a de -> en import decoded nonsense (BLEU 0)."""
     from transformer.checkpoint import load_checkpoint
-    from transformer.cli.checkpoint_setup import build_datamodule
     from transformer.cli.errors import ConfigError
+    from transformer.cli.evaluate_steps import build_datamodule
     from transformer.evaluation.restore import restore_model
 
     assert main([str(built["marian"]), "--output", str(tmp_path / "out")]) == 0

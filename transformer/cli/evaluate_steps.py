@@ -1,7 +1,8 @@
-"""What a run on saved checkpoints checks and builds first: the checkpoint (or the average of a run's last
-ones, or an ensemble of several), the options that must fit its task, the datamodule with the
-checkpoint's tokenizer(s), the device, the seed and the report options. `evaluate.py` uses all of it;
-training uses the model, datamodule and device parts for distillation's teachers (`distill.teachers`)."""
+"""evaluate.py's steps, in the order it runs them: what a run on saved checkpoints checks and builds first
+(the checkpoint, or the average of a run's last ones, or an ensemble of several; the options that must fit
+its task; the datamodule with the checkpoint's tokenizer(s); the device, the seed and the report options),
+then scoring a split and writing its outputs, report and plots (`score_and_write`). Training uses the
+model, datamodule and device parts for distillation's teachers (`distill.teachers`)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,21 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from data.datamodules import ClassificationDataModule, TranslationDataModule
 from transformer.checkpoint import CheckpointError, average_checkpoints, files_in_hint, load_checkpoint
+from transformer.cli import word_alignments
 from transformer.cli.arguments import ArgumentError, check_arguments
 from transformer.cli.errors import ConfigError
 from transformer.cli.init_from import check_languages
-from transformer.evaluation.reports import ReportOptions
+from transformer.evaluation.n_best import write_n_best
+from transformer.evaluation.plots import read_learning_curves
+from transformer.evaluation.reports import (
+    ReportInputs,
+    ReportOptions,
+    write_classification_outputs,
+    write_translation_outputs,
+)
 from transformer.evaluation.restore import RestoredModel, last_checkpoints, lora_settings
+from transformer.evaluation.scoring import score_classification, score_translation
+from transformer.search.decoding import DecodingSettings
 from transformer.search.ensemble import Ensemble
 
 log = logging.getLogger("evaluate")
@@ -314,3 +325,62 @@ def check_new_output_dir(out_dir: Path, result_files: Iterable[str]) -> None:
         raise ConfigError(
             f"output directory {out_dir} already holds {clashes}: evaluate writes only into a new one"
         )
+
+
+def score_and_write(
+    out_dir: Path,
+    restored: RestoredModel,
+    model: Any,
+    datamodule: Any,
+    split: str,
+    batches: Iterable[Mapping[str, Any]],
+    decoding: DecodingSettings | None,
+    info: dict[str, Any],
+    options: ReportOptions,
+    path: Path,
+    learning_curves: bool = True,
+) -> tuple[dict[str, float], dict[str, Path]]:
+    """Decode / classify `batches` of `split` with `model` (restored's, or an ensemble), then write the
+    outputs into `out_dir`, the report and its plots (attention maps: restored's model; the training
+    run's learning curves unless `learning_curves` is false: report.learning_curves)."""
+    training_run = training_run_dir(restored, path)
+    tokenizer = datamodule.src_tokenizer
+    inputs = ReportInputs(
+        info=info,
+        model=restored.model,
+        encode_source=lambda text: tokenizer.encode(text)[: datamodule.max_len],
+        id_to_token=id_to_token(datamodule.tgt_tokenizer if restored.task == "translation" else tokenizer),
+        source_id_to_token=id_to_token(tokenizer),
+        curves=read_learning_curves(training_run) if training_run and learning_curves else {},
+        curves_source=str(training_run) if training_run else None,
+        options=options,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if restored.task == "translation":
+        result = score_translation(
+            model,
+            batches,
+            decode_ids=datamodule.tgt_tokenizer.decode_batch,
+            sources=datamodule.sources(split),
+            references=datamodule.references(split),
+            decoding=decoding,
+            label_smoothing=restored.hparams.get("label_smoothing", 0.0),
+        )
+        files = write_translation_outputs(out_dir, result, inputs, decoding=decoding)
+        if result.n_best:
+            files["nbest"] = write_n_best(out_dir / "nbest.txt", result.n_best)
+        if decoding is not None and decoding.alignments:
+            files["alignments"] = word_alignments.write_alignments(
+                out_dir / "alignments.txt", model, datamodule, result, decoding
+            )
+    else:
+        texts = datamodule.sources(split)
+        result = score_classification(
+            restored.model,
+            batches,
+            num_examples=len(texts),
+            class_names=datamodule.class_names,
+            label_smoothing=restored.hparams.get("label_smoothing", 0.0),
+        )
+        files = write_classification_outputs(out_dir, result, inputs, texts=texts)
+    return dict(result.metrics), files

@@ -1,19 +1,23 @@
 """Word alignments as a user sees them: the subword attention of `transformer.search.alignments` summed
 into whitespace words of the source line and of the output line, written in the Pharaoh format
-(`0-0 1-2 ...`: source word - output word, 0-based)."""
+(`0-0 1-2 ...`: source word - output word, 0-based); a scored split's file of them (`write_alignments`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from data.tokenization import WORD_START
+from transformer.disk import write_text
 from transformer.search.alignments import cross_attention, word_alignment
+from transformer.search.decoding import DecodingSettings
 from transformer.search.step import Searchable
 
-__all__ = ["Aligner", "pharaoh", "piece_function", "split_alignment_lines", "word_index"]
+__all__ = ["Aligner", "pharaoh", "piece_function", "split_alignment_lines", "word_index", "write_alignments"]
 
 
 def word_index(pieces: Sequence[str | None]) -> list[int]:
@@ -114,3 +118,40 @@ def split_alignment_lines(
 def _padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> Tensor:
     width = max(1, max(len(row) for row in rows))
     return torch.tensor([list(row) + [pad_id] * (width - len(row)) for row in rows], device=device)
+
+
+def write_alignments(
+    path: Path, model: Any, datamodule: Any, result: Any, decoding: DecodingSettings
+) -> Path:
+    """decode.alignments=true: the hypotheses' word alignments (Pharaoh), one line per sentence; with
+    decode.n_best > 1 one `id ||| pairs` line per hypothesis, as nbest.txt and translate.input do."""
+    config = model.config
+    specials = {config.pad_id, config.bos_id, config.eos_id}
+    aligner = Aligner(
+        model,
+        decoding.alignment_layer,
+        piece_function(datamodule.src_tokenizer, specials),
+        piece_function(datamodule.tgt_tokenizer, specials),
+    )
+    device = next(model.parameters()).device
+    tokenizer = datamodule.src_tokenizer
+    n_best = bool(result.n_best)
+    ids = result.n_best_ids if n_best else [[ids] for ids in result.hypothesis_ids]
+    texts = (
+        [[text for text, _ in hyps] for hyps in result.n_best] if n_best else [[h] for h in result.hypotheses]
+    )
+    lines = split_alignment_lines(
+        aligner,
+        lambda text: tokenizer.encode(text)[: datamodule.max_len],
+        result.sources,
+        ids,
+        texts,
+        config.pad_id,
+        device,
+    )
+    text = "".join(
+        f"{i} ||| {line}\n" if n_best else f"{line}\n"
+        for i, sentence in enumerate(lines)
+        for line in sentence
+    )
+    return write_text(path, text, "the word alignments")

@@ -2,7 +2,7 @@
 checkpoints, or several checkpoints as one `Ensemble`), its tokenizers (read from the checkpoint, no
 datamodule built), its batching settings, and the device; every failure one `InferenceError` naming the file.
 
-The checks are the ones `evaluate.py` makes (`transformer.cli.checkpoint_setup`), said in terms of files
+The checks are the ones `evaluate.py` makes (`transformer.cli.evaluate_steps`), said in terms of files
 and arguments instead of config keys.
 """
 

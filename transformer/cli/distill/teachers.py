@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from transformer.checkpoint import CheckpointError, load_checkpoint
-from transformer.cli.checkpoint_setup import build_datamodule, device_from_name, ensemble_of
 from transformer.cli.errors import ConfigError
+from transformer.cli.evaluate_steps import build_datamodule, device_from_name, ensemble_of
 from transformer.cli.text_io import translator_of
 from transformer.evaluation.restore import RestoredModel, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding
