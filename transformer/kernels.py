@@ -14,7 +14,6 @@ import logging
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +28,6 @@ __all__ = [
     "attention_backends",
     "attention_dtype",
     "check_masks",
-    "compile_options",
     "make_causal_mask",
     "merge_masks",
     "use_varlen",
@@ -55,7 +53,7 @@ _ZEROING_BACKENDS = frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPB
 # shape: 0.2-0.3 s each on an H200 (torch 2.11), and length-bucketed batches make nearly every training
 # step and every decoding batch a new shape (a WMT-base bf16 training step over varying batches: 0.31 s
 # with cuDNN first, as torch 2.11 orders the backends on Hopper, 0.076 s without; on one batch repeated
-# 0.088 and 0.082 s; benchmarks/results/2026-11-27_h200_gpu_profile.txt). What is left (flash, then
+# 0.088 and 0.082 s; benchmarks/results/gpu/2026-11-27_h200_gpu_profile.txt). What is left (flash, then
 # memory-efficient, then math) zeroes fully masked rows itself, so no row needs fixing up there either.
 _WITHOUT_CUDNN_DEVICES = frozenset({"cuda"})
 _WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -158,34 +156,6 @@ def attention_backends(device: torch.device | str) -> AbstractContextManager[obj
     return (
         sdpa_kernel(_WITHOUT_CUDNN) if torch.device(device).type in _WITHOUT_CUDNN_DEVICES else nullcontext()
     )
-
-
-# Inductor fuses a reduction over rows with one over columns (layer norm's backward: the input's gradient
-# and the weight's) when the tensor is large, deciding from its size at compile time and guarding on the
-# choice: a later batch on the other side of 5 * 2**20 elements compiles again. On an H200 (torch 2.11)
-# that cost the whole compiled step and the compiled layers one recompilation each among bench_gpu.py's
-# timed steps (benchmarks/results/2026-11-27_h200_bench_gpu_run2.log). The non-strict mode skips the size
-# checks, so there is no guard; the fusion is chosen the same way for every batch.
-_INDUCTOR_OPTIONS = {"triton.mix_order_reduction_non_strict_mode": True}
-
-
-def compile_options(backend: object) -> dict[str, Any]:
-    """Keyword arguments for `torch.compile` of our training graphs (the step, the layers): Inductor's
-    settings that keep bucketed batches on one graph (`_INDUCTOR_OPTIONS`, those the installed torch
-    has); none for another backend, which takes no options."""
-    if backend != "inductor":
-        return {}
-    from torch._inductor import config
-
-    def known(key: str) -> bool:  # "triton.x": config.triton.x
-        owner: object = config
-        *path, name = key.split(".")
-        for part in path:
-            owner = getattr(owner, part, None)
-        return hasattr(owner, name)
-
-    options = {key: value for key, value in _INDUCTOR_OPTIONS.items() if known(key)}
-    return {"options": options} if options else {}
 
 
 def attend(

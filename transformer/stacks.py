@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from transformer.config import TransformerConfig
-from transformer.kernels import RotaryLike, attention_dtype, compile_options
+from transformer.inductor import compile_options
+from transformer.kernels import RotaryLike, attention_dtype
 from transformer.kv_cache import DecoderCache
 from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.norm import LayerNorm

@@ -301,7 +301,7 @@ def test_inductor_compiles_without_size_guards_from_mix_order_fusion(monkeypatch
     from torch._inductor import config
 
     from transformer import stacks
-    from transformer.kernels import compile_options
+    from transformer.inductor import compile_options
     from transformer.training import compiling
 
     assert hasattr(config.triton, "mix_order_reduction_non_strict_mode")

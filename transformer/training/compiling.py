@@ -24,7 +24,7 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
-from transformer.kernels import compile_options
+from transformer.inductor import compile_options
 
 __all__ = [
     "LENGTH_MULTIPLE",
