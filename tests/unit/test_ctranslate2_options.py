@@ -1,12 +1,12 @@
 """Which decoding settings the CTranslate2 backend takes and which it refuses by name
-(`transformer.inference.ctranslate2.ctranslate2_refusal`); what it decodes is compared with the torch
+(`transformer.inference.ctranslate2_options.ctranslate2_refusal`); what it decodes is compared with the torch
 backend in tests/integration/test_ctranslate2_backend.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from transformer.inference.ctranslate2 import ctranslate2_refusal
+from transformer.inference.ctranslate2_options import ctranslate2_refusal
 from transformer.search.decoding import DecodingSettings
 
 

@@ -6,7 +6,8 @@ the checkpoint when written) into a directory named by the checkpoint file's dig
 by later loads, or a temporary one removed with the translator. Texts go through the checkpoint's own
 tokenizers and the same token-budget batches as `Translator`'s (`transformer.inference.loading`,
 `batches`), so the same token ids reach both backends. What CTranslate2 cannot do as our search does is
-refused with one `InferenceError` naming the option (`ctranslate2_refusal`); what it does is mapped:
+refused with one `InferenceError` naming the option (`ctranslate2_options.ctranslate2_refusal`); what it
+does is mapped:
 
 - the per-sentence length limit floor(max_len_a * source length + max_len_b) (EOS included, forced at the
   limit) as `max_decoding_length` = limit - 1 (CTranslate2 counts an EOS it generates and stops without
@@ -43,6 +44,7 @@ from transformer.evaluation.n_best import n_best_texts
 from transformer.evaluation.restore import checkpoint_decoding
 from transformer.export.source import ExportError, ExportSource, load_source
 from transformer.inference.batches import token_budget_batches
+from transformer.inference.ctranslate2_options import ctranslate2_checked
 from transformer.inference.loading import as_paths, device_of, load, max_tokens_of
 from transformer.inference.outputs import Hypothesis, InferenceError, Segment, Translation
 from transformer.inference.requests import PhraseEncoder
@@ -51,45 +53,7 @@ from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings
 from transformer.search.step import LengthLimits
 
-__all__ = ["CTranslate2Translator", "ctranslate2_refusal"]
-
-
-def ctranslate2_refusal(settings: DecodingSettings) -> str | None:
-    """Why CTranslate2 cannot decode as `settings` say exactly (one line naming the option), or None."""
-    beam = not settings.sampling and settings.beam_size > 1  # one beam searches as greedy search does
-    if settings.alignments:
-        return "alignments: translate() gives no word alignments (evaluate.py does)"
-    if settings.temperature != 1.0:
-        return (
-            f"temperature={settings.temperature}: the CTranslate2 backend scores hypotheses at temperature "
-            "1 (CTranslate2 applies a temperature to sampling's draws only); use the torch backend"
-        )
-    if beam and settings.length_penalty != 0:
-        return (
-            f"length_penalty={settings.length_penalty} with beam_size={settings.beam_size}: CTranslate2's "
-            "beam search divides by len ** alpha with len without EOS and stops once beam_size hypotheses "
-            f"have ended, which ranks otherwise than this search ({settings.length_normalization}, our "
-            "stopping rule); use length_penalty=0, beam_size=1 or the torch backend"
-        )
-    if beam and settings.n_best > 1:
-        return (
-            f"n_best={settings.n_best} with beam_size={settings.beam_size}: CTranslate2's beam search stops "
-            "once beam_size hypotheses have ended, before the rest of an n-best list is settled (its best "
-            "hypothesis is ours at length_penalty 0, its others may not be); use n_best=1 or backend torch"
-        )
-    if beam and settings.min_len:
-        return (
-            f"min_len={settings.min_len} with beam_size={settings.beam_size}: CTranslate2 renormalizes the "
-            "log-probabilities once EOS is banned, which ranks beams otherwise than ours; use beam_size=1 or "
-            "the torch backend"
-        )
-    if beam and settings.no_repeat_ngram_size:
-        return (
-            f"no_repeat_ngram_size={settings.no_repeat_ngram_size} with beam_size={settings.beam_size}: "
-            "CTranslate2 renormalizes the log-probabilities of a blocked step, which ranks beams otherwise "
-            "than ours; use beam_size=1 or the torch backend"
-        )
-    return None
+__all__ = ["CTranslate2Translator"]
 
 
 class CTranslate2Translator:
@@ -213,7 +177,7 @@ class CTranslate2Translator:
             settings = DecodingSettings.from_values(options, self.defaults)
         except ValueError as err:
             raise InferenceError(str(err)) from None
-        return _checked(settings)
+        return ctranslate2_checked(settings)
 
     def translate(
         self,
@@ -230,7 +194,7 @@ class CTranslate2Translator:
             raise InferenceError("give decoding settings or options, not both")
         if settings is not None and not isinstance(settings, DecodingSettings):
             raise InferenceError(f"settings must be DecodingSettings, got {type(settings).__name__}")
-        chosen = self.settings(**options) if settings is None else _checked(settings)
+        chosen = self.settings(**options) if settings is None else ctranslate2_checked(settings)
         if chosen.sampling and generator is not None:
             raise InferenceError(
                 "generator: CTranslate2 samples with its own random generators, seeded when the model loads "
@@ -368,13 +332,6 @@ class CTranslate2Translator:
             {config.bos_id} if config.bos_id != config.pad_id else set()
         )
         return [self._src_tokens[i] for i in row if i not in dropped]
-
-
-def _checked(settings: DecodingSettings) -> DecodingSettings:
-    refusal = ctranslate2_refusal(settings)
-    if refusal is not None:
-        raise InferenceError(refusal)
-    return settings
 
 
 def _converted(source: ExportSource, path: Path, cache_dir: str | Path | None) -> tuple[Path, Path | None]:
