@@ -11,7 +11,7 @@ __all__ = ["compile_options"]
 # and the weight's) when the tensor is large, deciding from its size at compile time and guarding on the
 # choice: a later batch on the other side of 5 * 2**20 elements compiles again. On an H200 (torch 2.11)
 # that cost the whole compiled step and the compiled layers one recompilation each among bench_gpu.py's
-# timed steps (benchmarks/results/2026-11-27_h200_bench_gpu_run2.log). The non-strict mode skips the size
+# timed steps (benchmarks/results/gpu/2026-11-27_h200_bench_gpu_run2.log). The non-strict mode skips the size
 # checks, so there is no guard; the fusion is chosen the same way for every batch.
 _INDUCTOR_OPTIONS = {"triton.mix_order_reduction_non_strict_mode": True}
 

@@ -34,7 +34,7 @@ class TokenLoss(NamedTuple):
 # slower than one piece (benchmarks/train/bench_loss.py --chunks); at 16M elements both as fast as one piece.
 # On a GPU the chunk was first sized for the L2 cache (4M elements, ~220 chunks at 28k x 32k, ~8 launches
 # each), but there the launches dominated: the loss's host time exceeded its kernels' time. Measured on an
-# H200 (torch 2.11, WMT-base bf16 step, 50k tokens, benchmarks/results/2026-11-27_h200_gpu_profile.txt):
+# H200 (torch 2.11, WMT-base bf16 step, 50k tokens, benchmarks/results/gpu/2026-11-27_h200_gpu_profile.txt):
 # 4M-element chunks 3407 kernels and 0.086 s a step, 64M-element chunks (256 MiB per float32 temporary,
 # ~14 chunks) 1636 kernels and 0.076 s. The extra trips to memory cost less than the launches they save.
 _CHUNK_ELEMENTS = 1 << 24

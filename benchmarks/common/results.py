@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"  # dated files, kept with their history
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"  # dated files, a folder per group (train/...)
 
 
 class ResultsLog(io.TextIOBase):

@@ -29,7 +29,7 @@ ours' (CTranslate2's last token is not EOS; its beam search ranks its final hypo
 EOS's log-probability that ours and `generate` add, so its beam rows may differ at the end).
 
     OMP_WAIT_POLICY=PASSIVE python -m benchmarks.decode.bench_pretrained --data-dir $MULTI30K_DIR \
-        [--repeats 3] [--threads 2] [--length 24] [--results-dir benchmarks/results]
+        [--repeats 3] [--threads 2] [--length 24] [--results-dir benchmarks/results/decode]
 
 `--smoke`: a tiny shape (d_model 32, 1+1 layers, 1,000 tokens), 8 sentences, 6 tokens, one round.
 """
@@ -350,7 +350,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     parser.add_argument(
-        "--results-dir", default=None, help=f"write the output there too (e.g. {RESULTS_DIR})"
+        "--results-dir", default=None, help=f"write the output there too (e.g. {RESULTS_DIR / 'decode'})"
     )
     parser.add_argument("--smoke", action="store_true", help="tiny shape, 8 sentences, 6 tokens, one round")
     return parser

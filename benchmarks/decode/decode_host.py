@@ -16,7 +16,7 @@
    the same tokens). `--cuda-path` runs our attention's CUDA code on the CPU (the SDPA backends without
    cuDNN's, `kernels._WITHOUT_CUDNN_DEVICES`, in both checkouts): the host work a GPU's step pays.
 
-    python -m benchmarks.decode.decode_host [--results-dir benchmarks/results]
+    python -m benchmarks.decode.decode_host [--results-dir benchmarks/results/decode]
     python -m benchmarks.decode.decode_host --cpu-time [--baseline REVISION] [--rounds 5] [--cuda-path]
     python -m benchmarks.decode.decode_host --smoke [--cpu-time]   # tiny shapes, one round, in seconds
 

@@ -26,7 +26,7 @@ Runs from the root of a plain copy of the repository (nothing installed; needs t
 transformers, nothing else of the project's dependencies: a bare GPU box). The cases run in
 the order of what they are worth (VALUE_ORDER: our training step and its reference first), each in a
 time box; once --budget-s is spent the rest are reported as skipped. Each finished case's row is
-appended to benchmarks/results/<date>_<gpu>_bench_gpu.txt as it finishes (--results-dir; --smoke writes
+appended to benchmarks/results/gpu/<date>_<gpu>_bench_gpu.txt as it finishes (--results-dir; --smoke writes
 only where --results-dir says), so a run cut off by a time limit leaves what it measured; the summary and
 one JSON line come last.
 """
@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--case-timeout", type=float, default=240, help="the time box of one case (seconds)")
     parser.add_argument(
-        "--results-dir", default=None, help=f"where the output is written (default {RESULTS_DIR})"
+        "--results-dir", default=None, help=f"where the output is written (default {RESULTS_DIR / 'gpu'})"
     )
     args = parser.parse_args(argv)
     if args.smoke:  # the same code path at toy sizes; compiled by Dynamo only (backend eager)
@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("needs a CUDA GPU (torch.cuda.is_available() is False here); --smoke runs on the CPU")
     args.bf16 = args.device == "cuda"
     if args.results_dir is None and not args.smoke:
-        args.results_dir = str(RESULTS_DIR)
+        args.results_dir = str(RESULTS_DIR / "gpu")
     return args
 
 

@@ -31,7 +31,8 @@ measure a trained checkpoint (`--ckpt`) for numbers to quote. Decoding: greedy (
 and server share the machine's cores.
 
     python -m benchmarks.serve.load --data-dir $MULTI30K_DIR [--ckpt PATH] [--requests 2000] \
-        [--clients 64] [--backends torch,ctranslate2[,ctranslate2:int8]] [--results-dir benchmarks/results]
+        [--clients 64] [--backends torch,ctranslate2[,ctranslate2:int8]] \
+        [--results-dir benchmarks/results/serve]
 
 `--smoke`: a tiny random checkpoint (`smoke_checkpoint`), 48 requests from 8 clients, torch (and
 CTranslate2 when the server has that backend).
@@ -298,7 +299,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", type=int, default=64, help="sentences translated alone in this process")
     parser.add_argument("--limit-s", type=float, default=1200, help="time limit of one load run")
     parser.add_argument(
-        "--results-dir", default=None, help=f"write the output there too (e.g. {RESULTS_DIR})"
+        "--results-dir", default=None, help=f"write the output there too (e.g. {RESULTS_DIR / 'serve'})"
     )
     parser.add_argument("--smoke", action="store_true", help="tiny random model, 48 requests, 8 clients")
     return parser
