@@ -6,7 +6,6 @@ decoding drops specials, stops at the first </s> and returns detokenized text (f
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -121,7 +120,7 @@ class BPETokenizer:
 
     def save(self, path: str | Path) -> None:
         """Write `tokenizer.json` atomically (a reader never sees a half-written file)."""
-        _atomic_write(Path(path), self.to_json())
+        write_text_atomically(Path(path), self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> BPETokenizer:
@@ -353,60 +352,9 @@ def _reference() -> tokenizers.Tokenizer:
     return tokenizer
 
 
-def bpe_fingerprint(texts: Iterable[str], **settings: object) -> str:
-    """A hash of the training texts and settings: equal fingerprints give identical tokenizers."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps({"tokenizers": tokenizers.__version__, **settings}, sort_keys=True).encode())
-    for text in texts:
-        digest.update(text.encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
-
-
-def load_or_train_bpe(
-    path: str | Path,
-    texts: Sequence[str],
-    vocab_size: int,
-    *,
-    min_frequency: int = 2,
-    show_progress: bool = False,
-) -> BPETokenizer:
-    """Load `path` when its stored fingerprint matches `texts` + settings, else train and save it there.
-
-    The fingerprint lives next to it in `path` + ".fingerprint"; both files are replaced atomically.
-    """
-    path = Path(path)
-    fingerprint = bpe_fingerprint(texts, vocab_size=vocab_size, min_frequency=min_frequency)
-    tokenizer = load_bpe(path, fingerprint)
-    if tokenizer is not None:
-        return tokenizer
-    log.info("Training BPE tokenizer (vocab_size=%d) on %d texts -> %s", vocab_size, len(texts), path)
-    tokenizer = train_bpe(
-        texts, vocab_size, min_frequency=min_frequency, show_progress=show_progress, length=len(texts)
-    )
-    save_bpe(tokenizer, path, fingerprint)
-    return tokenizer
-
-
-def load_bpe(path: str | Path, fingerprint: str) -> BPETokenizer | None:
-    """The tokenizer saved at `path` by `save_bpe` with this `fingerprint`, else None."""
-    path = Path(path)
-    stamp = path.with_name(path.name + ".fingerprint")
-    if path.is_file() and stamp.is_file() and stamp.read_text().strip() == fingerprint:
-        log.info("Reusing tokenizer %s (training data and settings unchanged)", path)
-        return BPETokenizer.load(path)
-    return None
-
-
-def save_bpe(tokenizer: BPETokenizer, path: str | Path, fingerprint: str) -> None:
-    """Write `tokenizer` to `path` and `fingerprint` (what it was trained on) to `path` + ".fingerprint"."""
-    path = Path(path)
-    tokenizer.save(path)
-    # written last: a stamp always describes a complete tokenizer file
-    _atomic_write(path.with_name(path.name + ".fingerprint"), fingerprint + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in its directory (a reader never sees a half-written
+    file); an OSError names the file (in the words of transformer.disk)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -22,6 +22,7 @@ import lightning as L
 import tokenizers
 
 from data import cache, prepare, sources, tokenization
+from data.bpe_cache import load_bpe, save_bpe
 from data.tokenization import (
     BOS_ID,
     EOS_ID,
@@ -30,8 +31,6 @@ from data.tokenization import (
     BPETokenizer,
     CorpusEncoder,
     corpus_encoder,
-    load_bpe,
-    save_bpe,
     tokenizer_from_json,
 )
 

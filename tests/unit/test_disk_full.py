@@ -27,8 +27,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from data import cache, prepare
+from data.bpe_cache import load_bpe, save_bpe
 from data.sources import DataError
-from data.tokenization import load_bpe, save_bpe, train_bpe
+from data.tokenization import train_bpe
 from transformer import disk
 from transformer.cli import errors
 from transformer.config import TransformerConfig

@@ -11,12 +11,11 @@ import torch
 from tokenizers import models
 
 from data import tokenization
+from data.bpe_cache import bpe_fingerprint, load_or_train_bpe
 from data.tokenization import (
     BPEDropout,
     BPETokenizer,
     Tokenizer,
-    bpe_fingerprint,
-    load_or_train_bpe,
     train_bpe,
 )
 
