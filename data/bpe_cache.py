@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import tokenizers
 
-from data import tokenization
+from data import cache, sources, tokenization
 from data.tokenization import BPETokenizer, write_text_atomically
 
 log = logging.getLogger(__name__)
@@ -68,3 +68,21 @@ def save_bpe(tokenizer: BPETokenizer, path: str | Path, fingerprint: str) -> Non
     tokenizer.save(path)
     # written last: a stamp always describes a complete tokenizer file
     write_text_atomically(path.with_name(path.name + ".fingerprint"), fingerprint + "\n")
+
+
+def shared_bpe(path: Path, fingerprint: str, lock: Path, train: Callable[[], BPETokenizer]) -> BPETokenizer:
+    """The tokenizer saved at `path` with `fingerprint`, else the one `train` makes, saved there: one
+    process trains while the others wait on `lock`, then load its file. A failed write (e.g. a full disk)
+    is a `DataError` naming `path`."""
+    tokenizer = load_bpe(path, fingerprint)
+    if tokenizer is not None:
+        return tokenizer
+    with cache.locked(lock):
+        tokenizer = load_bpe(path, fingerprint)  # trained by another process while this one waited
+        if tokenizer is None:
+            tokenizer = train()
+            try:
+                save_bpe(tokenizer, path, fingerprint)
+            except OSError as err:  # e.g. a full disk
+                raise sources.DataError(f"cannot write {path}: {err.strerror or err}") from err
+    return tokenizer

@@ -8,6 +8,7 @@ or memory-maps them from there when a process already did.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -22,7 +23,7 @@ import lightning as L
 import tokenizers
 
 from data import cache, prepare, sources, tokenization
-from data.bpe_cache import load_bpe, save_bpe
+from data.bpe_cache import shared_bpe
 from data.tokenization import (
     BOS_ID,
     EOS_ID,
@@ -241,17 +242,10 @@ class TokenizedDataModule(L.LightningDataModule):
             )
             tag = f"{self._cache_tag(side)}-{key[:16]}"
             path = self.cache_dir / "tokenizers" / tag / "tokenizer.json"
-            tokenizer = load_bpe(path, key)
-            if tokenizer is None:
-                with cache.locked(self.cache_dir / "tokenizers" / ".locks" / f"{tag}.lock"):
-                    tokenizer = load_bpe(path, key)  # trained by another process while this one waited
-                    if tokenizer is None:
-                        tokenizer = self._train_tokenizer(columns, path)
-                        try:
-                            save_bpe(tokenizer, path, key)
-                        except OSError as err:  # e.g. a full disk
-                            raise sources.DataError(f"cannot write {path}: {err.strerror or err}") from err
-            trained[side] = tokenizer
+            lock = self.cache_dir / "tokenizers" / ".locks" / f"{tag}.lock"
+            trained[side] = shared_bpe(
+                path, key, lock, functools.partial(self._train_tokenizer, columns, path)
+            )
         self._set_tokenizers(trained)
 
     def _train_tokenizer(self, columns: Sequence[str], path: Path | None) -> BPETokenizer:
