@@ -14,7 +14,8 @@ from transformer.checkpoint import CheckpointError
 from transformer.cli.errors import ConfigError
 from transformer.cli.init_from import explicit_keys, take_init_from
 from transformer.config import TransformerConfig
-from transformer.evaluation.restore import load_pretrained_translation, restore_model
+from transformer.evaluation.init_from import load_pretrained_translation
+from transformer.evaluation.restore import restore_model
 from transformer.lora import FinetuneSettings, LoraSettings, LowRankUpdate, add_lora, merge_lora
 from transformer.model import Seq2SeqTransformer
 from transformer.training import ClassificationTask, TranslationTask
@@ -640,7 +641,7 @@ def test_a_translation_model_one_off_the_checkpoints_vocabulary_or_positions_is_
 
 @pytest.mark.parametrize(("saved", "run"), [(2, 2), (3, 3), (2, 3), (3, 2)])
 def test_the_head_is_kept_exactly_when_the_class_counts_are_equal(tmp_path, saved, run) -> None:
-    from transformer.evaluation.restore import load_pretrained_classifier
+    from transformer.evaluation.init_from import load_pretrained_classifier
 
     encoder_only = {**TINY, "n_decoder_layers": 0}
     source = ClassificationTask(encoder_only, num_classes=saved)

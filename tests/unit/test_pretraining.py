@@ -11,7 +11,8 @@ from torch.nn import functional as F
 from tests.helpers.tasks import TINY, CopyData, cpu_trainer
 from transformer.checkpoint import CheckpointError
 from transformer.config import TransformerConfig
-from transformer.evaluation.restore import load_pretrained_encoder, task_of
+from transformer.evaluation.init_from import load_pretrained_encoder
+from transformer.evaluation.restore import task_of
 from transformer.model import TransformerClassifier, TransformerMaskedLM
 from transformer.training import ClassificationTask, MaskedLMTask
 from transformer.training.optim import adamw

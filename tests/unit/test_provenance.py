@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from tests.helpers.tasks import TINY
-from transformer.evaluation.restore import RestoredModel, imported_note, init_origin
+from transformer.evaluation.init_from import imported_note, init_origin
+from transformer.evaluation.restore import RestoredModel
 from transformer.training import TranslationTask
 from transformer.training.optim import adamw
 from transformer.training.schedules import inverse_sqrt

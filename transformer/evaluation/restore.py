@@ -25,11 +25,10 @@ __all__ = [
     "RestoredModel",
     "checkpoint_decoding",
     "finetune_settings",
+    "is_masked_lm",
     "last_checkpoints",
-    "load_pretrained_classifier",
-    "load_pretrained_encoder",
-    "load_pretrained_translation",
     "lora_settings",
+    "model_weights",
     "restore_model",
     "saved_class_names",
     "saved_tokenizers",
@@ -51,7 +50,6 @@ DATAMODULES: dict[TaskKind, str] = {
 TOKENIZERS_KEY, CLASS_NAMES_KEY = "tokenizers", "class_names"
 STARTED_FROM_KEY = "started_from"  # a fine-tuning run's `model.init_from` and its provenance (`init_origin`)
 _MODEL_PREFIX = "model."  # the tasks hold their network as `self.model`
-_ENCODER_PREFIXES = ("src_embed.", "encoder.")  # what pretraining hands on to a classifier
 
 
 @dataclass
@@ -85,7 +83,7 @@ class RestoredModel:
             self.class_names = saved_class_names({DATAMODULES[self.task]: self.datamodule_state})
 
 
-def _model_weights(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+def model_weights(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     """The task's network weights (`model.*`), named as the network itself names them."""
     return {
         key.removeprefix(_MODEL_PREFIX): value
@@ -94,7 +92,7 @@ def _model_weights(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _is_masked_lm(hparams: Any) -> bool:
+def is_masked_lm(hparams: Any) -> bool:
     """Whether a checkpoint's hyperparameters are a `MaskedLMTask`'s (pretraining, no classifier head)."""
     return isinstance(hparams, Mapping) and "mask_prob" in hparams
 
@@ -116,7 +114,7 @@ def task_of(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint>") ->
     or hand-edited checkpoint is refused).
     """
     hparams = _hparams(checkpoint, path)
-    if _is_masked_lm(hparams):
+    if is_masked_lm(hparams):
         raise CheckpointError(
             f"checkpoint {path} is a masked-LM pretraining checkpoint (MaskedLMTask): it has no classifier "
             "to evaluate; fine-tune it first (`model.init_from=` of a classification run)"
@@ -177,7 +175,7 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
             add_lora(model, lora, skip=finetune.frozen_modules)
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path}: its model config cannot be built: {err}") from None
-    weights = _model_weights(checkpoint)
+    weights = model_weights(checkpoint)
     expected = model.state_dict()
     mismatch = state_dict_mismatch(expected, weights)
     if mismatch:
@@ -208,27 +206,6 @@ def started_from(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
     it started from and what that one was imported from."""
     value = checkpoint.get(STARTED_FROM_KEY)
     return dict(value) if isinstance(value, Mapping) else None
-
-
-def init_origin(path: str | Path) -> dict[str, Any]:
-    """What a fine-tuning run records about its `model.init_from` checkpoint (`started_from`): its absolute
-    path and what it was imported from (its own `imported_from`, or the one its own start recorded: a
-    fine-tuned import fine-tuned again still names the original source). Reads the file memory-mapped:
-    its weights were loaded already."""
-    checkpoint = load_checkpoint(path, mmap=True)
-    imported = checkpoint.get("imported_from")
-    if not isinstance(imported, Mapping):
-        imported = (started_from(checkpoint) or {}).get("imported_from")
-    origin: dict[str, Any] = {"init_from": str(Path(path).resolve())}
-    if isinstance(imported, Mapping):
-        origin["imported_from"] = {k: v for k, v in imported.items() if k != "labels"}
-    return origin
-
-
-def imported_note(started: Mapping[str, Any] | None) -> str:
-    """ " (imported from SOURCE)" for a log line when a run's start (`init_origin`) was imported, else ""."""
-    imported = (started or {}).get("imported_from")
-    return f" (imported from {imported.get('source')})" if imported else ""
 
 
 def saved_tokenizers(checkpoint: Mapping[str, Any], kind: TaskKind) -> dict[str, str]:
@@ -273,141 +250,6 @@ def with_stable_keys(checkpoint: dict[str, Any]) -> dict[str, Any]:
         if state.get("class_names"):
             checkpoint[CLASS_NAMES_KEY] = state["class_names"]
     return checkpoint
-
-
-def load_pretrained_encoder(
-    model: TransformerClassifier, path: str | Path, tokenizers: Mapping[str, str] | None = None
-) -> int:
-    """Copy a `MaskedLMTask` checkpoint's encoder (`src_embed.*`, `encoder.*`) into `model`; returns the
-    number of tensors copied. The rest of `model` (the head) keeps its initialization.
-
-    `tokenizers` (the datamodule's `state_dict()["tokenizers"]`): when given, the checkpoint must have
-    been pretrained with the same tokenizer, since token ids only mean something under it.
-    """
-    checkpoint = load_checkpoint(path)
-    if not _is_masked_lm(checkpoint.get("hyper_parameters")):
-        raise CheckpointError(
-            f"model.init_from={path} is not a masked-LM pretraining checkpoint (MaskedLMTask, "
-            "`experiment=sst2_pretrain`); to continue a classification run use ckpt_path= instead"
-        )
-    return _copy_encoder(model, checkpoint, path, tokenizers)
-
-
-def _copy_encoder(
-    model: TransformerClassifier,
-    checkpoint: Mapping[str, Any],
-    path: str | Path,
-    tokenizers: Mapping[str, str] | None,
-) -> int:
-    """`load_pretrained_encoder`'s copy, of the loaded masked-LM `checkpoint`."""
-    if tokenizers is not None:
-        saved = saved_tokenizers(checkpoint, "classification") or None
-        if saved != tokenizers:
-            raise CheckpointError(
-                f"model.init_from={path} was pretrained with another tokenizer than this run's (compare "
-                "data.vocab_size, data.min_frequency and the training split): token ids would not match"
-            )
-    weights = {k: v for k, v in _model_weights(checkpoint).items() if k.startswith(_ENCODER_PREFIXES)}
-    expected = {k: v for k, v in model.state_dict().items() if k.startswith(_ENCODER_PREFIXES)}
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    mismatched = [
-        f"{key} {tuple(weights[key].shape)} vs {tuple(expected[key].shape)}"
-        for key in sorted(set(expected) & set(weights))
-        if weights[key].shape != expected[key].shape
-    ]
-    if missing or unexpected or mismatched:
-        raise CheckpointError(
-            f"model.init_from={path}: its encoder does not fit model.config (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}, shapes checkpoint vs here {mismatched[:3]}); pretrain and "
-            "fine-tune with the same d_model, n_heads, n_encoder_layers, d_ff, positional, norm_first"
-        )
-    model.load_state_dict(weights, strict=False)
-    return len(weights)
-
-
-def load_pretrained_classifier(
-    model: TransformerClassifier, path: str | Path, tokenizers: Mapping[str, str] | None = None
-) -> tuple[int, str]:
-    """`model.init_from` of a classification run: the encoder of a masked-LM checkpoint (the head stays
-    new), or every weight of a classification checkpoint (trained here, or an imported BERT), its head
-    too when it has as many classes (else the head stays new). Returns the number of tensors copied and
-    what they were ("encoder tensors", or "tensors" saying whether the head was kept or is new).
-    `tokenizers` as in `load_pretrained_translation`."""
-    checkpoint = load_checkpoint(path)
-    if _is_masked_lm(checkpoint.get("hyper_parameters")):
-        return _copy_encoder(model, checkpoint, path, tokenizers), "encoder tensors"
-    restored = restore_model(checkpoint, path)
-    if restored.task != "classification":
-        raise CheckpointError(
-            f"model.init_from={path} is a {restored.task} checkpoint: a classification run starts from a "
-            "masked-LM (experiment=sst2_pretrain) or a classification checkpoint"
-        )
-    _check_tokenizers(restored, path, tokenizers)
-    weights, expected = restored.model.state_dict(), model.state_dict()
-    head_fits = all(
-        key in weights and weights[key].shape == value.shape
-        for key, value in expected.items()
-        if key.startswith("head.")
-    )
-    if not head_fits:  # another number of classes: a new head
-        weights = {k: v for k, v in weights.items() if not k.startswith("head.")}
-    wanted = {k: v for k, v in expected.items() if head_fits or not k.startswith("head.")}
-    _check_fits(wanted, weights, path)
-    model.load_state_dict(weights, strict=head_fits)
-    classes, theirs = model.head.out_features, restored.model.head.out_features
-    if head_fits:
-        return len(weights), f"tensors, the classification head kept ({classes} classes)"
-    return len(
-        weights
-    ), f"tensors; the classification head is new ({classes} classes, the checkpoint's {theirs})"
-
-
-def load_pretrained_translation(
-    model: Seq2SeqTransformer, path: str | Path, tokenizers: Mapping[str, str] | None = None
-) -> int:
-    """Copy every weight of the translation checkpoint `path` (trained here, imported by aiayn-import, or a
-    LoRA run's, merged) into `model`; returns the number of tensors copied. `tokenizers` (the datamodule's
-    `state_dict()["tokenizers"]`): when given, they must be the checkpoint's, since token ids only mean
-    something under them."""
-    checkpoint = load_checkpoint(path)
-    if _is_masked_lm(checkpoint.get("hyper_parameters")):
-        raise CheckpointError(
-            f"model.init_from={path} is a masked-LM pretraining checkpoint: it starts a classifier "
-            "(experiment=sst2), not a translation model"
-        )
-    restored = restore_model(checkpoint, path)
-    if restored.task != "translation":
-        raise CheckpointError(
-            f"model.init_from={path} is a {restored.task} checkpoint: a translation run starts from a "
-            "translation checkpoint (trained here, or imported with aiayn-import)"
-        )
-    _check_tokenizers(restored, path, tokenizers)
-    weights = restored.model.state_dict()
-    _check_fits(model.state_dict(), weights, path)
-    model.load_state_dict(weights)
-    return len(weights)
-
-
-def _check_tokenizers(
-    restored: RestoredModel, path: str | Path, tokenizers: Mapping[str, str] | None
-) -> None:
-    """`model.init_from`'s checkpoint must have the run's tokenizers (when given): token ids mean
-    something only under them."""
-    if tokenizers is not None and (restored.tokenizers or None) != tokenizers:
-        raise CheckpointError(
-            f"model.init_from={path} was trained with another tokenizer than this run's: token ids would "
-            "not match (a fine-tuning run takes the checkpoint's tokenizer)"
-        )
-
-
-def _check_fits(expected: Mapping[str, Any], weights: Mapping[str, Any], path: str | Path) -> None:
-    """`model.init_from`'s weights must have the names and shapes the run's model expects."""
-    mismatch = state_dict_mismatch(expected, weights)
-    if mismatch:
-        raise CheckpointError(
-            f"model.init_from={path}: its weights do not fit model.config ({mismatch}); a fine-tuning run "
-            "takes the checkpoint's model config: leave model.config unset"
-        )
 
 
 def last_checkpoints(directory: str | Path, n: int) -> list[Path]:

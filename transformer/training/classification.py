@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from transformer.config import TransformerConfig
 from transformer.encoder_only import Pooling
-from transformer.evaluation.restore import imported_note, init_origin, load_pretrained_classifier
+from transformer.evaluation.init_from import imported_note, init_origin, load_pretrained_classifier
 from transformer.losses import symmetric_kl
 from transformer.model import TransformerClassifier
 from transformer.training.base import (

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.evaluation.restore import imported_note, init_origin, load_pretrained_translation
+from transformer.evaluation.init_from import imported_note, init_origin, load_pretrained_translation
 from transformer.evaluation.scoring import corpus_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
