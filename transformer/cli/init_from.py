@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.cli.errors import ConfigError
-from transformer.evaluation.restore import DATAMODULES, task_of
+from transformer.evaluation.restore import DATAMODULES, is_masked_lm, task_of
 
 log = logging.getLogger("train")
 
@@ -33,11 +33,6 @@ _KINDS = {"TranslationTask": "translation", "ClassificationTask": "classificatio
 
 def _kind(cfg: DictConfig) -> str | None:
     return _KINDS.get(str(cfg.model.get("_target_", "")).rsplit(".", 1)[-1])
-
-
-def _is_masked_lm(checkpoint: Mapping[str, Any]) -> bool:
-    hparams = checkpoint.get("hyper_parameters")
-    return isinstance(hparams, Mapping) and "mask_prob" in hparams
 
 
 def take_init_from(
@@ -60,7 +55,7 @@ def take_init_from(
             checkpoint = load_checkpoint(path)
         except CheckpointError as err:
             raise ConfigError(f"model.init_from: {err}") from None
-        if kind == "classification" and _is_masked_lm(checkpoint):
+        if kind == "classification" and is_masked_lm(checkpoint.get("hyper_parameters")):
             return None  # its encoder starts the classifier: the run's own config and tokenizer
         _check_task(checkpoint, path, kind)
         _check_languages(cfg, checkpoint, path)
@@ -84,7 +79,7 @@ def take_init_from(
 
 
 def _check_task(checkpoint: Mapping[str, Any], path: str, kind: str) -> None:
-    if _is_masked_lm(checkpoint):
+    if is_masked_lm(checkpoint.get("hyper_parameters")):
         raise ConfigError(
             f"model.init_from={path} is a masked-LM pretraining checkpoint: it starts a classifier "
             "(experiment=sst2), not a translation model"
