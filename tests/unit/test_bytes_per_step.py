@@ -53,9 +53,11 @@ def test_the_region_overrides_the_name(bps: ModuleType) -> None:
     assert dict(counter.read) == {"loss": 24, "matmul": 48} and counter.region is None
 
 
-def test_cuda_autocast_policy_only_while_counting(bps: ModuleType) -> None:
+def test_cuda_autocast_policy_only_while_counting() -> None:
+    from benchmarks.gpu.cuda_on_cpu import cuda_autocast_policy
+
     x = torch.randn(4, 8, dtype=torch.bfloat16)
-    with bps.cuda_autocast_policy(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with cuda_autocast_policy(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert F.layer_norm(x, (8,)).dtype == torch.float32  # CUDA autocast: LayerNorm in float32
         assert torch.softmax(x, -1).dtype == torch.float32
         assert F.linear(x.float(), x.float()).dtype == torch.bfloat16  # matmuls still in bf16
