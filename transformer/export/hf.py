@@ -124,8 +124,6 @@ def import_hf(
     head."""
     import transformers
 
-    from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
-
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise ExportError(f"{directory} has no config.json: not a transformers model directory")
@@ -145,6 +143,17 @@ def import_hf(
         )
     if num_classes is not None:
         raise ExportError(f"--num-classes is for BERT-family classifiers; {directory} is a Marian model")
+    return _import_marian(directory, output, config, source=source, force=force)
+
+
+def _import_marian(
+    directory: Path, output: str | Path, config: Any, *, source: str | None, force: bool
+) -> Path:
+    """`import_hf` of a Marian (OPUS-MT) directory whose config.json was read: checked, converted, written."""
+    import transformers
+
+    from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
+
     refusal = marian_refusal(config)
     if refusal is not None:
         raise ExportError(f"cannot import {directory}: {refusal}")
