@@ -188,56 +188,7 @@ def build_runner(
     `ours:compiled-layers` its `model.compile=layers`: the same padded step around compiled layers."""
     torch.manual_seed(0)
     if name == "ours" or name.startswith("ours:"):
-        variant = name.partition(":")[2]
-        settings = set(variant.split("+")) if variant else set()
-        if variant and (not settings <= COMBINABLE if "+" in variant else variant not in VARIANTS):
-            raise ValueError(
-                f"unknown variant {variant!r}; expected one of {VARIANTS}, or several of "
-                f"{sorted(COMBINABLE)} joined by '+'"
-            )
-        model = Seq2SeqTransformer(config)
-        if "lowprecisionresidual" in settings:  # model.low_precision_residual=true
-            residual_in_autocast_dtype(model)
-        compiled = variant in ("compiled", "compiled-layers")
-        if variant in ("pack", "nopack") or compiled:  # packing's shapes depend on the data: not compiled
-            model.pack_tokens = variant == "pack"
-        if variant == "torchdropout":
-            for module in list(model.modules()):
-                for child_name, child in module.named_children():
-                    if isinstance(child, Dropout):
-                        setattr(module, child_name, TorchDropout(child.p))
-        loss_fn = (
-            autograd_token_loss if variant == "autogradloss" else our_losses.label_smoothed_cross_entropy
-        )
-        packs = model.packing_on(device)
-        if compiled:
-            layers = variant == "compiled-layers"
-            if layers:
-                compile_layers(model, compile_backend)
-            step = CompiledStep(
-                lambda src, tgt_in, tgt_out: padded_token_loss(model, src, tgt_in, tgt_out, loss_fn),
-                "the training step's layers" if layers else "the training step",
-                backend=compile_backend,
-                whole=not layers,
-            )
-
-            def padded_step(b: Batch) -> Tensor:  # the task's lengths: multiples of LENGTH_MULTIPLE
-                return step(*(pad_length(t, PAD) for t in (b.src, b.tgt_in, b.tgt_out))).loss
-
-            return Runner(name, model, padded_step, False, False)
-        if "hostpacked" in settings:  # data.packing=true: packed on any device, no host read
-            fused = "fusedloss" in settings
-            return Runner(name, model, lambda b: host_packed_token_loss(model, b, fused), True, True)
-        if "fusedloss" in settings:
-            return Runner(name, model, lambda b: fused_token_loss(model, b, packs), packs, packs)
-        return Runner(
-            name,
-            model,
-            lambda b: ours_token_loss(model, b, loss_fn, packs),
-            packs,
-            packs,
-            fused_adamw=variant != "foreachadamw",
-        )
+        return _ours_runner(name, config, device, compile_backend)
     if name.startswith("ours@"):
         modules = revisions[name.split("@", 1)[1]]
         old_config = modules["config"].TransformerConfig(**vars(config))
@@ -261,4 +212,56 @@ def build_runner(
         return Runner(name, model, lambda b: reference_loss(model, b), False, False)
     raise ValueError(
         f"unknown model {name!r}; expected ours, ours:VARIANT, ours@REV, torch, torch:no-cudnn or marian"
+    )
+
+
+def _ours_runner(name: str, config: TransformerConfig, device: torch.device, compile_backend: str) -> Runner:
+    """`build_runner`'s ours and ours:VARIANT: the model with the variant's setting, its step and loss."""
+    variant = name.partition(":")[2]
+    settings = set(variant.split("+")) if variant else set()
+    if variant and (not settings <= COMBINABLE if "+" in variant else variant not in VARIANTS):
+        raise ValueError(
+            f"unknown variant {variant!r}; expected one of {VARIANTS}, or several of "
+            f"{sorted(COMBINABLE)} joined by '+'"
+        )
+    model = Seq2SeqTransformer(config)
+    if "lowprecisionresidual" in settings:  # model.low_precision_residual=true
+        residual_in_autocast_dtype(model)
+    compiled = variant in ("compiled", "compiled-layers")
+    if variant in ("pack", "nopack") or compiled:  # packing's shapes depend on the data: not compiled
+        model.pack_tokens = variant == "pack"
+    if variant == "torchdropout":
+        for module in list(model.modules()):
+            for child_name, child in module.named_children():
+                if isinstance(child, Dropout):
+                    setattr(module, child_name, TorchDropout(child.p))
+    loss_fn = autograd_token_loss if variant == "autogradloss" else our_losses.label_smoothed_cross_entropy
+    packs = model.packing_on(device)
+    if compiled:
+        layers = variant == "compiled-layers"
+        if layers:
+            compile_layers(model, compile_backend)
+        step = CompiledStep(
+            lambda src, tgt_in, tgt_out: padded_token_loss(model, src, tgt_in, tgt_out, loss_fn),
+            "the training step's layers" if layers else "the training step",
+            backend=compile_backend,
+            whole=not layers,
+        )
+
+        def padded_step(b: Batch) -> Tensor:  # the task's lengths: multiples of LENGTH_MULTIPLE
+            return step(*(pad_length(t, PAD) for t in (b.src, b.tgt_in, b.tgt_out))).loss
+
+        return Runner(name, model, padded_step, False, False)
+    if "hostpacked" in settings:  # data.packing=true: packed on any device, no host read
+        fused = "fusedloss" in settings
+        return Runner(name, model, lambda b: host_packed_token_loss(model, b, fused), True, True)
+    if "fusedloss" in settings:
+        return Runner(name, model, lambda b: fused_token_loss(model, b, packs), packs, packs)
+    return Runner(
+        name,
+        model,
+        lambda b: ours_token_loss(model, b, loss_fn, packs),
+        packs,
+        packs,
+        fused_adamw=variant != "foreachadamw",
     )
