@@ -18,10 +18,11 @@ import json
 import os
 import time
 from collections import Counter
+from typing import Any
 
 from benchmarks.common.machine import cpu_name
 from benchmarks.data.noisy_corpus import KINDS, make_noisy
-from data.clean import FILTERS, CleanSettings, fit, judge, new_report
+from data.clean import FILTERS, CleanSettings, PairFilter, fit, judge, new_report
 from data.sources import read_lines
 
 # the filter meant for each kind of noise (the one that must remove >= 95% of it)
@@ -37,6 +38,33 @@ OWN_FILTER = {
     "repetition": "repetition",
     "overlong": "length",
 }
+
+
+def _results_by_kind(
+    rows: list[tuple[str, str, str]], verdicts: list[list[str]], filters: list[PairFilter]
+) -> list[dict[str, Any]]:
+    """Per kind of noise (and the clean pairs): the share removed, the share its own filter removed, the
+    first rejecting filters; for the clean pairs what each filter would remove."""
+    results = []
+    for kind in (*KINDS, "clean"):
+        judged = [v for v, (_, _, k) in zip(verdicts, rows) if k == kind]
+        own = OWN_FILTER.get(kind)
+        row = {
+            "kind": kind,
+            "pairs": len(judged),
+            "removed_pct": round(100 * sum(bool(v) for v in judged) / len(judged), 2),
+            "own_filter": own,
+            "own_filter_pct": None
+            if own is None
+            else round(100 * sum(own in v for v in judged) / len(judged), 2),
+            "first": Counter(v[0] for v in judged if v).most_common(3),
+        }
+        if kind == "clean":
+            row["per_filter_pct"] = {
+                f.name: round(100 * sum(f.name in v for v in judged) / len(judged), 2) for f in filters
+            }
+        results.append(row)
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,25 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
     seconds_no_langid = time.perf_counter() - start
 
-    results = []
-    for kind in (*KINDS, "clean"):
-        judged = [v for v, (_, _, k) in zip(verdicts, rows) if k == kind]
-        own = OWN_FILTER.get(kind)
-        row = {
-            "kind": kind,
-            "pairs": len(judged),
-            "removed_pct": round(100 * sum(bool(v) for v in judged) / len(judged), 2),
-            "own_filter": own,
-            "own_filter_pct": None
-            if own is None
-            else round(100 * sum(own in v for v in judged) / len(judged), 2),
-            "first": Counter(v[0] for v in judged if v).most_common(3),
-        }
-        if kind == "clean":
-            row["per_filter_pct"] = {
-                f.name: round(100 * sum(f.name in v for v in judged) / len(judged), 2) for f in filters
-            }
-        results.append(row)
+    results = _results_by_kind(rows, verdicts, filters)
 
     print(
         f"CPU: {cpu_name()}; Multi30k train {args.src_lang}->{args.tgt_lang}, {len(rows)} pairs, "
