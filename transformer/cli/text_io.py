@@ -87,11 +87,7 @@ def translate_stream(
         else None
     )
     with contextlib.ExitStack() as stack:
-        if source != "-":
-            reader = text_lines(stack.enter_context(open(source, "rb")), name)
-        else:
-            binary = None if interactive else getattr(sys.stdin, "buffer", None)
-            reader = sys.stdin if binary is None else text_lines(binary, name)
+        reader = _reader(stack, source, name, interactive)
 
         # written aside and renamed at the end: a bad input line stops the run with the earlier files whole
         to_stdout = target in (None, "-")
@@ -155,11 +151,7 @@ def classify_stream(
         return [f"{prediction.label}\t{json.dumps(prediction.probabilities, ensure_ascii=False)}\n"]
 
     with contextlib.ExitStack() as stack:
-        if source != "-":
-            reader = text_lines(stack.enter_context(open(source, "rb")), name)
-        else:
-            binary = None if interactive else getattr(sys.stdin, "buffer", None)
-            reader = sys.stdin if binary is None else text_lines(binary, name)
+        reader = _reader(stack, source, name, interactive)
         to_stdout = target in (None, "-")
         writer = sys.stdout if to_stdout else stack.enter_context(writing_aside(target, "labels"))
         stream_lines(
@@ -170,6 +162,15 @@ def classify_stream(
             format_output=line,
             blank=True,
         )
+
+
+def _reader(stack: contextlib.ExitStack, source: str, name: str, interactive: bool) -> Iterable[str]:
+    """The input lines of `source` (a file, or - for stdin), decoded strictly (`text_lines`) unless typed
+    at a terminal."""
+    if source != "-":
+        return text_lines(stack.enter_context(open(source, "rb")), name)
+    binary = None if interactive else getattr(sys.stdin, "buffer", None)
+    return sys.stdin if binary is None else text_lines(binary, name)
 
 
 def _check_output(key: str, path: Path) -> None:

@@ -55,8 +55,9 @@ class InverseSqrtWarmup:
 
 
 @dataclass
-class CosineWithWarmup:
-    """Multiplier: linear warmup to 1, then half a cosine down to `min_ratio` at `total_steps`, flat after."""
+class _WarmupThenDecay:
+    """Multiplier: linear warmup to 1, then a decay (the subclass's `_decay` of the progress 0..1) down to
+    `min_ratio` at `total_steps`, flat after."""
 
     warmup_steps: int
     total_steps: int
@@ -77,33 +78,26 @@ class CosineWithWarmup:
         if step <= self.warmup_steps:
             return step / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self._decay(progress)
+
+    def _decay(self, progress: float) -> float:
+        raise NotImplementedError
+
+
+@dataclass
+class CosineWithWarmup(_WarmupThenDecay):
+    """Multiplier: linear warmup to 1, then half a cosine down to `min_ratio` at `total_steps`, flat after."""
+
+    def _decay(self, progress: float) -> float:
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 @dataclass
-class LinearWithWarmup:
+class LinearWithWarmup(_WarmupThenDecay):
     """Multiplier: linear warmup to 1, then a straight line down to `min_ratio` at `total_steps`, flat
     after (the fine-tuning schedule of BERT and of transformers' `get_linear_schedule_with_warmup`)."""
 
-    warmup_steps: int
-    total_steps: int
-    min_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check_steps("warmup_steps", self.warmup_steps, 0)
-        _check_steps("total_steps", self.total_steps, 1)
-        if self.total_steps <= self.warmup_steps:
-            raise ValueError(
-                f"total_steps ({self.total_steps}) must be larger than warmup_steps ({self.warmup_steps})"
-            )
-        if not 0.0 <= self.min_ratio <= 1.0:
-            raise ValueError(f"min_ratio must be in [0, 1], got {self.min_ratio!r}")
-
-    def __call__(self, index: int) -> float:
-        step = index + 1
-        if step <= self.warmup_steps:
-            return step / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+    def _decay(self, progress: float) -> float:
         return 1.0 - (1.0 - self.min_ratio) * progress
 
 
