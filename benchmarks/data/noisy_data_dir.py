@@ -1,0 +1,57 @@
+"""A Multi30k data directory whose train split is the noisy corpus of `noisy_corpus.py`.
+
+Writes `train.{src,tgt}.gz` (the noisy pairs), `train.kinds.txt` (each line's kind of noise, or "clean")
+and links val and test_2016_flickr to the clean originals, so that the directory is a
+`data.source=multi30k` `data_dir`. Used for issue 66's measurement: the recipe trained on noisy data with
+and without `data.clean` (docs/results.md).
+
+    python -m benchmarks.data.noisy_data_dir --data-dir $MULTI30K_DIR --output-dir noisy_multi30k
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.data.noisy_corpus import make_noisy
+from data.sources import read_lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default=os.environ.get("MULTI30K_DIR", "/work/shared/data/multi30k"))
+    parser.add_argument("--output-dir", required=True, help="a new directory (never overwritten)")
+    parser.add_argument("--src-lang", default="de")
+    parser.add_argument("--tgt-lang", default="en")
+    parser.add_argument("--third-lang", default="fr", help="the wrong language's sentences")
+    parser.add_argument("--share", type=float, default=0.05, help="share of the pairs per kind of noise")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = Path(args.output_dir)
+    if out.exists():
+        parser.exit(2, f"error: {out} exists; choose a new --output-dir\n")
+    source = Path(args.data_dir).resolve()
+    texts = [
+        read_lines(str(source / f"train.{lang}.gz"))
+        for lang in (args.src_lang, args.tgt_lang, args.third_lang)
+    ]
+    rows = make_noisy(*texts, share=args.share, seed=args.seed)
+    partial = out.with_name(out.name + ".partial")
+    partial.mkdir(parents=True)
+    for column, lang in enumerate((args.src_lang, args.tgt_lang)):
+        with gzip.open(partial / f"train.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.writelines(row[column].replace("\n", " ") + "\n" for row in rows)
+    (partial / "train.kinds.txt").write_text("".join(kind + "\n" for _, _, kind in rows), encoding="utf-8")
+    for split in ("val", "test_2016_flickr"):
+        for lang in (args.src_lang, args.tgt_lang):
+            (partial / f"{split}.{lang}.gz").symlink_to(source / f"{split}.{lang}.gz")
+    partial.rename(out)
+    kinds = Counter(kind for _, _, kind in rows)
+    print(f"wrote {out}: {len(rows)} train pairs, " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+
+
+if __name__ == "__main__":
+    main()
