@@ -1,0 +1,101 @@
+"""Target-language labels of multilingual translation: OPUS-MT's `>>fra<<`, fairseq's language tokens.
+
+A many-to-many or one-to-many model learns which language to produce from a label put at the start of
+the source (`>>de<< A dog runs.`). Each label is one atomic token of the source tokenizer (a special
+token of our BPE, a piece of an imported SentencePiece vocabulary), never split. The model does not
+change: the label is text the tokenizer knows, plus one decoding option (`target_lang`) that chooses it.
+A checkpoint lists its labels under the top-level key `LABELS_KEY`; a bilingual checkpoint has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+LABELS_KEY = "language_labels"  # the checkpoint's top-level key: `LanguageLabels.to_state()`
+DEFAULT_FORMAT = ">>{lang}<<"  # OPUS-MT's spelling; `data.labels.format` chooses another
+
+
+class LabelError(ValueError):
+    """A target language the model has no label for, or a label asked of a bilingual model."""
+
+
+@dataclass(frozen=True)
+class LanguageLabels:
+    """The label token of each target language, e.g. `{"de": ">>de<<", "fr": ">>fr<<"}`."""
+
+    labels: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            raise ValueError("a multilingual model needs at least one target-language label")
+        for lang, label in self.labels.items():
+            if not lang or not label or any(c.isspace() for c in label):
+                raise ValueError(f"the label of target language {lang!r} must be one word, got {label!r}")
+
+    @classmethod
+    def for_languages(cls, langs: Iterable[str], format: str = DEFAULT_FORMAT) -> LanguageLabels:
+        """Labels spelled by `format` (which must hold `{lang}`), in sorted language order."""
+        if "{lang}" not in format:
+            raise ValueError(f"a label format must contain {{lang}}, got {format!r}")
+        return cls({lang: format.format(lang=lang) for lang in sorted(set(langs))})
+
+    @property
+    def languages(self) -> list[str]:
+        return sorted(self.labels)
+
+    @property
+    def tokens(self) -> list[str]:
+        """The label tokens, in language order: the special tokens a tokenizer must keep whole."""
+        return [self.labels[lang] for lang in self.languages]
+
+    def label(self, lang: str | None, where: str = "target_lang") -> str:
+        """The label of `lang`; a missing or unknown language raises `LabelError` naming `where` and the
+        valid languages."""
+        if lang is None:
+            raise LabelError(
+                f"{where}: this model is multilingual; choose a target language: {self._valid()}"
+            )
+        if lang not in self.labels:
+            raise LabelError(f"{where}: unknown target language {lang!r}; this model knows {self._valid()}")
+        return self.labels[lang]
+
+    def labelled(self, text: str, lang: str | None, where: str = "target_lang") -> str:
+        """`text` with the label of `lang` in front, as the model saw its training sources."""
+        return f"{self.label(lang, where)} {text}"
+
+    def to_state(self) -> dict[str, Any]:
+        return {"labels": dict(self.labels)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any] | None) -> LanguageLabels | None:
+        """The labels a checkpoint lists under `LABELS_KEY`, or None for a bilingual model."""
+        if not state:
+            return None
+        return cls(dict(state["labels"]))
+
+    def _valid(self) -> str:
+        return ", ".join(self.languages)
+
+
+def labelled_sources(
+    texts: Iterable[str],
+    langs: Iterable[str | None],
+    labels: LanguageLabels | None,
+    where: str = "target_lang",
+    bilingual_target: str | None = None,
+) -> list[str]:
+    """Sources ready for the tokenizer: labelled for a multilingual model. A bilingual model (`labels`
+    None) gets them unchanged and ignores a `target_lang` equal to its own target (`bilingual_target`, when
+    known); any other language raises `LabelError`, since its output could not follow it."""
+    texts, langs = list(texts), list(langs)
+    if labels is None:
+        other = next((lang for lang in langs if lang is not None and lang != bilingual_target), None)
+        if other is not None and bilingual_target is not None:
+            raise LabelError(
+                f"{where}: {other!r} given, but this model translates into {bilingual_target!r} only (it has "
+                "no target-language labels)"
+            )
+        return texts
+    return [labels.labelled(text, lang, where) for text, lang in zip(texts, langs, strict=True)]

@@ -1,0 +1,52 @@
+"""data/labels.py: target-language labels, their errors and their checkpoint state."""
+
+import pytest
+
+from data.labels import LabelError, LanguageLabels, labelled_sources
+
+
+def test_labels_are_spelled_by_the_format_in_language_order() -> None:
+    labels = LanguageLabels.for_languages(["fr", "de", "fr"])
+    assert labels.labels == {"de": ">>de<<", "fr": ">>fr<<"}
+    assert labels.tokens == [">>de<<", ">>fr<<"]
+    assert LanguageLabels.for_languages(["de"], "<2{lang}>").labels == {"de": "<2de>"}
+    assert labels.labelled("A dog.", "fr") == ">>fr<< A dog."
+
+
+def test_state_round_trips_and_a_bilingual_checkpoint_has_none() -> None:
+    labels = LanguageLabels.for_languages(["de", "fr"])
+    assert LanguageLabels.from_state(labels.to_state()) == labels
+    assert LanguageLabels.from_state(None) is None
+
+
+@pytest.mark.parametrize(
+    ("lang", "message"),
+    [
+        (None, "choose a target language: de, fr"),
+        ("es", "unknown target language 'es'; this model knows de, fr"),
+    ],
+)
+def test_a_missing_or_unknown_language_names_the_valid_ones(lang: str | None, message: str) -> None:
+    with pytest.raises(LabelError, match=message):
+        LanguageLabels.for_languages(["de", "fr"]).label(lang, "translate.target_lang")
+
+
+def test_bad_formats_and_labels_are_refused() -> None:
+    with pytest.raises(ValueError, match="must contain"):
+        LanguageLabels.for_languages(["de"], ">>xx<<")
+    with pytest.raises(ValueError, match="one word"):
+        LanguageLabels({"de": ">> de <<"})
+    with pytest.raises(ValueError, match="at least one"):
+        LanguageLabels({})
+
+
+def test_labelled_sources_for_multilingual_and_bilingual_models() -> None:
+    labels = LanguageLabels.for_languages(["de", "fr"])
+    assert labelled_sources(["a", "b"], ["de", "fr"], labels) == [">>de<< a", ">>fr<< b"]
+    with pytest.raises(LabelError, match="line 2"):
+        labelled_sources(["a", "b"], ["de", None], labels, where="line 2")
+    # a bilingual model: its own target is ignored, as is any language when its target is unknown
+    assert labelled_sources(["a"], ["en"], None, bilingual_target="en") == ["a"]
+    assert labelled_sources(["a"], ["fr"], None) == ["a"]
+    with pytest.raises(LabelError, match="translates into 'en' only"):
+        labelled_sources(["a"], ["fr"], None, bilingual_target="en")
