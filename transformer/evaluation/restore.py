@@ -31,6 +31,7 @@ __all__ = [
     "model_weights",
     "restore_model",
     "saved_class_names",
+    "saved_language_labels",
     "saved_tokenizers",
     "task_of",
     "with_stable_keys",
@@ -48,6 +49,9 @@ DATAMODULES: dict[TaskKind, str] = {
 # names in id order, readable without knowing the datamodule class. Older checkpoints hold them only in the
 # datamodule's state (`DATAMODULES`); `saved_tokenizers` / `saved_class_names` read either.
 TOKENIZERS_KEY, CLASS_NAMES_KEY = "tokenizers", "class_names"
+# a multilingual model's target-language labels (`data.labels.LanguageLabels.to_state()`; evaluation may not
+# import data/, so `saved_language_labels` hands the raw state on); absent for a bilingual model
+LANGUAGE_LABELS_KEY = "language_labels"
 STARTED_FROM_KEY = "started_from"  # a fine-tuning run's `model.init_from` and its provenance (`init_origin`)
 _MODEL_PREFIX = "model."  # the tasks hold their network as `self.model`
 
@@ -65,6 +69,7 @@ class RestoredModel:
     epoch: int | None = None
     tokenizers: dict[str, str] = field(default_factory=dict)  # `saved_tokenizers`: JSON by side
     class_names: list[str] | None = None  # `saved_class_names` (classification)
+    language_labels: dict[str, Any] | None = None  # `saved_language_labels` (a multilingual model)
     imported_from: dict[str, Any] | None = None  # aiayn-import's provenance (None: trained here)
     # a fine-tuning run's start (`model.init_from`): {"init_from": absolute path, "imported_from": ...}
     started_from: dict[str, Any] | None = None
@@ -196,6 +201,7 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path = "<checkpoint
         epoch=checkpoint.get("epoch"),
         tokenizers=saved_tokenizers(checkpoint, kind),
         class_names=saved_class_names(checkpoint, kind) if kind == "classification" else None,
+        language_labels=saved_language_labels(checkpoint),
         imported_from=dict(imported) if isinstance(imported, Mapping) else None,
         started_from=started_from(checkpoint),
     )
@@ -221,6 +227,14 @@ def saved_tokenizers(checkpoint: Mapping[str, Any], kind: TaskKind) -> dict[str,
         if isinstance(saved, Mapping) and saved:
             return dict(saved)
     return {}
+
+
+def saved_language_labels(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A multilingual checkpoint's target-language labels as written (its top-level `language_labels`
+    key: `data.labels.LanguageLabels.to_state()`), None for a bilingual one; `LanguageLabels.from_state`
+    turns it into labels."""
+    state = checkpoint.get(LANGUAGE_LABELS_KEY)
+    return dict(state) if isinstance(state, Mapping) and state else None
 
 
 def saved_class_names(checkpoint: Mapping[str, Any], kind: TaskKind = "classification") -> list[str] | None:

@@ -8,7 +8,7 @@ and arguments instead of config keys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from torch import nn
 from data.tokenization import tokenizer_from_json
 from transformer.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from transformer.evaluation.restore import RestoredModel, last_checkpoints, lora_settings, restore_model
+from transformer.inference.languages import TargetLanguages
 from transformer.inference.outputs import InferenceError
 from transformer.search.ensemble import Ensemble
 
@@ -56,6 +57,11 @@ class Loaded:
         if codes == ("src", "tgt"):  # aiayn-import's placeholders: the model did not say
             return None, None
         return tuple(code if isinstance(code, str) else None for code in codes)  # type: ignore[return-value]
+
+    @property
+    def target_languages(self) -> TargetLanguages:
+        """The languages the model translates into: its labels (multilingual), else its target code."""
+        return TargetLanguages.of(self.first.language_labels, self.languages[1], self.paths[0])
 
 
 def as_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -152,6 +158,11 @@ def _combined(
             raise InferenceError("weights are for an ensemble: give a list of several checkpoint paths")
         return restored[0].model
     for other, path in zip(restored[1:], paths[1:]):
+        if other.language_labels != restored[0].language_labels:  # before the tokenizers: they hold them
+            raise InferenceError(
+                f"checkpoint {path} has the target-language labels {_labels_text(other)} but {paths[0]} has "
+                f"{_labels_text(restored[0])}: the members of an ensemble must share their labels"
+            )
         if other.tokenizers != restored[0].tokenizers:
             raise InferenceError(
                 f"checkpoints {path} and {paths[0]} have different tokenizers: an ensemble averages "
@@ -166,6 +177,13 @@ def _combined(
         return Ensemble([member.model for member in restored], values)
     except ValueError as err:
         raise InferenceError(f"weights: {err}") from None
+
+
+def _labels_text(restored: RestoredModel) -> str:
+    labels = (restored.language_labels or {}).get("labels")
+    if not isinstance(labels, Mapping) or not labels:
+        return "none (a bilingual model)"
+    return ", ".join(f"{lang}: {label}" for lang, label in sorted(labels.items()))
 
 
 def _tokenizers(restored: RestoredModel, path: Path) -> dict[str, Any]:

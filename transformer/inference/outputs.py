@@ -17,12 +17,14 @@ class InferenceError(ValueError):
 @dataclass(frozen=True)
 class Segment:
     """One input sentence and what its translation must start with (`prefix`), contain (`constraints`,
-    by Dynamic Beam Allocation) and leave out (`avoid`), as target text."""
+    by Dynamic Beam Allocation) and leave out (`avoid`), as target text; `target_lang`: the language to
+    translate it into (a multilingual model's; None: the call's or the translator's default)."""
 
     text: str
     prefix: str | None = None
     constraints: tuple[str, ...] = ()
     avoid: tuple[str, ...] = ()
+    target_lang: str | None = None
 
 
 @dataclass(frozen=True)
