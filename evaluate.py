@@ -68,7 +68,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         decoding = DecodingSettings.from_values(cfg.get("decode"), saved, prefix="decode.")
     torch.manual_seed(evaluate_steps.seed(cfg))  # sampling's draws: the same command, the same output
     if translating:
-        text_io.translate_stream(cfg.translate, model, datamodule, decoding, device)
+        targets = text_io.target_languages(restored_all, paths_given)
+        text_io.translate_stream(cfg.translate, model, datamodule, decoding, device, targets)
         return {}
     if classifying:
         text_io.classify_stream(cfg.classify, model, datamodule, restored.class_names, device)

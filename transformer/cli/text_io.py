@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,7 +24,9 @@ from transformer.cli.word_alignments import Aligner, piece_function
 from transformer.disk import writing_aside
 from transformer.evaluation.n_best import n_best_lines
 from transformer.inference.classifier import Classifier
-from transformer.inference.outputs import Prediction
+from transformer.inference.languages import TargetLanguages
+from transformer.inference.loading import check_shared_labels, target_languages_of
+from transformer.inference.outputs import InferenceError, Prediction
 from transformer.inference.translator import Translator, unsatisfiable_rows
 from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings
@@ -57,11 +59,14 @@ def translate_stream(
     datamodule: Any,
     decoding: DecodingSettings,
     device: torch.device,
+    targets: TargetLanguages | None = None,
 ) -> None:
     """Translate lines from stdin or a file to stdout or a file with `model` (one, or an ensemble): one
     output line per input line, or with decoding.n_best > 1 the n-best lines `id ||| hypothesis |||
     score` of every non-blank input line (id = its 0-based line number). translate.format=jsonl: one
-    JSON object a line in (`translate_input`), one out; translate.alignments=FILE: Pharaoh lines."""
+    JSON object a line in (`translate_input`), one out; translate.alignments=FILE: Pharaoh lines.
+    `targets`: what the checkpoint translates into (`target_languages`); translate.target_lang, or a JSONL
+    line's target_lang, chooses one of a multilingual model's."""
     source, target, alignments = str(options.input), options.get("output"), options.get("alignments")
     form = str(options.get("format") or "text")
     if form not in FORMATS:
@@ -73,11 +78,16 @@ def translate_stream(
     for key, path in (("translate.output", target), ("translate.alignments", alignments)):
         if path not in (None, "-"):
             _check_output(key, Path(str(path)))
+    targets = targets or TargetLanguages()
+    target_lang = options.get("target_lang")
+    _check_target_lang(targets, target_lang, form)
     name = "stdin" if source == "-" else source
     interactive = source == "-" and sys.stdin.isatty()
     if interactive:
         log.info("Type a sentence and press Enter (Ctrl-D ends)")
-    translate = _translator(model, datamodule, decoding, device, name, alignments is not None)
+    translate = _translator(
+        model, datamodule, decoding, device, name, alignments is not None, targets, target_lang
+    )
     tokenizer = datamodule.tgt_tokenizer
     parse = (
         EntryParser(
@@ -181,12 +191,44 @@ def _check_output(key: str, path: Path) -> None:
         raise ConfigError(f"{key}={path}: the folder {path.parent} does not exist (create it first)")
 
 
+def target_languages(restored: Sequence[Any], paths: Sequence[Path]) -> TargetLanguages:
+    """What the checkpoint(s) of `paths` translate into (an ensemble's members must share their labels):
+    one ConfigError line naming the member otherwise."""
+    try:
+        check_shared_labels(restored, paths)
+        return target_languages_of(restored[0], paths[0])
+    except InferenceError as err:
+        raise ConfigError(f"ckpt_path: {err}") from None
+
+
+def _check_target_lang(targets: TargetLanguages, target_lang: Any, form: str) -> None:
+    """translate.target_lang checked before any line is read: a language the model knows (a bilingual
+    model: its own target, or none), given for a multilingual model's plain-text input."""
+    if target_lang is not None and not isinstance(target_lang, str):
+        raise ConfigError(f"translate.target_lang must be a language code, got {target_lang!r}")
+    if target_lang is None and targets.multilingual and form == "text":
+        raise ConfigError(
+            "translate.target_lang: this model is multilingual; choose a target language: "
+            f"{', '.join(targets.languages)} (or give each line its target_lang with translate.format=jsonl)"
+        )
+    try:
+        targets.check(target_lang, "translate.target_lang")
+    except InferenceError as err:
+        raise ConfigError(str(err)) from None
+
+
 def translator_of(
-    model: Any, datamodule: Any, decoding: DecodingSettings, device: torch.device
+    model: Any,
+    datamodule: Any,
+    decoding: DecodingSettings,
+    device: torch.device,
+    targets: TargetLanguages | None = None,
+    target_lang: str | None = None,
 ) -> Translator:
     """The inference API's `Translator` of `model` (one, or an ensemble) with the datamodule's tokenizers
-    and batching (its `max_len` and `eval_max_tokens`, overrides included): evaluate.py's text translation
-    and distillation's teachers decode through it."""
+    and batching (its `max_len` and `eval_max_tokens`, overrides included), into `target_lang` of `targets`
+    (a multilingual model's): evaluate.py's text translation and distillation's teachers decode through
+    it."""
     return Translator(
         model,
         datamodule.src_tokenizer,
@@ -195,21 +237,34 @@ def translator_of(
         max_len=datamodule.max_len,
         max_tokens=datamodule.eval_max_tokens,
         device=device,
+        target_languages=targets,
+        target_lang=target_lang,
     )
 
 
 def _translator(
-    model: Any, datamodule: Any, decoding: DecodingSettings, device: torch.device, name: str, align: bool
+    model: Any,
+    datamodule: Any,
+    decoding: DecodingSettings,
+    device: torch.device,
+    name: str,
+    align: bool,
+    targets: TargetLanguages,
+    target_lang: str | None,
 ) -> Callable[[list[Any]], list[Translation]]:
-    """Texts (or JSONL `Entry`s) -> their `Translation`s, decoded in the inference API's batches."""
-    translator = translator_of(model, datamodule, decoding, device)
+    """Texts (or JSONL `Entry`s) -> their `Translation`s, decoded in the inference API's batches, each
+    into its target language (its line's, else `target_lang`)."""
+    translator = translator_of(model, datamodule, decoding, device, targets, target_lang)
     config = model.config
     specials = {config.pad_id, config.bos_id, config.eos_id}
+    # a source's label is no word of it: its alignments count the words of the line as given
+    labels = targets.labels.tokens if targets.labels is not None else []
+    label_ids = {i for label in labels for i in datamodule.src_tokenizer.encode(label)} - specials
     aligner = (
         Aligner(
             model,
             decoding.alignment_layer,
-            piece_function(datamodule.src_tokenizer, specials),
+            piece_function(datamodule.src_tokenizer, specials | label_ids),
             piece_function(datamodule.tgt_tokenizer, specials),
         )
         if align
@@ -221,7 +276,11 @@ def _translator(
         outputs: list[Translation] = [Translation([]) for _ in entries]
         requests = [entry.request for entry in entries]
         batches = translator.decoded_batches(
-            [entry.src for entry in entries], decoding, requests=requests if any(requests) else None
+            [entry.src for entry in entries],
+            decoding,
+            requests=requests if any(requests) else None,
+            target_langs=[entry.target_lang for entry in entries],
+            where=[f"{name} line {entry.line}: target_lang" for entry in entries],
         )
         for batch in batches:
             mine = [entries[i] for i in batch.indices]

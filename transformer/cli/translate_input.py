@@ -1,6 +1,7 @@
 """What `evaluate.py translate.input=FILE|-` reads: lines of UTF-8 text (a line that is not names its file
 and line), and with `translate.format=jsonl` one JSON object a line, the source and what its translation
-must start with, contain or avoid, checked and encoded as the target tokenizer encodes the output."""
+must start with, contain or avoid, checked and encoded as the target tokenizer encodes the output, and the
+language to translate it into (`target_lang`, a multilingual model's; checked when the line is decoded)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from transformer.search.constraints import TargetRequest
 __all__ = ["FORMATS", "KEYS", "Entry", "EntryParser", "text_lines"]
 
 FORMATS = ("text", "jsonl")
-KEYS = ("src", "prefix", "constraints", "avoid")  # src required, the others optional
+KEYS = ("src", "prefix", "constraints", "avoid", "target_lang")  # src required, the others optional
 
 
 def text_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -33,11 +34,13 @@ def text_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class Entry:
-    """One JSONL input line: its number (1-based), its source text and its target request."""
+    """One JSONL input line: its number (1-based), its source text, its target request and its target
+    language (None: translate.target_lang)."""
 
     line: int
     src: str
     request: TargetRequest
+    target_lang: str | None = None
 
 
 class EntryParser:
@@ -67,6 +70,9 @@ class EntryParser:
         src = item.get("src")
         if not isinstance(src, str) or not src.strip():
             raise ConfigError(f"{where}: src must be a non-empty string, got {src!r}")
+        target_lang = item.get("target_lang")
+        if target_lang is not None and (not isinstance(target_lang, str) or not target_lang.strip()):
+            raise ConfigError(f"{where}: target_lang must be a language code (a string), got {target_lang!r}")
         prefix = item.get("prefix", "")
         if not isinstance(prefix, str):
             raise ConfigError(f"{where}: prefix must be a string, got {prefix!r}")
@@ -79,7 +85,7 @@ class EntryParser:
             check_no_conflict(where, request, item.get("avoid", []))
         except InferenceError as err:
             raise ConfigError(str(err)) from None
-        return Entry(number, " ".join(src.split()), request)
+        return Entry(number, " ".join(src.split()), request, target_lang)
 
 
 _EXPECTED = (

@@ -23,7 +23,16 @@ from transformer.inference.languages import TargetLanguages
 from transformer.inference.outputs import InferenceError
 from transformer.search.ensemble import Ensemble
 
-__all__ = ["Loaded", "as_paths", "device_of", "load", "max_tokens_of"]
+__all__ = [
+    "Loaded",
+    "as_paths",
+    "check_shared_labels",
+    "device_of",
+    "languages_of",
+    "load",
+    "max_tokens_of",
+    "target_languages_of",
+]
 
 # The datamodules' own defaults for what a checkpoint's data section may leave out (an imported model's):
 # data.datamodules cannot be imported here (Lightning); tests/unit/test_inference.py checks they agree.
@@ -52,16 +61,37 @@ class Loaded:
     @property
     def languages(self) -> tuple[str | None, str | None]:
         """(source, target) language codes when the checkpoint's data section names them."""
-        data = self.first.run_config.get("data") or {}
-        codes = (data.get("src_lang"), data.get("tgt_lang"))
-        if codes == ("src", "tgt"):  # aiayn-import's placeholders: the model did not say
-            return None, None
-        return tuple(code if isinstance(code, str) else None for code in codes)  # type: ignore[return-value]
+        return languages_of(self.first)
 
     @property
     def target_languages(self) -> TargetLanguages:
         """The languages the model translates into: its labels (multilingual), else its target code."""
-        return TargetLanguages.of(self.first.language_labels, self.languages[1], self.paths[0])
+        return target_languages_of(self.first, self.paths[0])
+
+
+def languages_of(restored: RestoredModel) -> tuple[str | None, str | None]:
+    """(source, target) language codes when the checkpoint's data section names them."""
+    data = restored.run_config.get("data") or {}
+    codes = (data.get("src_lang"), data.get("tgt_lang"))
+    if codes == ("src", "tgt"):  # aiayn-import's placeholders: the model did not say
+        return None, None
+    return tuple(code if isinstance(code, str) else None for code in codes)  # type: ignore[return-value]
+
+
+def target_languages_of(restored: RestoredModel, path: Path | str) -> TargetLanguages:
+    """What a restored translation checkpoint translates into: its labels, else its target code."""
+    return TargetLanguages.of(restored.language_labels, languages_of(restored)[1], path)
+
+
+def check_shared_labels(restored: Sequence[RestoredModel], names: Sequence[Path | str]) -> None:
+    """InferenceError naming the first member of an ensemble whose target-language labels differ from the
+    first member's (`names`: how each member is named in the message)."""
+    for other, name in zip(restored[1:], names[1:]):
+        if other.language_labels != restored[0].language_labels:
+            raise InferenceError(
+                f"checkpoint {name} has the target-language labels {_labels_text(other)} but {names[0]} has "
+                f"{_labels_text(restored[0])}: the members of an ensemble must share their labels"
+            )
 
 
 def as_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -157,12 +187,8 @@ def _combined(
         if weights is not None:
             raise InferenceError("weights are for an ensemble: give a list of several checkpoint paths")
         return restored[0].model
+    check_shared_labels(restored, paths)  # before the tokenizers, which hold the labels
     for other, path in zip(restored[1:], paths[1:]):
-        if other.language_labels != restored[0].language_labels:  # before the tokenizers: they hold them
-            raise InferenceError(
-                f"checkpoint {path} has the target-language labels {_labels_text(other)} but {paths[0]} has "
-                f"{_labels_text(restored[0])}: the members of an ensemble must share their labels"
-            )
         if other.tokenizers != restored[0].tokenizers:
             raise InferenceError(
                 f"checkpoints {path} and {paths[0]} have different tokenizers: an ensemble averages "
