@@ -13,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 CONFIGS = REPO_ROOT / "configs"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from tests.conftest import _data_dir
-from tests.pretrained import multi30k_lines
+from tests.helpers.datasets import data_dir
+from tests.helpers.pretrained import multi30k_lines
 
 
 def quiet_marian_tokenizer(directory: Path) -> transformers.MarianTokenizer:
@@ -26,7 +26,7 @@ def train_to_copy(directory: Path, steps: int = 100) -> None:
     tokenizer = quiet_marian_tokenizer(directory)
     config = transformers.MarianConfig.from_pretrained(directory)
     generation = transformers.GenerationConfig.from_pretrained(directory)
-    lines = multi30k_lines(_data_dir("MULTI30K_DIR"), "train.de.gz", 1984)
+    lines = multi30k_lines(data_dir("MULTI30K_DIR"), "train.de.gz", 1984)
     batch = tokenizer(lines, return_tensors="pt", padding=True, truncation=True, max_length=16)
     labels = batch.input_ids.masked_fill(batch.attention_mask.eq(0), -100)
     with torch.random.fork_rng():

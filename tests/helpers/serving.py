@@ -17,7 +17,8 @@ import pytest
 import uvicorn
 
 from data.synthetic import make_synthetic_splits
-from tests.conftest import REPO_ROOT, run_script
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT
 from tests.helpers.trained import train_run
 from transformer.serving.config import ServeSettings
 

@@ -8,7 +8,7 @@ import torch
 
 import transformer.search.compiled as compiled
 import transformer.search.static_cache as static_cache
-from tests.tiny import tiny_seq2seq, tiny_sources
+from tests.helpers.tiny import tiny_seq2seq, tiny_sources
 from transformer.model import Seq2SeqTransformer
 from transformer.search.decoding import DecodingSettings, search
 
@@ -23,12 +23,12 @@ SEARCHES = {
 
 
 def seq2seq(seed: int, d_model: int = 32, layers: int = 2, **overrides: Any) -> Seq2SeqTransformer:
-    """A tiny model of VOCAB words (tests/tiny.py) from `seed`."""
+    """A tiny model of VOCAB words (tests/helpers/tiny.py) from `seed`."""
     return tiny_seq2seq(seed, vocab=VOCAB, d_model=d_model, layers=layers, **overrides)
 
 
 def sources(batch: int, seed: int = 0) -> torch.Tensor:
-    """(batch, 14) source ids of VOCAB words, right-padded (tests/tiny.py)."""
+    """(batch, 14) source ids of VOCAB words, right-padded (tests/helpers/tiny.py)."""
     return tiny_sources(batch, vocab=VOCAB, seed=seed)
 
 

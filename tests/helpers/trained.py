@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, run_script
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT
 from tests.helpers.sst import TINY_SST, write_sst
 
 # The quickstart experiment, shrunk: a few dozen steps of a tiny model. Decoding is capped at

@@ -9,14 +9,13 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
+from tests.helpers import forkserver
+from tests.helpers.cli import run_script
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +23,11 @@ pytestmark = pytest.mark.slow
 def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) -> None:
     # nosuch: a case that fails
     models = "ours,ours:compiled,torch,torch:no-cudnn,torch:compiled,marian,nosuch"
-    done = forkserver.run(
-        [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--models", models,
-         "--results-dir", str(tmp_path)],
-        cwd=REPO_ROOT, env=cli_env(), timeout=600,
-    )  # fmt: skip
+    done = run_script(
+        "benchmarks.gpu.bench_gpu",
+        ["--smoke", "--models", models, "--results-dir", str(tmp_path)],
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("{"))
     (written,) = tmp_path.glob("*_cpu_smoke_bench_gpu.txt")  # the table and the JSON line, as printed
@@ -61,11 +60,11 @@ def test_bench_gpu_smoke_runs_every_case_and_reports_failures(tmp_path: Path) ->
 
 def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> None:
     """Cases in value order under --budget-s; those past it are in the table and the JSON as skipped."""
-    done = forkserver.run(
-        [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--budget-s", "0",
-         "--results-dir", str(tmp_path)],
-        cwd=REPO_ROOT, env=cli_env(), timeout=600,
-    )  # fmt: skip
+    done = run_script(
+        "benchmarks.gpu.bench_gpu",
+        ["--smoke", "--budget-s", "0", "--results-dir", str(tmp_path)],
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
     assert all("skipped" in row for row in result["train"].values())
@@ -75,9 +74,8 @@ def test_bench_gpu_budget_reports_the_cases_it_did_not_reach(tmp_path: Path) -> 
 
 def test_bench_gpu_leaves_every_finished_row_when_it_is_killed(tmp_path: Path) -> None:
     """The results file grows row by row: a run killed (a time limit) keeps what it measured."""
-    command = [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke", "--models", "ours,torch",
-               "--results-dir", str(tmp_path)]  # fmt: skip
-    bench = forkserver.in_a_thread(forkserver.run, command, cwd=REPO_ROOT, env=cli_env(), timeout=600)
+    args = ["--smoke", "--models", "ours,torch", "--results-dir", str(tmp_path)]
+    bench = forkserver.in_a_thread(run_script, "benchmarks.gpu.bench_gpu", args, timeout=600)
     with bench as (pid, run):
         try:
             deadline = time.monotonic() + 300

@@ -1,7 +1,7 @@
 """Every benchmark's `--smoke` mode (tiny shapes on the CPU) runs as `python -m benchmarks.<group>.<name>`
 and prints its JSON line. The scripts that run in-process run one after another in a single child
 interpreter (the libraries imported once); those that start processes of their own run alone and are slow.
-Both forked from the warm interpreter of tests/forkserver.py.
+Both forked from the warm interpreter of tests/helpers/forkserver.py.
 `decode_ab --kv-cache` is left out: its compiled mode needs inductor's C++ compiler and minutes."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT, cli_env
 
 CKPT, DATA = "{smoke_ckpt}", "{multi30k}"  # a tiny translation checkpoint made by the fixture; $MULTI30K_DIR
 IN_PROCESS = {
@@ -110,10 +110,12 @@ def in_process(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> tupl
     ckpt = smoke_checkpoint(out / "smoke.ckpt", multi30k)
     given = {CKPT: str(ckpt), DATA: str(multi30k)}
     cases = [[case, [given.get(a, a) for a in args]] for case, args in IN_PROCESS.items()]
-    done = forkserver.run(
-        [sys.executable, "-m", "tests.integration.test_benchmarks_smoke", json.dumps(cases), str(out)],
-        cwd=REPO_ROOT, env=cli_env(MULTI30K_DIR=str(multi30k)), timeout=900,
-    )  # fmt: skip
+    done = run_script(
+        "tests.integration.test_benchmarks_smoke",
+        [json.dumps(cases), str(out)],
+        env=cli_env(MULTI30K_DIR=str(multi30k)),
+        timeout=900,
+    )
     assert done.returncode == 0 and (out / "results.json").is_file(), done.stderr[-3000:]
     return json.loads((out / "results.json").read_text()), out
 
@@ -133,10 +135,9 @@ def test_smoke_in_process(case: str, in_process: tuple[dict, Path]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(OWN_PROCESSES))
 def test_smoke_own_processes(case: str, multi30k: Path) -> None:
-    done = forkserver.run(
-        [sys.executable, "-m", _module(case), *OWN_PROCESSES[case]],
-        cwd=REPO_ROOT, env=cli_env(MULTI30K_DIR=str(multi30k)), timeout=600,
-    )  # fmt: skip
+    done = run_script(
+        _module(case), OWN_PROCESSES[case], env=cli_env(MULTI30K_DIR=str(multi30k)), timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert _last_json(done.stdout)
 

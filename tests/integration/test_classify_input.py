@@ -1,8 +1,8 @@
 """`evaluate.py ckpt_path=CLS.ckpt classify.input=FILE|-`: a classifier labels the user's own text lines, on a
-tiny BERT imported here (`tests.pretrained.bert_directory`): the labels and probabilities are transformers'
-for the same texts, one output line per input line (blank for blank), text and JSONL formats, a file out;
-the other task's text option is refused in one line naming the right one. The evaluation of an imported
-checkpoint names what it was imported from (console, metrics.json, report.md).
+tiny BERT imported here (`tests.helpers.pretrained.bert_directory`): the labels and probabilities are
+transformers' for the same texts, one output line per input line (blank for blank), text and JSONL formats, a
+file out; the other task's text option is refused in one line naming the right one. The evaluation of an
+imported checkpoint names what it was imported from (console, metrics.json, report.md).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tests.conftest import _data_dir, run_script  # noqa: E402
-from tests.pretrained import bert_directory, sst2_lines  # noqa: E402
+from tests.helpers.cli import run_script  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import bert_directory, sst2_lines  # noqa: E402
 from transformer.export.import_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow  # evaluate.py runs as a process
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow  # evaluate.py runs as a process
 def imported_bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the transformers directory, the imported checkpoint)."""
     root = tmp_path_factory.mktemp("bert")
-    source = bert_directory(root / "bert", _data_dir("SST2_DIR"), num_labels=2)
+    source = bert_directory(root / "bert", data_dir("SST2_DIR"), num_labels=2)
     assert main([str(source), "--output", str(root / "imported")]) == 0
     return source, root / "imported" / "model.ckpt"
 
@@ -40,7 +41,7 @@ def _expected(source: Path, texts: list[str]) -> torch.Tensor:
 
 def test_classify_input_labels_text_as_transformers_does(imported_bert, tmp_path: Path) -> None:
     source, ckpt = imported_bert
-    texts = sst2_lines(_data_dir("SST2_DIR"), "dev", 6)
+    texts = sst2_lines(data_dir("SST2_DIR"), "dev", 6)
     expected = _expected(source, texts)
     config = transformers.AutoConfig.from_pretrained(source)
     names = [config.id2label[i] for i in range(2)]  # the import keeps transformers' class names
@@ -106,7 +107,7 @@ def test_evaluating_an_import_names_where_it_came_from(imported_bert, tmp_path: 
     source, ckpt = imported_bert
     small = tmp_path / "sst2"  # 8 dev sentences in the GLUE layout
     small.mkdir()
-    lines = (_data_dir("SST2_DIR") / "dev.tsv").read_text(encoding="utf-8").splitlines()[:9]
+    lines = (data_dir("SST2_DIR") / "dev.tsv").read_text(encoding="utf-8").splitlines()[:9]
     (small / "dev.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "eval"
     result = run_script(

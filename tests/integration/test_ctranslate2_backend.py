@@ -21,10 +21,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
 from data.synthetic import make_synthetic_splits
-from tests.conftest import _data_dir
 from tests.helpers import trained
+from tests.helpers.datasets import data_dir
 from tests.helpers.opus_mt import train_to_copy
-from tests.pretrained import multi30k_lines, opus_mt_directory
+from tests.helpers.pretrained import multi30k_lines, opus_mt_directory
 from transformer.checkpoint import load_checkpoint
 from transformer.export.hf import import_hf
 from transformer.inference import InferenceError, Segment, Translation, Translator, load
@@ -62,9 +62,9 @@ def quickstart(translation_run: Path) -> tuple[Path, list[str]]:
 @pytest.fixture(scope="module")
 def opus_mt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("ct2-opus-mt")
-    directory = opus_mt_directory(root / "opus-mt-de-en", _data_dir("MULTI30K_DIR"))
+    directory = opus_mt_directory(root / "opus-mt-de-en", data_dir("MULTI30K_DIR"))
     train_to_copy(directory)
-    sentences = multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.de.gz", N_MULTI30K)
+    sentences = multi30k_lines(data_dir("MULTI30K_DIR"), "test_2016_flickr.de.gz", N_MULTI30K)
     return import_hf(directory, root / "imported"), sentences
 
 

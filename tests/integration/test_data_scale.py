@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.data_digest import digest, real_datamodules, write_fixture
-from tests.helpers.train_cli import TINY, train_cli
+from tests.helpers.cli import TINY, run_script
+from tests.helpers.data_digest import digest, real_datamodules, write_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,9 @@ def _logs(run_dir: Path) -> dict[str, str]:
 def test_ddp_ranks_tokenize_once_then_later_runs_only_read(tmp_path: Path) -> None:
     data = write_fixture(tmp_path / "corpus")
     common = [*FIXTURE_RUN, f"data.data_dir={data}", f"paths.cache_dir={tmp_path / 'cache'}"]
-    ddp = train_cli([*common, "trainer=ddp_cpu", f"hydra.run.dir={tmp_path / 'ddp'}"], cwd=tmp_path)
+    ddp = run_script(
+        "train.py", [*common, "trainer=ddp_cpu", f"hydra.run.dir={tmp_path / 'ddp'}"], cwd=tmp_path
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     logs = _logs(tmp_path / "ddp")
     rank1 = logs.pop("train_ddp_process_1.log")
@@ -44,13 +46,13 @@ def test_ddp_ranks_tokenize_once_then_later_runs_only_read(tmp_path: Path) -> No
     assert "Prepared" not in rank1 and "Training BPE" not in rank1
     assert rank1.count("Using cache entry") == 3 and "Reusing tokenizer" in rank1
     # the preprocess step and a later run read everything from the cache
-    prepare = train_cli(
-        [*common, "train=false", "test=false", f"hydra.run.dir={tmp_path / 'prep'}"], cwd=tmp_path
+    prepare = run_script(
+        "train.py", [*common, "train=false", "test=false", f"hydra.run.dir={tmp_path / 'prep'}"], cwd=tmp_path
     )
     assert prepare.returncode == 0, prepare.stderr[-3000:]
     (prep_log,) = _logs(tmp_path / "prep").values()
     assert "Prepared" not in prep_log and prep_log.count("Using cache entry") == 3
-    again = train_cli([*common, f"hydra.run.dir={tmp_path / 'again'}"], cwd=tmp_path)
+    again = run_script("train.py", [*common, f"hydra.run.dir={tmp_path / 'again'}"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     (log,) = _logs(tmp_path / "again").values()
     assert "Prepared" not in log and "Training BPE" not in log and log.count("Using cache entry") == 3
@@ -58,8 +60,8 @@ def test_ddp_ranks_tokenize_once_then_later_runs_only_read(tmp_path: Path) -> No
     assert metrics["global_step"] == 4 and metrics["test/n_sentences"] == 48
 
 
-# tests/data_digest.py on 859cf18, with MULTI30K_DIR and SST2_DIR set (real_datamodules: the experiments'
-# data settings)
+# tests/helpers/data_digest.py on 859cf18, with MULTI30K_DIR and SST2_DIR set (real_datamodules: the
+# experiments' data settings)
 GOLDEN_REAL = {
     "multi30k": {
         "test": "44b7190e8e475b54",

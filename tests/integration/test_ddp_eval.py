@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import IN_PROCESS, TINY, run_script
 from tests.helpers.configs import compose_train_cfg
-from tests.helpers.train_cli import IN_PROCESS, TINY, train_cli
 from train import train
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ def test_ddp_test_only_run_shards_decoding_and_scores_like_one_process(tmp_path:
     ckpt = single["best_ckpt_path"]
     run_dir = tmp_path / "ddp"
     args = [*TINY, SMALL_BATCHES, "train=false", f"ckpt_path={ckpt}", "trainer=ddp_cpu"]
-    done = train_cli([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    done = run_script("train.py", [*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ddp = json.loads((run_dir / "metrics.json").read_text())
     for name in ("test/bleu", "test/bleu_lc", "test/chrf", "test/exact_match", "test/n_sentences"):

@@ -10,15 +10,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
+from tests.helpers.cli import run_script
 
 # the quickstart, cut to the fewest steps that still write the second epoch's checkpoint
 COMMAND = [
@@ -59,8 +57,9 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
 
 
 def _train(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(REPO_ROOT / "train.py"), *COMMAND, f"hydra.run.dir={run_dir}"]
-    return forkserver.run(command, cwd=REPO_ROOT, env=cli_env(), timeout=600)  # a real process, forked
+    return run_script(
+        "train.py", [*COMMAND, f"hydra.run.dir={run_dir}"], timeout=600
+    )  # a real process, forked
 
 
 def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_continues(small_filesystem: Path) -> None:

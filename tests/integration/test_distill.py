@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_script
+from tests.helpers.cli import IN_PROCESS, TINY, run_script
 from tests.helpers.configs import compose_train_cfg
 from tests.helpers.sst import TINY_SST, write_sst
-from tests.helpers.train_cli import IN_PROCESS, TINY
 from train import prepare_data, train
 from transformer.cli.distill import corpus, synthetic
 from transformer.cli.distill.teachers import Translator, load_translator

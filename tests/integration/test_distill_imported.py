@@ -1,5 +1,5 @@
 """Distillation with an imported model as the teacher (`aiayn-import` of the tiny OPUS-MT directory of
-`tests.pretrained`): the teacher's own SentencePiece pair encodes the training sources and decodes its
+`tests.helpers.pretrained`): the teacher's own SentencePiece pair encodes the training sources and decodes its
 translations, so the distilled corpus is text, the student's own BPE tokenizer is trained on it, and it
 equals what transformers (MarianTokenizer in, `generate`, MarianTokenizer out) and `evaluate.py
 translate.input=` make of the same sentences with the same settings. The import ensembles with a model
@@ -19,11 +19,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests.conftest import _data_dir, run_script  # noqa: E402
+from tests.helpers.cli import IN_PROCESS, TINY, run_script  # noqa: E402
 from tests.helpers.configs import compose_train_cfg  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.opus_mt import train_to_copy  # noqa: E402
-from tests.helpers.train_cli import IN_PROCESS, TINY  # noqa: E402
-from tests.pretrained import opus_mt_directory  # noqa: E402
+from tests.helpers.pretrained import opus_mt_directory  # noqa: E402
 from train import train  # noqa: E402
 from transformer.cli.distill import corpus, synthetic  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
@@ -62,7 +62,7 @@ def _evaluate_translations(ckpt_path: str, sources: list[str], tmp_path: Path) -
 @pytest.fixture(scope="module")
 def multi30k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first PAIRS pairs of each Multi30k de-en split."""
-    source, target = _data_dir("MULTI30K_DIR"), tmp_path_factory.mktemp("multi30k")
+    source, target = data_dir("MULTI30K_DIR"), tmp_path_factory.mktemp("multi30k")
     for path in source.glob("*.gz"):
         if path.name.split(".")[-2] in ("de", "en"):
             with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -76,7 +76,7 @@ def multi30k(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def opus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the tiny OPUS-MT de -> en directory, its imported checkpoint). Trained with transformers for 100
     steps (seconds) to copy German: random weights repeat one token, a teacher that says little."""
-    directory = opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), _data_dir("MULTI30K_DIR"))
+    directory = opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), data_dir("MULTI30K_DIR"))
     train_to_copy(directory)
     output = tmp_path_factory.mktemp("imported") / "opus"
     assert import_main([str(directory), "--output", str(output)]) == 0

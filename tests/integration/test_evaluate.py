@@ -22,9 +22,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from tests.conftest import REPO_ROOT, MaliciousPickle, cli_env, run_script, snapshot
-from tests.driver import run_in_one_interpreter
 from tests.helpers import trained
+from tests.helpers.cli import run_script
+from tests.helpers.driver import run_in_one_interpreter
+from tests.helpers.refusals import MaliciousPickle, snapshot
+from tests.helpers.repo import REPO_ROOT, cli_env
 from tests.helpers.reports import assert_png, assert_valid_markdown
 from tests.helpers.sst import TINY_SST, write_sst
 from tests.helpers.trained import train_run
@@ -582,8 +584,8 @@ def _error_cases(root: Path, translation: Path, classification: Path) -> dict[st
 def error_runs(
     translation_run: Path, classification_run: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[subprocess.CompletedProcess[str], str, Path]]:
-    """All bad-input runs in one interpreter (tests/driver.py); EVALUATE_PROCESSES as processes of their
-    own: "missing" started as a user starts it (a fresh interpreter: what its imports print counts too),
+    """All bad-input runs in one interpreter (tests/helpers/driver.py); EVALUATE_PROCESSES as processes of
+    their own: "missing" started as a user starts it (a fresh interpreter: what its imports print counts too),
     the other forked from the warm fork server (`run_script`)."""
     root = tmp_path_factory.mktemp("errors")
     cases = _error_cases(root, translation_run, classification_run)

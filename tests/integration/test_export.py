@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import forkserver
+from tests.helpers import forkserver
 from transformer.search.decoding import beam_search, greedy_search
 
 pytestmark = pytest.mark.slow

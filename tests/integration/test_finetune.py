@@ -1,6 +1,7 @@
-"""Fine-tuning an imported OPUS-MT model (`tests.pretrained`, imported by aiayn-import): the run's tokenizer
-is the import's (MarianTokenizer's ids), its first-step loss is the imported model's (transformers' loss on
-the same batch); then `train.py ... model.init_from=... finetune=lora` and `evaluate.py` on its checkpoint."""
+"""Fine-tuning an imported OPUS-MT model (`tests.helpers.pretrained`, imported by aiayn-import): the run's
+tokenizer is the import's (MarianTokenizer's ids), its first-step loss is the imported model's (transformers'
+loss on the same batch); then `train.py ... model.init_from=... finetune=lora` and `evaluate.py` on its
+checkpoint."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
 import train  # noqa: E402
-from tests.conftest import _data_dir, run_script  # noqa: E402
+from tests.helpers.cli import run_script  # noqa: E402
 from tests.helpers.configs import compose_train_cfg  # noqa: E402
-from tests.pretrained import opus_mt_directory  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import opus_mt_directory  # noqa: E402
 from transformer.cli import build, init_from  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
 from transformer.export.cli import main as export_main  # noqa: E402
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny_multi30k(tmp_path_factory) -> Path:
     """The first 64 pairs of each Multi30k de-en split."""
-    source, target = _data_dir("MULTI30K_DIR"), tmp_path_factory.mktemp("multi30k")
+    source, target = data_dir("MULTI30K_DIR"), tmp_path_factory.mktemp("multi30k")
     for path in source.glob("*.gz"):
         if path.name.split(".")[-2] in ("de", "en"):
             with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -43,7 +45,7 @@ def tiny_multi30k(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def opus(tmp_path_factory) -> tuple[Path, Path]:
     """(the tiny OPUS-MT directory, its imported checkpoint)."""
-    directory = opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), _data_dir("MULTI30K_DIR"))
+    directory = opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), data_dir("MULTI30K_DIR"))
     output = tmp_path_factory.mktemp("imported") / "opus"
     assert import_main([str(directory), "--output", str(output)]) == 0
     return directory, output / "model.ckpt"

@@ -1,4 +1,4 @@
-"""The fine-tuning user's first hour, end to end on the tiny imported models of `tests/pretrained.py`:
+"""The fine-tuning user's first hour, end to end on the tiny imported models of `tests/helpers/pretrained.py`:
 `aiayn-import` prints what it imported; `experiment=finetune_opus_mt` / `finetune_bert_sst2` run from the
 imports with a quiet start (no wandb run, none of the warnings a fine-tuning start used to print) and say
 what they initialized from where; `evaluate.py` names the original source; the model card of the exported
@@ -19,9 +19,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests.conftest import _data_dir, cli_env, run_script  # noqa: E402
+from tests.helpers.cli import run_script  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import bert_directory, opus_mt_directory  # noqa: E402
+from tests.helpers.repo import cli_env  # noqa: E402
 from tests.helpers.sst import write_sst  # noqa: E402
-from tests.pretrained import bert_directory, opus_mt_directory  # noqa: E402
 from transformer.evaluation.restore import restore_model  # noqa: E402
 from transformer.export.import_cli import main as import_main  # noqa: E402
 
@@ -53,7 +55,7 @@ def _import(source: Path, output: Path, *args: str) -> str:
 @pytest.fixture(scope="module")
 def opus(tmp_path_factory) -> tuple[Path, Path, str]:
     """(the tiny OPUS-MT directory, its imported checkpoint, what aiayn-import printed)."""
-    directory = opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), _data_dir("MULTI30K_DIR"))
+    directory = opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), data_dir("MULTI30K_DIR"))
     output = tmp_path_factory.mktemp("imported") / "opus"
     return directory, output / "model.ckpt", _import(directory, output)
 
@@ -62,7 +64,7 @@ def opus(tmp_path_factory) -> tuple[Path, Path, str]:
 def bert(tmp_path_factory) -> tuple[Path, Path, str]:
     """(a tiny BertModel directory without a head, its import with a new 2-class head, what was printed)."""
     root = tmp_path_factory.mktemp("bert")
-    directory = bert_directory(root / "bert", _data_dir("SST2_DIR"), head=False)
+    directory = bert_directory(root / "bert", data_dir("SST2_DIR"), head=False)
     return (
         directory,
         root / "imported" / "model.ckpt",
@@ -73,7 +75,7 @@ def bert(tmp_path_factory) -> tuple[Path, Path, str]:
 @pytest.fixture(scope="module")
 def tiny_multi30k(tmp_path_factory) -> Path:
     """The first 64 pairs of each Multi30k de-en split."""
-    source, target = _data_dir("MULTI30K_DIR"), tmp_path_factory.mktemp("multi30k")
+    source, target = data_dir("MULTI30K_DIR"), tmp_path_factory.mktemp("multi30k")
     for path in source.glob("*.gz"):
         if path.name.split(".")[-2] in ("de", "en"):
             with gzip.open(path, "rt", encoding="utf-8") as f:

@@ -1,5 +1,5 @@
-"""`aiayn-import` end to end: a tiny OPUS-MT directory (`tests.pretrained`) imported as a checkpoint, then
-evaluated by `evaluate.py` as users run it, with the translations transformers makes of the same
+"""`aiayn-import` end to end: a tiny OPUS-MT directory (`tests.helpers.pretrained`) imported as a checkpoint,
+then evaluated by `evaluate.py` as users run it, with the translations transformers makes of the same
 sentences (MarianTokenizer in, `generate`, MarianTokenizer out); bad input refused with one line and
 nothing written; `aiayn-export` of the imported checkpoint as a process.
 """
@@ -17,9 +17,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests import forkserver  # noqa: E402
-from tests.conftest import REPO_ROOT, _data_dir, cli_env, run_script  # noqa: E402
-from tests.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
+from tests.helpers import forkserver  # noqa: E402
+from tests.helpers.cli import run_script  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
+from tests.helpers.repo import REPO_ROOT, cli_env  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
 from transformer.export.import_cli import main  # noqa: E402
 
@@ -29,7 +31,7 @@ N_SENTENCES = 30
 
 @pytest.fixture(scope="module")
 def opus_dir(tmp_path_factory) -> Path:
-    return opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), _data_dir("MULTI30K_DIR"))
+    return opus_mt_directory(tmp_path_factory.mktemp("opus-mt-de-en"), data_dir("MULTI30K_DIR"))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def test_the_imported_checkpoint_says_what_it_is(imported: Path, opus_dir: Path)
 def test_evaluate_translates_an_imported_model_as_transformers_does(
     imported: Path, opus_dir: Path, tmp_path
 ) -> None:
-    data = _data_dir("MULTI30K_DIR")
+    data = data_dir("MULTI30K_DIR")
     out = tmp_path / "eval"
     result = run_script(
         "evaluate.py",

@@ -1,6 +1,7 @@
 """`aiayn-import` of a BERT classifier, then `evaluate.py` on it as users run it: a tiny BERT made here
-(`tests.pretrained.bert_directory`) scores 40 SST-2 dev sentences with the class probabilities transformers
-gives the same sentences (the unit tests check the logits; this checks the whole command path once).
+(`tests.helpers.pretrained.bert_directory`) scores 40 SST-2 dev sentences with the class probabilities
+transformers gives the same sentences (the unit tests check the logits; this checks the whole command path
+once).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tests.conftest import _data_dir, run_script  # noqa: E402
-from tests.pretrained import bert_directory, sst2_lines  # noqa: E402
+from tests.helpers.cli import run_script  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import bert_directory, sst2_lines  # noqa: E402
 from transformer.export.import_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow  # evaluate.py runs as a process
@@ -23,7 +25,7 @@ N_SENTENCES = 40
 
 
 def test_evaluate_scores_an_imported_bert_as_transformers_does(tmp_path: Path) -> None:
-    sst2 = _data_dir("SST2_DIR")
+    sst2 = data_dir("SST2_DIR")
     source = bert_directory(tmp_path / "bert", sst2, num_labels=2)
     assert main([str(source), "--output", str(tmp_path / "imported")]) == 0
     small = tmp_path / "sst2"  # the first sentences of the dev split, in the GLUE layout

@@ -18,8 +18,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from data.synthetic import make_synthetic_splits
-from tests.conftest import REPO_ROOT
 from tests.helpers import trained
+from tests.helpers.repo import REPO_ROOT
 from transformer.checkpoint import load_checkpoint
 from transformer.evaluation.n_best import n_best_lines
 from transformer.evaluation.restore import restore_model

@@ -1,4 +1,4 @@
-"""The inference API on models imported by `aiayn-import`: a tiny OPUS-MT model (`tests.pretrained`)
+"""The inference API on models imported by `aiayn-import`: a tiny OPUS-MT model (`tests.helpers.pretrained`)
 translates as transformers' `generate` does (greedy, as tests/integration/test_import.py establishes for
 evaluate.py), and a tiny BERT classifier gives transformers' class probabilities; both checkpoints carry
 their tokenizers under the checkpoint's own key."""
@@ -14,8 +14,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests.conftest import _data_dir  # noqa: E402
-from tests.pretrained import bert_directory, multi30k_lines, opus_mt_directory, sst2_lines  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import bert_directory, multi30k_lines, opus_mt_directory, sst2_lines  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
 from transformer.export.import_cli import main  # noqa: E402
 from transformer.inference import Classifier, Translator, load  # noqa: E402
@@ -25,7 +25,7 @@ N_SENTENCES = 30
 
 
 def test_an_imported_opus_mt_model_translates_as_transformers_does(tmp_path: Path) -> None:
-    data = _data_dir("MULTI30K_DIR")
+    data = data_dir("MULTI30K_DIR")
     source = opus_mt_directory(tmp_path / "opus-mt-de-en", data)
     assert main([str(source), "--output", str(tmp_path / "imported")]) == 0
     checkpoint = tmp_path / "imported" / "model.ckpt"
@@ -47,7 +47,7 @@ def test_an_imported_opus_mt_model_translates_as_transformers_does(tmp_path: Pat
 
 
 def test_an_imported_bert_classifies_as_transformers_does(tmp_path: Path) -> None:
-    sst2 = _data_dir("SST2_DIR")
+    sst2 = data_dir("SST2_DIR")
     source = bert_directory(tmp_path / "bert", sst2, num_labels=2)
     assert main([str(source), "--output", str(tmp_path / "imported")]) == 0
     checkpoint = tmp_path / "imported" / "model.ckpt"

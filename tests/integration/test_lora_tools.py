@@ -1,6 +1,6 @@
-"""`aiayn-lora` on real LoRA fine-tuning runs of the tiny imported models (`tests/pretrained.py`): the merged
-plain checkpoint translates (and scores) exactly as the LoRA checkpoint; the adapter file is a small part of
-the checkpoint and, applied on its base, gives back the LoRA checkpoint's weights and translations; on
+"""`aiayn-lora` on real LoRA fine-tuning runs of the tiny imported models (`tests/helpers/pretrained.py`): the
+merged plain checkpoint translates (and scores) exactly as the LoRA checkpoint; the adapter file is a small
+part of the checkpoint and, applied on its base, gives back the LoRA checkpoint's weights and translations; on
 another base it is refused in one line, nothing written. A classifier's adapter carries its new head."""
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests.conftest import REPO_ROOT, _data_dir, cli_env, run_script
+from tests.helpers.cli import run_script
+from tests.helpers.datasets import data_dir
+from tests.helpers.pretrained import bert_directory, opus_mt_directory
+from tests.helpers.repo import REPO_ROOT, cli_env
 from tests.helpers.sst import write_sst
-from tests.pretrained import bert_directory, opus_mt_directory
 from transformer.export.import_cli import main as import_main
 from transformer.export.lora_cli import main as lora_main
 from transformer.inference import Classifier, Translator
@@ -41,7 +43,7 @@ def _train(args: list[str], run: Path) -> Path:
 def opus_lora(tmp_path_factory) -> tuple[Path, Path, Path]:
     """(the import, a second import of other weights, the LoRA run's last checkpoint)."""
     root = tmp_path_factory.mktemp("lora")
-    multi30k = _data_dir("MULTI30K_DIR")
+    multi30k = data_dir("MULTI30K_DIR")
     data = root / "multi30k"
     data.mkdir()
     for path in multi30k.glob("*.gz"):
@@ -135,7 +137,7 @@ def test_adapter_is_small_and_loads_back_on_its_base_only(opus_lora, tmp_path, c
 
 
 def test_a_classifiers_adapter_carries_its_new_head(tmp_path) -> None:
-    directory = bert_directory(tmp_path / "bert", _data_dir("SST2_DIR"), head=False)
+    directory = bert_directory(tmp_path / "bert", data_dir("SST2_DIR"), head=False)
     assert import_main([str(directory), "--output", str(tmp_path / "imported"), "--num-classes", "2"]) == 0
     base = tmp_path / "imported" / "model.ckpt"
     lora = _train(

@@ -14,7 +14,6 @@ import csv
 import os
 import signal
 import socket
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,9 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
-from tests.helpers.train_cli import TINY
+from tests.helpers.cli import TINY, run_script
+from tests.helpers.repo import cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +51,6 @@ def _env(**variables: str) -> dict[str, str]:
 def _train(args: list[str], cwd: Path, env: dict[str, str], running: set[int]) -> tuple[float, object]:
     """`python train.py ARGS` with `env`, its pid in `running` while it runs. Returns when it ended
     (time.monotonic()) and its CompletedProcess."""
-    command = [sys.executable, str(REPO_ROOT / "train.py"), *args]
     mine: list[int] = []
 
     def started(pid: int) -> None:
@@ -61,7 +58,7 @@ def _train(args: list[str], cwd: Path, env: dict[str, str], running: set[int]) -
         running.add(pid)
 
     try:
-        done = forkserver.run(command, cwd=cwd, env=env, timeout=TIMEOUT, on_start=started)
+        done = run_script("train.py", args, cwd=cwd, env=env, timeout=TIMEOUT, on_start=started)
     finally:
         running.difference_update(mine)
     return time.monotonic(), done

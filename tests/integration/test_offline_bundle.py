@@ -1,6 +1,6 @@
 """scripts/offline_bundle.sh and benchmarks.gpu.bench_gpu on a stand-in for a bare offline GPU box: a venv
-that sees only some of the installed packages (tests/offline_env.py), no network (pip --no-index against a
-local wheel folder), the project not installed."""
+that sees only some of the installed packages (tests/helpers/offline_env.py), no network (pip --no-index
+against a local wheel folder), the project not installed."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.offline_env import closure, image_venv, installed, repack_wheel
+from tests.helpers.offline_env import closure, image_venv, installed, repack_wheel
+from tests.helpers.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, run_script
-from tests.helpers.train_cli import TINY
+from tests.helpers.cli import TINY, run_script
+from tests.helpers.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_env, run_script
 from tests.helpers import serving, trained
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT, cli_env
 from tests.helpers.serving import evaluate_translations, free_port
 
 served_run, classification_run = serving.served_run, trained.classification_run

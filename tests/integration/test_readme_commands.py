@@ -12,7 +12,7 @@ under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[
 made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where the command
 says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a hub-only
 corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them run in one
-interpreter (`tests/driver.py`), so the libraries are imported once.
+interpreter (`tests/helpers/driver.py`), so the libraries are imported once.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_env
-from tests.driver import run_in_one_interpreter
-from tests.pretrained import bert_directory, opus_mt_directory
+from tests.helpers.driver import run_in_one_interpreter
+from tests.helpers.pretrained import bert_directory, opus_mt_directory
+from tests.helpers.repo import REPO_ROOT, cli_env
 from transformer.export import import_cli
 
 pytestmark = pytest.mark.slow
@@ -168,7 +168,8 @@ def _plan(
     )
     command.dataset = _dataset(args) or ("sst2" if bert else None if quickstart else "multi30k")
     # a run's path (logs/...) stands for a checkpoint trained here; an OPUS-MT model's (pretrained/opus-mt-*)
-    # for a tiny OPUS-MT-shaped model imported here (tests/pretrained.py), other imports for the de -> en run
+    # for a tiny OPUS-MT-shaped model imported here (tests/helpers/pretrained.py), other imports for the
+    # de -> en run
     placeholders = re.compile(r"PATH|<[^>]*>|\.\.\.|^logs/|^pretrained/")
     for i, arg in enumerate(args):
         key, _, value = arg.partition("=")

@@ -26,10 +26,11 @@ import pytest
 import torch
 from torch import nn
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, MaliciousPickle, cli_env, snapshot
-from tests.driver import run_in_one_interpreter
-from tests.helpers.train_cli import TINY as TRAIN_TINY
+from tests.helpers import forkserver
+from tests.helpers.cli import TINY as TRAIN_TINY
+from tests.helpers.driver import run_in_one_interpreter
+from tests.helpers.refusals import MaliciousPickle, snapshot
+from tests.helpers.repo import REPO_ROOT, cli_env
 from transformer.training import checkpoint_io
 from transformer.training.callbacks import NonFiniteLossGuard
 from transformer.training.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
@@ -612,9 +613,10 @@ def hostile_runs(finished_run: Path, tmp_path_factory: pytest.TempPathFactory) -
     return {"root": root, "cases": cases, "results": results, "before": before, "run": finished_run}
 
 
-# the cases run in one interpreter (tests/driver.py), but two as a process of their own, with the exit status,
-# stderr and "no traceback" of a real `python train.py`: Hydra's errors in a fresh interpreter, as a user
-# starts it (what its imports print counts too); the pickle's payload in a process forked from the warm one
+# the cases run in one interpreter (tests/helpers/driver.py), but two as a process of their own, with the exit
+# status, stderr and "no traceback" of a real `python train.py`: Hydra's errors in a fresh interpreter, as a
+# user starts it (what its imports print counts too); the pickle's payload in a process forked from the
+# warm one
 HOSTILE_FRESH, HOSTILE_FORKED = "unknown_key", "malicious_raw_pickle"
 HOSTILE = [
     "unknown_key",

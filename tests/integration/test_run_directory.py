@@ -9,15 +9,12 @@ import hashlib
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
-from tests.helpers.train_cli import TINY
+from tests.helpers.cli import TINY, run_script
 from transformer.training.loggers import CSVLogger
 from transformer.training.run_directory import RunDirectoryError, checkpoint_to_continue
 
@@ -31,8 +28,7 @@ RUN = [
 
 
 def _cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(REPO_ROOT / "train.py"), *RUN, f"hydra.run.dir={run_dir}", *args]
-    return forkserver.run(command, cwd=run_dir.parent, env=cli_env(), timeout=600)
+    return run_script("train.py", [*RUN, f"hydra.run.dir={run_dir}", *args], cwd=run_dir.parent, timeout=600)
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:

@@ -18,7 +18,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO_ROOT, cli_env, run_script
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT, cli_env
 from tests.helpers.serving import free_port, served_run, source_lines
 from transformer.inference import Translator
 

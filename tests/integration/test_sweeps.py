@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import statistics
-import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,9 +20,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env, run_script
-from tests.helpers.train_cli import TINY, train_cli
+from tests.helpers import forkserver
+from tests.helpers.cli import TINY, run_script
+from tests.helpers.repo import REPO_ROOT, cli_env
 from transformer.evaluation.sweep_report import write_report
 
 # the Optuna sweeper is an extra (`aiayn[sweep]`): a GPU image without it still runs `pytest -m gpu`
@@ -122,7 +121,7 @@ def test_a_pruned_search_interrupted_by_ctrl_c_continues_and_reports(tmp_path: P
     # the job ran to its end, holds that job's own outcome; never RUNNING
     assert running not in {t.state for t in interrupted}
 
-    done = train_cli(args, cwd=tmp_path)  # the same command again
+    done = run_script("train.py", args, cwd=tmp_path)  # the same command again
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         f"Resuming Optuna study 'quickstart_optuna' ({len(interrupted)} trials so far)"
@@ -175,7 +174,7 @@ def test_a_two_objective_search_and_its_pareto_front(tmp_path: Path) -> None:
         *_tiny("model.config.d_model=choice(16,32)", "model.config.d_ff=choice(32,64)"),
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
-    done = train_cli(args, cwd=tmp_path)
+    done = run_script("train.py", args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart_optuna"
     study = optuna.load_study(study_name="quickstart_optuna", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
@@ -196,7 +195,8 @@ def test_a_two_objective_search_and_its_pareto_front(tmp_path: Path) -> None:
                                                              for b2, p2 in values.values())}  # fmt: skip
     assert {line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| 20")} == front
 
-    refused = train_cli([*args, "hydra/sweeper/pruner=median"], cwd=tmp_path)  # Optuna cannot prune it
+    # Optuna cannot prune it
+    refused = run_script("train.py", [*args, "hydra/sweeper/pruner=median"], cwd=tmp_path)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
     assert line.startswith("error: hydra.sweeper.pruner: Optuna cannot prune a study with 2 objectives")
@@ -223,7 +223,8 @@ def test_bad_sweep_input_is_one_line_and_leaves_the_study_alone(tmp_path: Path) 
         (["hydra.sweeper.storage=notaurl://x"], "hydra.sweeper.storage=notaurl://x: expected a database URL"),
     ]  # fmt: skip
     # each a real process: the first started as a user starts it (a fresh interpreter: what its imports
-    # print counts toward the one line), the others forked from the warm interpreter (tests/forkserver.py)
+    # print counts toward the one line), the others forked from the warm interpreter
+    # (tests/helpers/forkserver.py)
     for i, (extra, message) in enumerate(cases):
         done = run_script("train.py", [*base, *extra], cwd=tmp_path, timeout=600, fresh=i == 0)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -253,7 +254,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path: Path) -> No
         "logger=[csv,wandb]",
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
-    done = train_cli(args, cwd=tmp_path, **NO_NETWORK)
+    done = run_script("train.py", args, cwd=tmp_path, env=cli_env(**NO_NETWORK))
     assert done.returncode == 0, done.stderr[-3000:]
     sweep_dir = tmp_path / "logs" / "train" / "sweeps" / "quickstart"  # study name: the experiment
     trials = _trials(sweep_dir, "quickstart")
@@ -295,7 +296,7 @@ def test_a_search_where_every_trial_fails_ends_in_one_line(tmp_path: Path) -> No
         *_tiny("model.config.d_model=30", "model.config.n_heads=4"),
         f"paths.log_dir={tmp_path / 'logs'}",
     ]
-    done = train_cli(args, cwd=tmp_path)
+    done = run_script("train.py", args, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
     assert "Traceback" not in output and "Record does not exist" not in output
@@ -316,7 +317,7 @@ def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_
     then ends with status 1 and one line."""
     short = [*_tiny("model.config.n_heads=4"), "trainer.max_steps=2", "test=false"]
     short.append(f"paths.log_dir={tmp_path / 'logs'}")
-    done = train_cli(["-m", "hydra/launcher=local", "seed=1,2", *short], cwd=tmp_path)
+    done = run_script("train.py", ["-m", "hydra/launcher=local", "seed=1,2", *short], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (grid,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
     assert [(job.name, _overrides(job)["seed"]) for job in _job_dirs(grid)] == [("0", "1"), ("1", "2")]
@@ -334,8 +335,10 @@ def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_
         ]
     assert sorted(seeds.values()) == [["Seed set to 1"], ["Seed set to 2"]], seeds
 
-    done = train_cli(
-        ["-m", "model.config.d_model=30,32", *[o for o in short if "d_model" not in o]], cwd=tmp_path
+    done = run_script(
+        "train.py",
+        ["-m", "model.config.d_model=30,32", *[o for o in short if "d_model" not in o]],
+        cwd=tmp_path,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 1 and "Traceback" not in output, output[-3000:]
@@ -349,7 +352,7 @@ def test_a_grid_of_short_runs_succeeds_and_a_failed_job_ends_it_in_one_line(tmp_
 @pytest.mark.slow
 def test_grid_of_two_by_two_and_its_report(tmp_path: Path) -> None:
     args = ["-m", *_tiny("model.config.d_model=16,32", "seed=1,2"), f"paths.log_dir={tmp_path / 'logs'}"]
-    done = train_cli(args, cwd=tmp_path)
+    done = run_script("train.py", args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
     jobs = _job_dirs(sweep_dir)
@@ -362,12 +365,7 @@ def test_grid_of_two_by_two_and_its_report(tmp_path: Path) -> None:
         )["val/bleu_best"]
 
     out = tmp_path / "report"
-    report = forkserver.run(  # python -m, forked from the warm interpreter
-        [sys.executable, "-m", "transformer.evaluation.sweep_report", sweep_dir, "--out", out],
-        cwd=REPO_ROOT,
-        env=cli_env(),
-        timeout=300,
-    )
+    report = run_script("transformer.evaluation.sweep_report", [sweep_dir, "--out", out], timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
     written = {Path(line).name for line in report.stdout.split()}
     assert written == {"jobs.csv", "summary.csv", "report.md", "val_bleu_best_vs_params.png"}

@@ -16,8 +16,9 @@ import lightning as L
 import pytest
 import torch
 
+from tests.helpers.cli import IN_PROCESS, TINY, run_script
 from tests.helpers.configs import compose_train_cfg
-from tests.helpers.train_cli import IN_PROCESS, TINY, train_cli
+from tests.helpers.repo import cli_env
 from train import train
 from transformer.cli.errors import ConfigError
 from transformer.training import TranslationTask
@@ -152,7 +153,7 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     """The real command, from another working directory; wandb offline needs no account or network."""
     no_network = {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"}
     args = [*TINY, f"paths.log_dir={tmp_path / 'logs'}", "logger=many_loggers"]
-    done = train_cli(args, cwd=tmp_path, **no_network)
+    done = run_script("train.py", args, cwd=tmp_path, env=cli_env(**no_network))
     assert done.returncode == 0, done.stderr[-3000:]
     last_line = done.stdout.strip().splitlines()[-1]
     assert last_line.startswith("run directory: "), done.stdout[-2000:]
@@ -168,10 +169,11 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
     assert checkpoint["wandb_run_id"] == run_id
 
-    resumed = train_cli(
+    resumed = run_script(
+        "train.py",
         [*args, "trainer.max_epochs=3", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"],
         cwd=tmp_path,
-        **no_network,
+        env=cli_env(**no_network),
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     resumed_dir = Path(resumed.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
@@ -180,7 +182,8 @@ def test_cli_quickstart_with_every_logger_then_resume(tmp_path: Path) -> None:
     assert metrics["global_step"] == checkpoint["global_step"] * 3 // 2
     assert [p.name.rsplit("-", 1)[1] for p in (resumed_dir / "wandb").glob("offline-run-*")] == [run_id]
 
-    tested = train_cli(
+    tested = run_script(
+        "train.py",
         [
             *TINY,
             f"paths.log_dir={tmp_path / 'logs'}",
@@ -199,7 +202,7 @@ def test_cli_start_is_quiet(tmp_path: Path) -> None:
     """The start names the saved config and the overrides instead of printing it whole; no Lightning tip,
     no deprecation warning of Lightning's own code, no FLOPs (always 0); no colour codes in train.log."""
     args = [*(a for a in TINY if a != "callbacks.model_summary=null"), "trainer.max_epochs=1"]
-    done = train_cli([*args, f"paths.log_dir={tmp_path}"], cwd=tmp_path)
+    done = run_script("train.py", [*args, f"paths.log_dir={tmp_path}"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr
     run_dir = Path(done.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
@@ -216,7 +219,9 @@ def test_prepare_only(tmp_path: Path) -> None:
 
 
 def test_cli_bad_value_is_one_line_and_exit_1(tmp_path: Path) -> None:
-    done = train_cli([*TINY, f"paths.log_dir={tmp_path}", "model.config.dropout=1.5"], cwd=tmp_path)
+    done = run_script(
+        "train.py", [*TINY, f"paths.log_dir={tmp_path}", "model.config.dropout=1.5"], cwd=tmp_path
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("error: cannot build `model`")
     assert "dropout" in done.stderr and "Traceback" not in done.stderr
@@ -352,7 +357,8 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
     }
     with ThreadPoolExecutor(max_workers=2) as pool:  # much of each run is interpreter start-up
         futures = {
-            name: pool.submit(train_cli, _ddp_args(d, *extra), cwd=d) for name, (d, extra) in runs.items()
+            name: pool.submit(run_script, "train.py", _ddp_args(d, *extra), cwd=d)
+            for name, (d, extra) in runs.items()
         }
         return {name: (runs[name][0], future.result()) for name, future in futures.items()}
 
@@ -423,7 +429,7 @@ def test_ddp_sigterm_to_the_launcher_then_resume_equals_the_straight_run(
             value, stopped[1]["weights"][key]
         )
 
-    done = train_cli(_ddp_args(tmp_path, "test=false", f"ckpt_path={ckpt}"), cwd=tmp_path)
+    done = run_script("train.py", _ddp_args(tmp_path, "test=false", f"ckpt_path={ckpt}"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (resumed_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     (straight_run,) = (straight_dir / "logs" / "train" / "runs").iterdir()

@@ -19,8 +19,9 @@ from omegaconf import DictConfig
 
 from data.synthetic import make_synthetic_splits
 from data.tokenization import train_bpe
-from tests.conftest import REPO_ROOT, run_script
 from tests.helpers import trained
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT
 from transformer.cli.errors import ConfigError
 from transformer.cli.translate_input import EntryParser, text_lines
 

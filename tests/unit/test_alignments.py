@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny import tiny_seq2seq, tiny_sources
+from tests.helpers.tiny import tiny_seq2seq, tiny_sources
 from transformer.cli.word_alignments import Aligner, pharaoh, piece_function, word_index
 from transformer.search.alignments import cross_attention, word_alignment
 from transformer.search.decoding import DecodingSettings, search

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 THIRD_PARTY_OF_THE_EDGE = {"hydra", "omegaconf"}
 ENTRY_POINTS = ("train", "evaluate", "serve")

@@ -998,7 +998,7 @@ def test_a_search_enters_the_backends_once_not_in_every_attention_call(
     """On a `_WITHOUT_CUDNN_DEVICES` device (CUDA; the CPU here) a search enters `attention_backends` once
     around its loop; its attention calls, finding cuDNN's backend already off, do not enter it again (the
     context costs ~10-20 µs a call, more than a small kernel). A call outside a search still enters it."""
-    from tests.tiny import tiny_seq2seq, tiny_sources
+    from tests.helpers.tiny import tiny_seq2seq, tiny_sources
     from transformer.search.decoding import DecodingSettings, search
 
     monkeypatch.setattr(kernels, "_WITHOUT_CUDNN_DEVICES", frozenset({"cpu"}))

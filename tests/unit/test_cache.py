@@ -14,7 +14,7 @@ import pytest
 
 from data import cache, prepare, sources, tokenization
 from data.datamodules import ClassificationDataModule, TranslationDataModule
-from tests.data_digest import write_classification_fixture, write_fixture
+from tests.helpers.data_digest import write_classification_fixture, write_fixture
 
 SETTINGS = {"vocab_size": 300, "max_tokens": 600, "max_len": 40, "show_progress": False, "test_split": "test"}
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import MaliciousPickle
 from tests.helpers.configs import compose_train_cfg
+from tests.helpers.refusals import MaliciousPickle
 from transformer.checkpoint import (
     CheckpointError,
     average_checkpoints,

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tests.conftest import REPO_ROOT
 from tests.helpers.configs import compose_train_cfg, fake_data_fields, pretend_cuda
+from tests.helpers.repo import REPO_ROOT
 from transformer.cli import build, checks, errors
 from transformer.cli.errors import ConfigError
 

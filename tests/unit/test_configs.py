@@ -14,8 +14,8 @@ import yaml
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from tests.conftest import REPO_ROOT
 from tests.helpers.configs import CONFIGS, compose_train_cfg, fake_data_fields, pretend_cuda
+from tests.helpers.repo import REPO_ROOT
 from transformer.search.decoding import DecodingSettings
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))

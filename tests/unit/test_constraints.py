@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.tiny import tiny_seq2seq, tiny_sources
+from tests.helpers.tiny import tiny_seq2seq, tiny_sources
 from transformer.search.constraints import ConstraintState, TargetRequest, unsatisfiable
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble

@@ -1,6 +1,6 @@
 """What the model is fed did not change with the prepared-data cache: the same tokenizers, ids and batches as
-before it (digests pinned on commit 859cf18 by tests/data_digest.py), with or without the cache, cold or
-warm; the vectorized batch packing equals the per-example greedy loop; tokenizer training samples."""
+before it (digests pinned on commit 859cf18 by tests/helpers/data_digest.py), with or without the cache, cold
+or warm; the vectorized batch packing equals the per-example greedy loop; tokenizer training samples."""
 
 from pathlib import Path
 
@@ -14,9 +14,9 @@ from data.batching import TokenBudgetBatchSampler
 from data.datamodules import TokenBudgetDataModule, TranslationDataModule
 from data.synthetic import make_synthetic_splits
 from data.tokenization import CorpusEncoder, normalizers, train_bpe
-from tests.data_digest import digest, fixture_datamodules
+from tests.helpers.data_digest import digest, fixture_datamodules
 
-# python -c "from tests.data_digest import main; main()" on 859cf18 (see tests/data_digest.py)
+# python -c "from tests.helpers.data_digest import main; main()" on 859cf18 (see tests/helpers/data_digest.py)
 GOLDEN = {
     "parallel": {
         "test": "c4110429bfeea879",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.syncs import VOCAB, SyncCounter, syncs_per_step
-from tests.tiny import tiny_seq2seq, tiny_sources
+from tests.helpers.tiny import tiny_seq2seq, tiny_sources
 from transformer.model import Seq2SeqTransformer
 from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings, search

@@ -1,8 +1,8 @@
 """aiayn-export of an imported OPUS-MT model: import, then export `--to hf` and `--to ctranslate2`, the same
 outputs again.
 
-A tiny OPUS-MT-shaped directory (`tests.pretrained`: SentencePiece models trained on Multi30k text, SiLU,
-`final_logits_bias`, the pad token as the decoder's start) is given weights trained here for ~100 steps
+A tiny OPUS-MT-shaped directory (`tests.helpers.pretrained`: SentencePiece models trained on Multi30k text,
+SiLU, `final_logits_bias`, the pad token as the decoder's start) is given weights trained here for ~100 steps
 (seconds) to copy German sentences (random weights repeat one token to the length limit or stop at once,
 which says little about a search; copying ends sentences at many lengths), then imported (`import_hf`) and
 exported both ways. The transformers export must be the original directory again for transformers'
@@ -32,9 +32,9 @@ sentencepiece = pytest.importorskip("sentencepiece")
 from safetensors.torch import load_file  # noqa: E402
 
 from data.sentencepiece_pair import SentencePieceSide  # noqa: E402
-from tests.conftest import _data_dir  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.opus_mt import quiet_marian_tokenizer, train_to_copy  # noqa: E402
-from tests.pretrained import multi30k_lines, opus_mt_directory, opus_mt_tokenizer_files  # noqa: E402
+from tests.helpers.pretrained import multi30k_lines, opus_mt_directory, opus_mt_tokenizer_files  # noqa: E402
 from transformer.export.cli import main  # noqa: E402
 from transformer.export.ctranslate2 import export_ctranslate2  # noqa: E402
 from transformer.export.hf import export_hf, import_hf  # noqa: E402
@@ -55,7 +55,7 @@ CT2_LIMIT = {"max_decoding_length": 29}
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The original OPUS-MT-shaped directory, its import, and the import exported both ways."""
     root = tmp_path_factory.mktemp("imported-export")
-    opus = opus_mt_directory(root / "opus-mt-de-en", _data_dir("MULTI30K_DIR"))
+    opus = opus_mt_directory(root / "opus-mt-de-en", data_dir("MULTI30K_DIR"))
     train_to_copy(opus)
     ckpt = import_hf(opus, root / "imported")
     source = load_source(ckpt)
@@ -72,7 +72,7 @@ def source(dirs: dict[str, Path]) -> ExportSource:
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-    return multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.de.gz", N_SENTENCES)
+    return multi30k_lines(data_dir("MULTI30K_DIR"), "test_2016_flickr.de.gz", N_SENTENCES)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_hf_tokenizer_encodes_and_decodes_as_the_originals(
     assert ids == original(sentences).input_ids
     assert ids == [row[row.ne(source.config.pad_id)].tolist() for row in src]  # and as ours
     assert sum(original.unk_token_id in row for row in ids) >= 1  # a piece missing from the vocabulary
-    english = multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.en.gz", N_SENTENCES)
+    english = multi30k_lines(data_dir("MULTI30K_DIR"), "test_2016_flickr.en.gz", N_SENTENCES)
     targets = original(text_target=english).input_ids
     assert exported(text_target=english).input_ids == targets
     decoded = exported.batch_decode(targets, skip_special_tokens=True)
@@ -317,7 +317,7 @@ def _separate_vocabularies_directory(directory: Path) -> Path:
     """An OPUS-MT-shaped directory whose source and target have vocabularies of their own (vocab.json with
     the German pieces, target_vocab.json with the English ones, of different sizes; `separate_vocabs` in
     tokenizer_config.json; embeddings not shared), random weights; the special ids the same on both sides."""
-    opus_mt_tokenizer_files(directory, _data_dir("MULTI30K_DIR"))
+    opus_mt_tokenizer_files(directory, data_dir("MULTI30K_DIR"))
     vocabularies = {}
     for spm, name in (("source.spm", "vocab.json"), ("target.spm", "target_vocab.json")):
         processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / spm))
@@ -355,7 +355,7 @@ def test_separate_vocabularies_export_both_ways(tmp_path: Path, sentences: list[
     for name in ("vocab.json", "target_vocab.json"):
         assert json.loads((hf / name).read_text(encoding="utf-8")) == json.loads((opus / name).read_text())
     original, exported = quiet_marian_tokenizer(opus), quiet_marian_tokenizer(hf)
-    english = multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.en.gz", N_SENTENCES)
+    english = multi30k_lines(data_dir("MULTI30K_DIR"), "test_2016_flickr.en.gz", N_SENTENCES)
     assert exported(sentences).input_ids == original(sentences).input_ids
     targets = original(text_target=english).input_ids
     assert exported(text_target=english).input_ids == targets

@@ -1,4 +1,5 @@
-"""tests/forkserver.py: commands fork from the warm server in every test, not only the one that started it."""
+"""tests/helpers/forkserver.py: commands fork from the warm server in every test, not only the one that
+started it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests import forkserver
-from tests.conftest import REPO_ROOT, cli_env
+from tests.helpers import forkserver
+from tests.helpers.repo import REPO_ROOT, cli_env
 
 HELP = [sys.executable, "-m", "transformer.export.cli", "--help"]
 TEXT = {"capture_output": True, "text": True, "timeout": 300}
@@ -78,9 +79,9 @@ def test_only_variables_read_at_run_time_may_differ(monkeypatch: pytest.MonkeyPa
     elsewhere = REPO_ROOT / "tests"
     assert not forkserver._forkable(HELP, elsewhere, server, server)  # -m from another directory
     assert not forkserver._forkable(["/usr/bin/env", "true"], REPO_ROOT, server, server)
-    driver = [sys.executable, "-m", "tests.driver", "plan.json", "results.json"]  # run_in_one_interpreter
+    driver = [sys.executable, "-m", "tests.helpers.driver", "plan.json", "results.json"]  # the driver
     assert forkserver._forkable(driver, REPO_ROOT, server, server)
-    assert not forkserver._forkable([*driver[:2], "tests.forkserver"], REPO_ROOT, server, server)
+    assert not forkserver._forkable([*driver[:2], "tests.helpers.forkserver"], REPO_ROOT, server, server)
     bench = [sys.executable, "-m", "benchmarks.gpu.bench_gpu", "--smoke"]
     assert forkserver._forkable(bench, REPO_ROOT, server, server)
     assert not forkserver._forkable(bench, elsewhere, server, server)

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 from tests.helpers.tasks import logged_training_step
 from transformer import losses
 from transformer.cli import build, checks, errors

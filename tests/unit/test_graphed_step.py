@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 import transformer.search.graphed as graphed
 import transformer.search.static_cache as static_cache
 from tests.helpers.syncs import syncs_per_step
-from tests.tiny import tiny_seq2seq, tiny_sources
+from tests.helpers.tiny import tiny_seq2seq, tiny_sources
 from transformer.search.buckets import BucketedCache
 from transformer.search.decoding import DecodingSettings, search
 from transformer.search.ensemble import Ensemble

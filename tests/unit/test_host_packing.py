@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from data.batching import TranslationCollator
 from tests.helpers.tasks import logged_training_step
-from tests.tiny import tiny_seq2seq
+from tests.helpers.tiny import tiny_seq2seq
 from transformer import kernels
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer

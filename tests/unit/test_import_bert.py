@@ -1,6 +1,6 @@
 """Importing BERT-family classifiers (`transformer.export.bert`, `aiayn-import`): tiny models made here
-(`tests.pretrained.bert_directory`: hidden 32, 2 layers, random weights, WordPiece trained on SST-2 text)
-give the logits transformers gives on padded batches, the tokenizer gives BertTokenizerFast's ids, a
+(`tests.helpers.pretrained.bert_directory`: hidden 32, 2 layers, random weights, WordPiece trained on SST-2
+text) give the logits transformers gives on padded batches, the tokenizer gives BertTokenizerFast's ids, a
 BertModel gets a new head, and what ours cannot represent is refused with one line, nothing written.
 """
 
@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 from data.tokenization import tokenizer_from_json  # noqa: E402
 from data.wordpiece import WordPieceTokenizer  # noqa: E402
-from tests.conftest import _data_dir  # noqa: E402
-from tests.pretrained import bert_directory, sst2_lines  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import bert_directory, sst2_lines  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
 from transformer.encoder_only import TransformerClassifier  # noqa: E402
@@ -41,7 +41,7 @@ def _quiet_transformers():
 
 @pytest.fixture(scope="module")
 def sst2() -> Path:
-    return _data_dir("SST2_DIR")
+    return data_dir("SST2_DIR")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """`aiayn-import` of damaged or contradictory model directories: one `error:` line naming the file and what is
 wrong, exit status 1, nothing written, and nothing large allocated on the way (sizes are checked against the
 weights' headers on the meta device first: `transformer.export.weights`). Each case damages a copy of a tiny
-OPUS-MT or BERT directory (`tests.pretrained`) that imports cleanly as it is.
+OPUS-MT or BERT directory (`tests.helpers.pretrained`) that imports cleanly as it is.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests.conftest import _data_dir  # noqa: E402
-from tests.pretrained import bert_directory, opus_mt_directory  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import bert_directory, opus_mt_directory  # noqa: E402
 from transformer.export.import_cli import main  # noqa: E402
 from transformer.export.source import ExportError  # noqa: E402
 from transformer.export.weights import weight_shapes  # noqa: E402
@@ -40,9 +40,9 @@ def _quiet_transformers():
 def built(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("built")
     return {
-        "marian": opus_mt_directory(root / "opus", _data_dir("MULTI30K_DIR")),
-        "bert": bert_directory(root / "bert", _data_dir("SST2_DIR")),
-        "bert-model": bert_directory(root / "bert-model", _data_dir("SST2_DIR"), head=False),
+        "marian": opus_mt_directory(root / "opus", data_dir("MULTI30K_DIR")),
+        "bert": bert_directory(root / "bert", data_dir("SST2_DIR")),
+        "bert-model": bert_directory(root / "bert-model", data_dir("SST2_DIR"), head=False),
     }
 
 

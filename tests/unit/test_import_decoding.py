@@ -3,8 +3,8 @@
 checkpoint's decoding defaults (`transformer.export.marian.decoding_from_marian`), and our beam search at
 those defaults gives `MarianMTModel.generate`'s tokens.
 
-The model is the tiny OPUS-MT-shaped directory of `tests.pretrained`, trained here for 100 steps to copy
-German sentences (`tests.helpers.opus_mt.train_to_copy`), so that its translations end at many lengths.
+The model is the tiny OPUS-MT-shaped directory of `tests.helpers.pretrained`, trained here for 100 steps to
+copy German sentences (`tests.helpers.opus_mt.train_to_copy`), so that its translations end at many lengths.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
 from data.sentencepiece_pair import SentencePieceSide  # noqa: E402
-from tests.conftest import _data_dir  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.opus_mt import quiet_marian_tokenizer, train_to_copy  # noqa: E402
-from tests.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
+from tests.helpers.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
 from transformer.export.hf import import_hf  # noqa: E402
 from transformer.export.marian import decoding_from_marian  # noqa: E402
 from transformer.export.source import ExportError, ExportSource, load_source  # noqa: E402
@@ -95,14 +95,14 @@ def test_bad_generation_settings_are_refused_by_file_and_key(
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ExportSource]:
     root = tmp_path_factory.mktemp("import-decoding")
-    opus = opus_mt_directory(root / "opus-mt-de-en", _data_dir("MULTI30K_DIR"))
+    opus = opus_mt_directory(root / "opus-mt-de-en", data_dir("MULTI30K_DIR"))
     train_to_copy(opus)
     return opus, load_source(import_hf(opus, root / "imported"))
 
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-    return multi30k_lines(_data_dir("MULTI30K_DIR"), "test_2016_flickr.de.gz", N_SENTENCES)
+    return multi30k_lines(data_dir("MULTI30K_DIR"), "test_2016_flickr.de.gz", N_SENTENCES)
 
 
 def _until_eos(rows: Tensor) -> list[list[int]]:

@@ -16,7 +16,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tests.tiny import tiny_seq2seq  # noqa: E402
+from tests.helpers.tiny import tiny_seq2seq  # noqa: E402
 from transformer.export.hf import _marian_state_dict, from_marian  # noqa: E402
 from transformer.export.marian import MARIAN_BUFFERS, marian_weights  # noqa: E402
 from transformer.export.source import ExportError  # noqa: E402

@@ -17,8 +17,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests.conftest import _data_dir  # noqa: E402
-from tests.pretrained import opus_mt_directory  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import opus_mt_directory  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
 from transformer.export.import_cli import main  # noqa: E402
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    return opus_mt_directory(tmp_path_factory.mktemp("built") / "opus-mt-de-en", _data_dir("MULTI30K_DIR"))
+    return opus_mt_directory(tmp_path_factory.mktemp("built") / "opus-mt-de-en", data_dir("MULTI30K_DIR"))
 
 
 @pytest.fixture

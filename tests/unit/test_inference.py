@@ -15,7 +15,7 @@ import torch
 
 from data.batching import TranslationCollator
 from data.datamodules import ClassificationDataModule, TranslationDataModule
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 from transformer.evaluation.restore import saved_class_names, saved_tokenizers, with_stable_keys
 from transformer.inference import InferenceError, Segment
 from transformer.inference.batches import token_budget_batches

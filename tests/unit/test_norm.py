@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.tiny import tiny_seq2seq, tiny_sources
+from tests.helpers.tiny import tiny_seq2seq, tiny_sources
 from transformer.embedding import Embedder
 from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.norm import LayerNorm, residual_in_autocast_dtype

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend
 
 from tests.helpers.launches import Launches
-from tests.tiny import tiny_seq2seq, tiny_sources
+from tests.helpers.tiny import tiny_seq2seq, tiny_sources
 from transformer import MultiHeadAttention, kernels, losses
 from transformer.losses import label_smoothed_cross_entropy
 from transformer.search.decoding import DecodingSettings, search

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.tiny import tiny_seq2seq
+from tests.helpers.tiny import tiny_seq2seq
 from transformer.model import Seq2SeqTransformer
 from transformer.search.decoding import DecodingSettings, beam_search, decode, greedy_search, sample, search
 from transformer.search.ensemble import Ensemble

@@ -1,8 +1,8 @@
 """`data.sentencepiece_pair.SentencePiecePair` against transformers' `MarianTokenizer` on the same files.
 
-A Marian tokenizer directory is made here as OPUS-MT's are (`tests.pretrained`): a German and an English
-SentencePiece (unigram) model trained on Multi30k's training text, one vocabulary of the pieces of both
-with </s> = 0, <unk> = 1 and <pad> last (a language code token too). On 200 validation sentences the
+A Marian tokenizer directory is made here as OPUS-MT's are (`tests.helpers.pretrained`): a German and an
+English SentencePiece (unigram) model trained on Multi30k's training text, one vocabulary of the pieces of
+both with </s> = 0, <unk> = 1 and <pad> last (a language code token too). On 200 validation sentences the
 source and target ids must equal MarianTokenizer's, and so must the text decoded from ids.
 """
 
@@ -19,20 +19,20 @@ transformers = pytest.importorskip("transformers")
 from data.datamodules import TranslationDataModule  # noqa: E402
 from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide  # noqa: E402
 from data.tokenization import tokenizer_from_json  # noqa: E402
-from tests.conftest import _data_dir  # noqa: E402
-from tests.pretrained import multi30k_lines, opus_mt_tokenizer_files  # noqa: E402
+from tests.helpers.datasets import data_dir  # noqa: E402
+from tests.helpers.pretrained import multi30k_lines, opus_mt_tokenizer_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("opus-mt-de-en")
-    opus_mt_tokenizer_files(directory, _data_dir("MULTI30K_DIR"))
+    opus_mt_tokenizer_files(directory, data_dir("MULTI30K_DIR"))
     return directory
 
 
 @pytest.fixture(scope="module")
 def sentences() -> dict[str, list[str]]:
-    data = _data_dir("MULTI30K_DIR")
+    data = data_dir("MULTI30K_DIR")
     return {side: multi30k_lines(data, f"val.{side}.gz", 200) for side in ("de", "en")}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 from transformer.serving.config import ServeConfigError, ServeSettings, is_loopback
 
 ONE_MODEL = {"models": [{"id": "en-de", "checkpoint": "a.ckpt"}]}

@@ -18,8 +18,9 @@ from fastapi.testclient import TestClient
 from omegaconf import OmegaConf
 
 from data.synthetic import make_synthetic_splits
-from tests.conftest import REPO_ROOT, cli_env, run_script
 from tests.helpers import trained
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT, cli_env
 from tests.helpers.serving import free_port, served_run
 from transformer.inference import CTranslate2Translator, Translator
 from transformer.serving.app import create_app

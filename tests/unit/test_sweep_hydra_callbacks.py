@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 from transformer.cli.sweeps import ResumeOptunaStudy, SweepEndLines
 
 

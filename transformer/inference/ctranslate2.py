@@ -45,10 +45,11 @@ from transformer.evaluation.restore import checkpoint_decoding
 from transformer.export.source import ExportError, ExportSource, load_source
 from transformer.inference.batches import token_budget_batches
 from transformer.inference.ctranslate2_options import ctranslate2_checked
+from transformer.inference.languages import TargetLanguages
 from transformer.inference.loading import as_paths, device_of, load, max_tokens_of
 from transformer.inference.outputs import Hypothesis, InferenceError, Segment, Translation
 from transformer.inference.requests import PhraseEncoder
-from transformer.inference.translator import unsatisfiable_rows
+from transformer.inference.translator import target_langs, unsatisfiable_rows
 from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings
 from transformer.search.step import LengthLimits
@@ -59,8 +60,8 @@ __all__ = ["CTranslate2Translator"]
 class CTranslate2Translator:
     """Translates texts with a checkpoint converted to CTranslate2 and the checkpoint's tokenizers: the
     public surface of `transformer.inference.Translator` (`from_checkpoint`, `translate`, `settings`,
-    `defaults`, `languages`, `num_parameters`, `paths`, `device`, `task`). Call it from one thread at a
-    time."""
+    `defaults`, `languages`, `target_languages`, `target_lang`, `num_parameters`, `paths`, `device`,
+    `task`). Call it from one thread at a time."""
 
     task = "translation"
 
@@ -79,12 +80,17 @@ class CTranslate2Translator:
         directory: Path,
         paths: Sequence[Path] = (),
         languages: tuple[str | None, str | None] = (None, None),
+        target_languages: TargetLanguages | None = None,
+        target_lang: str | None = None,
     ) -> None:
         self.translator, self.config = translator, source.config
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.defaults, self.max_len, self.max_tokens = defaults, max_len, max_tokens
         self.device, self.compute_type, self.directory = device, compute_type, directory
         self.paths, self.languages = list(paths), languages
+        self.target_languages = target_languages or TargetLanguages(target=languages[1])
+        self.target_languages.check(target_lang)
+        self.target_lang = target_lang
         self.num_parameters = sum(parameter.numel() for parameter in source.model.parameters())
         self._src_tokens, self._tgt_tokens = source.vocabulary("src"), source.vocabulary("tgt")
         self._tgt_ids = {token: i for i, token in enumerate(self._tgt_tokens)}
@@ -105,6 +111,7 @@ class CTranslate2Translator:
         inter_threads: int = 1,
         intra_threads: int | None = None,
         seed: int | None = None,
+        target_lang: str | None = None,
     ) -> CTranslate2Translator:
         """One translation checkpoint (trained, averaged into one file, LoRA-merged or imported), converted
         for CTranslate2 and loaded on `device` ("cpu", "cuda", "cuda:N", "auto") with CTranslate2's
@@ -113,7 +120,8 @@ class CTranslate2Translator:
         directory there, named by the checkpoint's digest, and reuse it; None: a temporary directory removed
         with the translator. `intra_threads`: CTranslate2's threads per batch (default: torch's count).
         `seed`: seeds CTranslate2's random generators, which its threads take when the model loads (so
-        sampling's draws repeat for a translator loaded again with the same seed; they are not torch's)."""
+        sampling's draws repeat for a translator loaded again with the same seed; they are not torch's).
+        `target_lang`: the default target language of a multilingual model (one of its labels')."""
         files = as_paths(paths)
         if len(files) != 1:
             raise InferenceError(
@@ -165,6 +173,8 @@ class CTranslate2Translator:
             directory=directory,
             paths=loaded.paths,
             languages=loaded.languages,
+            target_languages=loaded.target_languages,
+            target_lang=target_lang,
         )
         if keep is not None:  # a temporary conversion lives as long as the translator
             weakref.finalize(made, shutil.rmtree, keep, ignore_errors=True)
@@ -185,11 +195,13 @@ class CTranslate2Translator:
         settings: DecodingSettings | None = None,
         *,
         generator: torch.Generator | None = None,
+        target_lang: str | None = None,
         **options: Any,
     ) -> list[Translation]:
-        """One `Translation` per text (a str, or a `Segment` with a prefix), in input order, as
-        `Translator.translate`. Sampling draws from CTranslate2's own generators (`from_checkpoint`'s
-        `seed`): a `generator` cannot fix them and is refused for sampling (ignored otherwise, as torch's)."""
+        """One `Translation` per text (a str, or a `Segment` with a prefix), in input order, each into its
+        target language (as `Translator.translate`'s `target_lang`, labelled by the same function).
+        Sampling draws from CTranslate2's own generators (`from_checkpoint`'s `seed`): a `generator` cannot
+        fix them and is refused for sampling (ignored otherwise, as torch's)."""
         if settings is not None and options:
             raise InferenceError("give decoding settings or options, not both")
         if settings is not None and not isinstance(settings, DecodingSettings):
@@ -201,8 +213,10 @@ class CTranslate2Translator:
                 "(CTranslate2Translator.from_checkpoint(..., seed=N)); a torch generator cannot fix its draws"
             )
         sources, requests = self._inputs(texts)
+        langs, where = target_langs(texts, target_lang)
+        langs = [self.target_lang if lang is None else lang for lang in langs]
         outputs: list[Translation | None] = [None] * len(sources)
-        ids = self.src_tokenizer.encode_batch(list(sources))
+        ids = self.src_tokenizer.encode_batch(self.target_languages.sources(sources, langs, where))
         collate = TranslationCollator(getattr(self.tgt_tokenizer, "pad_id", self.config.pad_id))
         for batch in token_budget_batches(
             ids, max_len=self.max_len, max_tokens=self.max_tokens, collate=collate

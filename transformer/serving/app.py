@@ -176,6 +176,11 @@ def _routes(app: FastAPI, state: State, page: Path) -> None:
         except InferenceError as err:
             seeded = {"seed": body.seed} if body.seed is not None else {}
             raise _invalid(err, {**body.options(), **seeded}) from None
+        for lang, field in body.target_langs():
+            try:
+                served.check_target_lang(lang, field)
+            except InferenceError as err:
+                raise ServeError(422, " ".join(str(err).split()), field) from None
         job = Job(body.inputs(), settings, body.seed, deadline=start + limits.timeout_s)
         outputs = await _outputs(state.workers[served.settings.id], job, request)
         return {

@@ -78,6 +78,15 @@ class Served:
                 f"send seeded sampling to a model with backend torch"
             )
 
+    def check_target_lang(self, lang: str | None, field: str) -> None:
+        """InferenceError naming `field` for a target language the model cannot translate into, or none
+        given to a multilingual model; the message lists the valid ones."""
+        targets = self.model.target_languages
+        if lang is not None:
+            targets.check(lang, field)
+        elif targets.multilingual:
+            targets.sources([""], [None], field)  # raises: a multilingual model needs a language
+
     def description(self) -> dict[str, Any]:
         """The model's entry of `GET /v1/models`."""
         source, target = getattr(self.model, "languages", (None, None))
@@ -93,6 +102,10 @@ class Served:
         }
         if self.defaults is not None:
             entry["decoding"] = {k: _plain(v) for k, v in self.defaults.items()}
+            targets = self.model.target_languages
+            # what a request's target_lang may name; multilingual: one of them must be named
+            entry["target_languages"] = list(targets.languages)
+            entry["multilingual"] = targets.multilingual
         else:
             entry["labels"] = list(self.model.labels)
         return entry

@@ -35,16 +35,18 @@ MAX_BEAM = 64
 
 class SegmentIn(BaseModel):
     """A segment with target requests: a prefix the translation starts with, phrases it must contain or
-    avoid."""
+    avoid, the language to translate it into (a multilingual model's; None: the request's)."""
 
     model_config = _STRICT
     text: str
     prefix: str | None = None
     constraints: list[str] = Field(default_factory=list)
     avoid: list[str] = Field(default_factory=list)
+    target_lang: str | None = None
 
-    def segment(self) -> Segment:
-        return Segment(self.text, self.prefix, tuple(self.constraints), tuple(self.avoid))
+    def segment(self, target_lang: str | None = None) -> Segment:
+        own = self.target_lang if self.target_lang is not None else target_lang
+        return Segment(self.text, self.prefix, tuple(self.constraints), tuple(self.avoid), own)
 
     def characters(self) -> int:
         return len(self.text) + len(self.prefix or "") + sum(map(len, (*self.constraints, *self.avoid)))
@@ -66,6 +68,7 @@ class TranslateRequest(BaseModel):
     max_len_b: int | None = None
     min_len: int | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    target_lang: str | None = None  # a multilingual model's target language, for segments naming none
 
     def options(self) -> dict[str, Any]:
         """The decoding options the request sets, as `DecodingSettings` names them (`sampling`: `search`
@@ -76,7 +79,24 @@ class TranslateRequest(BaseModel):
         return options
 
     def inputs(self) -> list[str | Segment]:
-        return [item if isinstance(item, str) else item.segment() for item in self.segments]
+        """The segments to translate, each carrying its target language (its own, else the request's):
+        requests for different languages may then share a model call."""
+        lang = self.target_lang
+        return [
+            (item if lang is None else Segment(item, target_lang=lang))
+            if isinstance(item, str)
+            else item.segment(lang)
+            for item in self.segments
+        ]
+
+    def target_langs(self) -> list[tuple[str | None, str]]:
+        """Each segment's target language and the request field it came from."""
+        return [
+            (item.target_lang, f"segments[{i}].target_lang")
+            if isinstance(item, SegmentIn) and item.target_lang is not None
+            else (self.target_lang, "target_lang")
+            for i, item in enumerate(self.segments)
+        ]
 
     def characters(self) -> int:
         return sum(len(item) if isinstance(item, str) else item.characters() for item in self.segments)

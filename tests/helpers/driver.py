@@ -1,6 +1,6 @@
 """Runs many `python SCRIPT ARGS` commands in one interpreter, in order: the libraries are imported once.
 
-    python -m tests.driver PLAN.json RESULTS.json
+    python -m tests.helpers.driver PLAN.json RESULTS.json
 
 PLAN is a list of {"script", "args", "stdin", "cwd", "subprocess"}; RESULTS gets, for each, the exit status,
 stdout, stderr and seconds, written after each command (what is done so far, if a later one hangs). Each
@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-from tests import forkserver
-from tests.forkserver import exit_status
+from tests.helpers import forkserver
+from tests.helpers.forkserver import exit_status
+from tests.helpers.repo import REPO_ROOT, cli_env
 
 
 def _run_here(script: str, args: list[str], stdin: str, cwd: str | None) -> tuple[int, str, str]:
@@ -71,16 +72,14 @@ def run_in_one_interpreter(
     steps: list[dict[str, Any]], *, timeout: float = 900, env: dict[str, str] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
     """Each step ({"script", "args", "stdin", "cwd", "subprocess"}) as a `CompletedProcess`, run in order
-    in one interpreter forked from tests/forkserver.py's warm one (the repository root its working directory
-    unless "cwd" says otherwise)."""
-    from tests.conftest import REPO_ROOT, cli_env
-
+    in one interpreter forked from tests/helpers/forkserver.py's warm one (the repository root its working
+    directory unless "cwd" says otherwise)."""
     steps = [{**step, "script": str(REPO_ROOT / step["script"])} for step in steps]
     with tempfile.TemporaryDirectory(prefix="driver_") as tmp:
         plan, out = Path(tmp) / "plan.json", Path(tmp) / "results.json"
         plan.write_text(json.dumps(steps))
         done = forkserver.run(  # forked from the test process's warm interpreter
-            [sys.executable, "-m", "tests.driver", str(plan), str(out)],
+            [sys.executable, "-m", "tests.helpers.driver", str(plan), str(out)],
             cwd=REPO_ROOT,
             env=cli_env() if env is None else env,
             timeout=timeout,

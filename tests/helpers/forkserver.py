@@ -4,8 +4,8 @@ Importing torch, Lightning, Hydra and the project is most of what a tiny trainin
 (about two thirds of one, measured with cProfile on the 2-core CI machine). `run(argv, ...)`, a drop-in for
 `subprocess.run(argv, capture_output=True, text=True, ...)`, hands a command of the form `[sys.executable,
 SCRIPT, *ARGS]` (or `-m MODULE` of this tree, `-c CODE`) to a server process that imported those libraries
-once (`python -m tests.forkserver`, one per test process) and forks a child for it. The child is a real
-process, as the command line makes one: its own pid, exit status, stdout, stderr, working directory,
+once (`python -m tests.helpers.forkserver`, one per test process) and forks a child for it. The child is a
+real process, as the command line makes one: its own pid, exit status, stdout, stderr, working directory,
 environment, stdin, `sys.argv` and `sys.path[0]`, reseeded `random`/NumPy generators, atexit handlers run
 at its end; only the imports are skipped. Everything else runs as a plain subprocess: other command forms,
 scripts of another tree (they would get this tree's modules), and commands whose environment differs from
@@ -40,6 +40,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.repo import REPO_ROOT, cli_env
+
 # read when a command runs, not when a library is imported: a difference here still forks. pytest sets
 # PYTEST_CURRENT_TEST anew for each test and phase, and in-process runs of the tests set Lightning's seed
 # (PL_GLOBAL_SEED), the DDP rendezvous, cuBLAS's workspace: without them here, commands after such a test
@@ -70,12 +72,11 @@ SET_BY_IMPORTS = {
     "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
 }
 # `python -m MODULE` forms the server takes: modules of this tree's packages (the command-line modules, the
-# benchmarks, tests/driver.py), not the server itself
+# benchmarks, tests/helpers/driver.py), not the server itself
 FORKABLE_MODULES = ("transformer.", "benchmarks.", "tests.")
 # `python -m MODULE` of a library the server imported, from any directory: submitit's local job controller
 # and job (`hydra/launcher=local`), which a forked sweep starts
 LIBRARY_MODULES = ("submitit.local._local", "submitit.core._submit")
-REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTED = {"forked": 0, "subprocess": 0}  # how this process's commands ran (tests/unit/test_forkserver.py)
 
 
@@ -265,13 +266,11 @@ def _start() -> dict[str, Any] | None:
     if os.environ.get("AIAYN_TEST_FORKSERVER", "1") == "0":
         return None
     if not _server:
-        from tests.conftest import REPO_ROOT, cli_env
-
         folder = tempfile.mkdtemp(prefix="forkserver_")
         path = os.path.join(folder, "socket")
         env = cli_env()
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.forkserver", path, str(os.getpid())],
+            [sys.executable, "-m", "tests.helpers.forkserver", path, str(os.getpid())],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -291,7 +290,11 @@ def _forkable(argv: list[str], cwd: Path, env: dict[str, str], server_env: dict[
         pass
     elif argv[1] == "-m":  # this tree's package, run from this tree
         module = argv[2] if len(argv) > 2 else ""
-        if not module.startswith(FORKABLE_MODULES) or module == "tests.forkserver" or cwd != REPO_ROOT:
+        if (
+            not module.startswith(FORKABLE_MODULES)
+            or module == "tests.helpers.forkserver"
+            or cwd != REPO_ROOT
+        ):
             return False
     elif argv[1] == "-c":  # code run from this tree (its imports are this tree's modules)
         if len(argv) < 3 or cwd != REPO_ROOT:

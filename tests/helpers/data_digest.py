@@ -5,7 +5,7 @@ golden values in the tests were computed with it on commit 859cf18 (before the p
 a folder outside the repository (`python -c` puts the working directory first on sys.path), e.g.
 
     git worktree add /tmp/before 859cf18
-    mkdir /tmp/digest && cp tests/data_digest.py /tmp/digest && cd /tmp/digest
+    mkdir /tmp/digest && cp tests/helpers/data_digest.py /tmp/digest && cd /tmp/digest
     PYTHONPATH=/tmp/before python -c "from data_digest import main; main()"
 
 (2026-11-28: the same values from this tree; ids and batches are hashed as int64 bytes since then.)
