@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from transformer.config import TransformerConfig
 from transformer.dropout import Dropout
 from transformer.embedding import Embedder, build_positional, build_rotary, init_weights
-from transformer.stacks import build_encoder
+from transformer.stacks import Encoder
 
 __all__ = ["POOLINGS", "Pooling", "TransformerClassifier", "TransformerMaskedLM"]
 
@@ -37,7 +37,7 @@ class _EncoderOnly(nn.Module):
             config, nn.Embedding(config.src_vocab_size, config.d_model), build_positional(config)
         )
         self.rotary = build_rotary(config)
-        self.encoder = build_encoder(config)
+        self.encoder = Encoder.of(config)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) long -> hidden states (B, S, D), padding mask (B, S) True = pad."""

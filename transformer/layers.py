@@ -8,13 +8,13 @@ packed or cached inputs is the business of `transformer.attention_paths`, not of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.attention import KVCache, MultiHeadAttention, RotaryLike, TokenPacking
 from transformer.attention_paths import decoder_path, encoder_path
+from transformer.config import ACTIVATIONS, Activation
 from transformer.dropout import Dropout
 from transformer.norm import LayerNorm
 
@@ -35,13 +35,11 @@ class FeedForward(nn.Module):
         d_model: int,
         d_ff: int,
         dropout: float = 0.1,
-        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
+        activation: Activation = "relu",
     ) -> None:
         super().__init__()
-        if activation not in ("relu", "gelu", "silu", "swiglu"):
-            raise ValueError(
-                f"activation must be one of ['relu', 'gelu', 'silu', 'swiglu'], got {activation!r}"
-            )
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
         self.linear1 = nn.Linear(d_model, d_ff)
         self.gate = nn.Linear(d_model, d_ff) if activation == "swiglu" else None
@@ -90,7 +88,7 @@ class EncoderLayer(_SublayerConnections):
         d_ff: int,
         dropout: float = 0.1,
         attention_dropout: float = 0.0,
-        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
+        activation: Activation = "relu",
         norm_first: bool = False,
         norm_eps: float = 1e-5,
     ) -> None:
@@ -134,7 +132,7 @@ class DecoderLayer(_SublayerConnections):
         d_ff: int,
         dropout: float = 0.1,
         attention_dropout: float = 0.0,
-        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
+        activation: Activation = "relu",
         norm_first: bool = False,
         norm_eps: float = 1e-5,
     ) -> None:

@@ -18,7 +18,7 @@ from transformer.embedding import Embedder, build_positional, build_rotary, init
 from transformer.encoder_only import TransformerClassifier, TransformerMaskedLM
 from transformer.kv_cache import DecoderCache
 from transformer.packing import BatchPacking, TokenPacking, prefix_mask
-from transformer.stacks import Decoder, Encoder, build_decoder, build_encoder
+from transformer.stacks import Decoder, Encoder
 
 __all__ = [
     "Decoder",
@@ -65,8 +65,8 @@ class Seq2SeqTransformer(nn.Module):
         self.src_embed = Embedder.of(config, src_embedding, src_positional)
         self.tgt_embed = Embedder.of(config, tgt_embedding, tgt_positional)
         self.rotary = build_rotary(config)
-        self.encoder = build_encoder(config)
-        self.decoder = build_decoder(config)
+        self.encoder = Encoder.of(config)
+        self.decoder = Decoder.of(config)
         init_weights(self)
 
     def padding_mask(self, tokens: Tensor) -> Tensor:

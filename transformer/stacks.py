@@ -3,20 +3,23 @@ LayerNorm when pre-LN. Each stack runs padded batches, packed tokens (`forward_p
 decoder, incremental decoding over a `DecoderCache`. With activation checkpointing on, training
 passes keep only each layer's input and recompute the layer in the backward pass; with `compile_layers`,
 training passes over padded batches run each stack's layers through one compiled `forward`.
+
+Layers and stacks take small explicit arguments, as torch's do; `Encoder.of(config)` / `Decoder.of(config)`
+are the builders, the one place that reads the layers' arguments from a `TransformerConfig`.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import torch
 import torch._dynamo
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from transformer.config import TransformerConfig
+from transformer.config import Activation, TransformerConfig
 from transformer.inductor import compile_options
 from transformer.kernels import RotaryLike, attention_dtype
 from transformer.kv_cache import DecoderCache
@@ -24,12 +27,12 @@ from transformer.layers import DecoderLayer, EncoderLayer
 from transformer.norm import LayerNorm
 from transformer.packing import TokenPacking
 
+_Stack = TypeVar("_Stack", bound="_LayerStack")
+
 __all__ = [
     "CompiledLayerCall",
     "Decoder",
     "Encoder",
-    "build_decoder",
-    "build_encoder",
     "checkpoint_layers",
     "compile_layers",
 ]
@@ -48,7 +51,7 @@ class _LayerStack(nn.Module):
         n_layers: int,
         dropout: float = 0.1,
         attention_dropout: float = 0.0,
-        activation: Literal["relu", "gelu", "silu", "swiglu"] = "relu",
+        activation: Activation = "relu",
         norm_first: bool = False,
         norm_eps: float = 1e-5,
     ) -> None:
@@ -64,6 +67,21 @@ class _LayerStack(nn.Module):
     activation_checkpointing: bool = False
     # the layers through one torch.compile'd call in training (`compile_layers`); None: eager
     compiled_call: CompiledLayerCall | None = None
+
+    @classmethod
+    def _of(cls: type[_Stack], config: TransformerConfig, n_layers: int) -> _Stack:
+        """n_layers layers with the arguments `config` gives every layer (read here only)."""
+        return cls(
+            config.d_model,
+            config.n_heads,
+            config.d_ff,
+            n_layers,
+            config.dropout,
+            config.attention_dropout,
+            config.activation,
+            config.norm_first,
+            config.norm_eps,
+        )
 
     def _final_norm(self, x: Tensor) -> Tensor:
         return self.norm(x) if self.norm is not None else x
@@ -86,6 +104,11 @@ class Encoder(_LayerStack):
     """A stack of `EncoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
 
     _layer = EncoderLayer
+
+    @classmethod
+    def of(cls, config: TransformerConfig) -> Encoder:
+        """The encoder `config` describes: n_encoder_layers layers."""
+        return cls._of(config, config.n_encoder_layers)
 
     def forward(
         self, x: Tensor, key_padding_mask: Tensor | None = None, *, rotary: RotaryLike | None = None
@@ -129,6 +152,11 @@ class Decoder(_LayerStack):
     """A stack of `DecoderLayer`s (Section 3.1), with a final LayerNorm when pre-LN."""
 
     _layer = DecoderLayer
+
+    @classmethod
+    def of(cls, config: TransformerConfig) -> Decoder:
+        """The decoder `config` describes: n_decoder_layers layers."""
+        return cls._of(config, config.n_decoder_layers)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.layers))
@@ -260,31 +288,3 @@ def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool 
     for stack in stacks:
         stack.compiled_call = CompiledLayerCall(stack._layer, backend, fullgraph)
     return sum(len(stack.layers) for stack in stacks)
-
-
-def build_encoder(config: TransformerConfig) -> Encoder:
-    return Encoder(
-        config.d_model,
-        config.n_heads,
-        config.d_ff,
-        config.n_encoder_layers,
-        config.dropout,
-        config.attention_dropout,
-        config.activation,
-        config.norm_first,
-        config.norm_eps,
-    )
-
-
-def build_decoder(config: TransformerConfig) -> Decoder:
-    return Decoder(
-        config.d_model,
-        config.n_heads,
-        config.d_ff,
-        config.n_decoder_layers,
-        config.dropout,
-        config.attention_dropout,
-        config.activation,
-        config.norm_first,
-        config.norm_eps,
-    )
