@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -157,10 +158,24 @@ class BPEDropout:
         }
         self._normalize = backend.normalizer.normalize_str if backend.normalizer else (lambda text: text)
         self._pre_tokenize = backend.pre_tokenizer.pre_tokenize_str
+        # added tokens (a tag, a target-language label) are cut out of the text first and kept whole,
+        # as `tokenizers` does; the text between them is normalized and pre-tokenized on its own
+        self._added = {token.content: i for i, token in backend.get_added_tokens_decoder().items()}
+        longest_first = sorted(self._added, key=len, reverse=True)
+        self._added_pattern = (
+            re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if self._added else None
+        )
 
     def words(self, text: str) -> list[str]:
-        """The pre-tokenized words of `text` (normalized): BPE never merges across them."""
-        return [word for word, _ in self._pre_tokenize(self._normalize(text))]
+        """The pre-tokenized words of `text` (normalized) and its added tokens: BPE merges within each."""
+        parts = [text] if self._added_pattern is None else self._added_pattern.split(text)
+        words: list[str] = []
+        for k, part in enumerate(parts):
+            if k % 2:  # an added token (the pattern's group)
+                words.append(part)
+            elif part:
+                words += [word for word, _ in self._pre_tokenize(self._normalize(part))]
+        return words
 
     def encode(self, text: str, rng: np.random.Generator) -> list[int]:
         """[BOS, ..., EOS] ids of `text`, segmented with dropout drawn from `rng`."""
@@ -170,6 +185,9 @@ class BPEDropout:
         """As `encode`, for words already pre-tokenized with `words` (cache them: it is the slow part)."""
         ids = [BOS_ID]
         for word in words:
+            if word in self._added:  # one token, never segmented (pre-tokenized words never equal one)
+                ids.append(self._added[word])
+                continue
             ids.extend(self._vocab.get(piece, UNK_ID) for piece in self._segment(word, rng))
         ids.append(EOS_ID)
         return ids

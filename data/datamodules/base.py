@@ -66,9 +66,8 @@ class TokenBudgetDataModule(TokenizedDataModule):
     def train_dataloader(self) -> DataLoader:
         dataset = self.tokenized(self.splits["train"])
         trainer = self._trainer_or_none()
-        self._train_sampler = TokenBudgetBatchSampler(
-            self._lengths(dataset),
-            self.max_tokens,
+        self._train_sampler = self._train_batch_sampler(
+            dataset,
             shuffle=True,
             seed=self.seed,
             pool_size=self.pool_size,
@@ -81,6 +80,10 @@ class TokenBudgetDataModule(TokenizedDataModule):
             self._train_sampler.load_state_dict(self._pending_sampler_state)
             self._pending_sampler_state = None
         return self._loader(dataset, self._train_sampler)
+
+    def _train_batch_sampler(self, dataset: datasets.Dataset, **settings: Any) -> TokenBudgetBatchSampler:
+        """The training sampler over `dataset` with the loader's `settings` (several pairs: over them)."""
+        return TokenBudgetBatchSampler(self._lengths(dataset), self.max_tokens, **settings)
 
     def _eval_loader(self, split: str) -> DataLoader:
         dataset = self.tokenized(split)

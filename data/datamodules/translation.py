@@ -14,16 +14,17 @@ import datasets
 import numpy as np
 
 from data import cache, sources, synthetic
-from data.batching import TranslationCollator
+from data.batching import TokenBudgetBatchSampler, TranslationCollator
 from data.clean import REPORT_FILE, CleanSettings, clean_split, summary_line
 from data.datamodules.base import TokenBudgetDataModule
+from data.datamodules.pairs import PairsMixin
 from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE
 from data.tokenization import BPETokenizer, CorpusEncoder
 
 log = logging.getLogger(__name__)
 
 
-class TranslationDataModule(TokenBudgetDataModule):
+class TranslationDataModule(PairsMixin, TokenBudgetDataModule):
     """Parallel text -> batches of src, src_padding_mask, tgt_in, tgt_out, tgt_padding_mask, id.
 
     source: "synthetic" (built-in task, splits train/val/test), "multi30k" (`data_dir` in the official
@@ -44,6 +45,13 @@ class TranslationDataModule(TokenBudgetDataModule):
     settings, or None for none. They run once on the real training split (not `extra_train`, not val or
     test), before the tokenizer learns from it; the cleaned split is a prepared-data cache entry whose key
     holds the filters' settings, with `clean_report.json` beside its Arrow file.
+
+    `pairs` (docs/multilingual.md): None for one pair (`src_lang` -> `tgt_lang`), or several, e.g.
+    ["en-de", "en-fr"] or mappings {src, tgt, source, data_dir, hub_name, hub_config} for a pair from its
+    own source; one joint tokenizer over every language; the target's label (`labels.format`) before each
+    source when there is more than one target language; training batches drawn over the pairs with
+    probability proportional to n_i^(1/`sampling_temperature`); validation and test scored per direction
+    (`directions`). `source: numbers` is the built-in multilingual task (`data.synthetic_numbers`).
     """
 
     _text_columns = ("src", "tgt")
@@ -51,7 +59,7 @@ class TranslationDataModule(TokenBudgetDataModule):
 
     def __init__(
         self,
-        source: Literal["synthetic", "multi30k", "parallel", "hub"] = "synthetic",
+        source: Literal["synthetic", "numbers", "multi30k", "parallel", "hub"] = "synthetic",
         data_dir: str | Path | None = None,
         src_lang: str = "en",
         tgt_lang: str = "de",
@@ -80,11 +88,14 @@ class TranslationDataModule(TokenBudgetDataModule):
         train_copies: int = 1,
         packing: bool = False,
         clean: Mapping[str, Any] | None = None,
+        pairs: Sequence[Any] | None = None,
+        labels: Mapping[str, Any] | None = None,
+        sampling_temperature: float | str = 1.0,
     ) -> None:
         super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
-        if source not in ("synthetic", "multi30k", "parallel", "hub"):
-            raise ValueError(f"source must be synthetic, multi30k, parallel or hub, got {source!r}")
-        if source == "hub" and not hub_name:
+        if source not in ("synthetic", "numbers", "multi30k", "parallel", "hub"):
+            raise ValueError(f"source must be synthetic, numbers, multi30k, parallel or hub, got {source!r}")
+        if source == "hub" and not hub_name and pairs is None:
             raise ValueError("source='hub' needs hub_name (a dataset on the HuggingFace hub)")
         if src_lang == tgt_lang:
             raise ValueError(f"src_lang and tgt_lang must differ, both are {src_lang!r}")
@@ -106,7 +117,9 @@ class TranslationDataModule(TokenBudgetDataModule):
         if not isinstance(packing, bool):
             raise ValueError(f"packing must be true or false, got {packing!r}")
         self.packing = packing
-        self.clean = None if clean is None else CleanSettings(clean, src_lang, tgt_lang)
+        self._take_pairs(pairs, labels, sampling_temperature, clean, extra_train)  # PairsMixin
+        # several pairs: each is cleaned with its own languages' filters (`_pair_clean`)
+        self.clean = None if clean is None or pairs is not None else CleanSettings(clean, src_lang, tgt_lang)
         self._clean_summary: dict[str, str] | None = None  # the cleaned split's report line and file
         self._clean_logged = False
 
@@ -123,6 +136,12 @@ class TranslationDataModule(TokenBudgetDataModule):
 
     def _load_real(self, splits: Sequence[str]) -> datasets.DatasetDict:
         """The corpus's own splits (the training split without `extra_train` and `train_copies`)."""
+        if self.pairs is not None:
+            return self._load_pairs(splits)
+        if self.source == "numbers":
+            return sources.load_numbers(
+                splits, self.src_lang, self.tgt_lang, seed=self.seed, sizes=self.synthetic_sizes
+            )
         if self.source == "synthetic":
             # Generating one split draws the others too (they are disjoint): keep them all.
             everything = list(dict.fromkeys([*splits, *(self.synthetic_sizes or synthetic.DEFAULT_SIZES)]))
@@ -146,6 +165,8 @@ class TranslationDataModule(TokenBudgetDataModule):
         return {"joint": ["src", "tgt"]} if self.joint_vocab else {"src": ["src"], "tgt": ["tgt"]}
 
     def _files(self, split: str) -> list[Path] | None:
+        if self.pairs is not None:
+            return self._pair_files(split)
         if self.source == "multi30k" and self.data_dir is not None:
             layout = sources.MULTI30K_LAYOUT
         elif self.source == "parallel":
@@ -155,10 +176,20 @@ class TranslationDataModule(TokenBudgetDataModule):
         return list(sources.parallel_files(self.data_dir, split, self.src_lang, self.tgt_lang, layout))
 
     def _settings(self) -> dict[str, Any]:
+        if self.pairs is not None:
+            return self._pair_settings()
+        if self.source == "numbers":
+            return {
+                "source": self.source,
+                "src_lang": self.src_lang,
+                "tgt_lang": self.tgt_lang,
+                "sizes": self.synthetic_sizes,
+            }
         return {"source": self.source, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
 
     def _special_tokens(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p["tag"] for p in self.extra_train if p["tag"]))
+        labels = self.language_labels.tokens if self.language_labels is not None else []
+        return tuple(dict.fromkeys([*labels, *(p["tag"] for p in self.extra_train if p["tag"])]))
 
     def _identity(self, split: str) -> dict[str, Any]:
         """The training split's identity also holds the cleaning filters' settings."""
@@ -264,7 +295,9 @@ class TranslationDataModule(TokenBudgetDataModule):
 
     def _cache_tag(self, side: str) -> str:
         langs = (
-            f"{self.src_lang}-{self.tgt_lang}"
+            "+".join(pair.name for pair in self.pairs)
+            if self.pairs is not None
+            else f"{self.src_lang}-{self.tgt_lang}"
             if side == "joint"
             else (self.src_lang, self.tgt_lang)[side == "tgt"]
         )
@@ -284,6 +317,15 @@ class TranslationDataModule(TokenBudgetDataModule):
 
     def _collator(self) -> TranslationCollator:
         return TranslationCollator(self.pad_id, packing=self.packing)
+
+    def _train_batch_sampler(self, dataset: datasets.Dataset, **settings: Any) -> TokenBudgetBatchSampler:
+        if not self.multilingual:
+            return super()._train_batch_sampler(dataset, **settings)
+        return self._pair_sampler(dataset, self._lengths(dataset), **settings)  # PairsMixin
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base's state, plus the pairs' directions and labels (`PairsMixin._pair_state`)."""
+        return {**super().state_dict(), **self._pair_state()}
 
     @property
     def tgt_tokenizer(self) -> BPETokenizer:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import datasets
 
-from data import synthetic
+from data import synthetic, synthetic_numbers
 from data.sources.reading import DataError, arrow_dataset, check_dir, find_file, hub_splits, iter_lines
 
 log = logging.getLogger(__name__)
@@ -178,4 +178,21 @@ def load_synthetic(
     generated = synthetic.make_synthetic_splits(seed, sizes)
     return datasets.DatasetDict(
         {split: parallel_dataset(*generated[split], f"synthetic[{split}]") for split in splits}
+    )
+
+
+def load_numbers(
+    splits: Sequence[str], src_lang: str, tgt_lang: str, seed: int = 0, sizes: Mapping[str, int] | None = None
+) -> datasets.DatasetDict:
+    """One direction of the built-in multilingual number task (see `data.synthetic_numbers`)."""
+    sizes = dict(synthetic_numbers.DEFAULT_SIZES if sizes is None else sizes)
+    unknown = [split for split in splits if split not in sizes]
+    if unknown:
+        raise DataError(f"the numbers task has splits {sorted(sizes)}, not {unknown}")
+    try:
+        generated = synthetic_numbers.make_pair_splits(src_lang, tgt_lang, seed, sizes)
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    return datasets.DatasetDict(
+        {split: parallel_dataset(*generated[split], f"numbers[{split}]") for split in splits}
     )

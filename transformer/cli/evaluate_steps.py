@@ -365,6 +365,7 @@ def score_and_write(
             references=datamodule.references(split),
             decoding=decoding,
             label_smoothing=restored.hparams.get("label_smoothing", 0.0),
+            directions=datamodule.directions(split) if hasattr(datamodule, "directions") else None,
         )
         files = write_translation_outputs(out_dir, result, inputs, decoding=decoding)
         if result.n_best:

@@ -11,6 +11,8 @@ from typing import Any
 import lightning as L
 import torch
 
+from transformer.evaluation.directions import direction_table
+
 
 def last_checkpoint(trainer: L.Trainer) -> str | None:
     """The newest checkpoint: what a checkpoint callback without a monitor (or `save_last`) wrote."""
@@ -36,7 +38,11 @@ def floats(metrics: Mapping[str, Any]) -> dict[str, float | None]:
 
 
 def print_metrics(metrics: Mapping[str, Any], last_line: str) -> None:
-    """The final metrics as a two-column table on stdout, then `last_line` (where the outputs are)."""
+    """The final metrics as a two-column table on stdout, then `last_line` (where the outputs are); a
+    multilingual test split's scores first as one row per direction."""
+    by_direction = direction_table({k: v for k, v in metrics.items() if isinstance(v, float)}, "test")
+    if by_direction:
+        print(by_direction)
     width = max((len(k) for k in metrics), default=0)
     for name, value in sorted(metrics.items()):
         print(f"{name:<{width}}  {number(value) if isinstance(value, float) else value}")

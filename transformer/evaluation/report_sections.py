@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from transformer.evaluation.directions import direction_section
 from transformer.evaluation.markdown import MarkdownReport, one_line
 from transformer.evaluation.plots import (
     Curves,
@@ -212,6 +213,8 @@ def write_translation_report(
     _metrics_section(report, result.metrics)
     report.code("\n".join(f"{name}: {signature}" for name, signature in result.signatures.items()))
     files = _bleu_by_length_section(report, out_dir, buckets)
+    if (chart := direction_section(report, result.metrics, "test", out_dir)) is not None:
+        files["bleu_by_direction"] = chart
     _sentences_sections(report, result, inputs.options.samples)
     return _finish_report(report, files, out_dir, _translation_examples(result, inputs), inputs)
 

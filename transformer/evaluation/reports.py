@@ -100,14 +100,22 @@ def _write_translation_files(
         "bleu_by_source_length": [{"words": b.label, "count": b.count, "bleu": b.bleu} for b in buckets],
         **info,
     }
+    by_direction = bool(result.directions)  # predictions.tsv names each sentence's direction
     files = {
         "metrics": _write_json(out_dir / "metrics.json", metrics),
         "hypotheses": out_dir / "hypotheses.txt",
         "predictions": _write_tsv(
             out_dir / "predictions.tsv",
-            ["id", "source", "reference", "hypothesis", "sentence_bleu"],
             [
-                [i, s, r, h, f"{b:.2f}"]
+                "id",
+                *(["direction"] if by_direction else []),
+                "source",
+                "reference",
+                "hypothesis",
+                "sentence_bleu",
+            ],
+            [
+                [i, *([result.directions[i]] if by_direction else []), s, r, h, f"{b:.2f}"]
                 for i, (s, r, h, b) in enumerate(
                     zip(result.sources, result.references, result.hypotheses, result.sentence_bleu)
                 )
@@ -116,6 +124,12 @@ def _write_translation_files(
     }
     hypotheses = "".join(one_line(h) + "\n" for h in result.hypotheses)
     write_text(files["hypotheses"], hypotheses, f"hypotheses.txt of {_size(hypotheses)}")
+    for direction in sorted(set(result.directions)):  # a multilingual split: each direction's own file too
+        name = f"hypotheses.{direction}.txt"
+        lines = "".join(
+            one_line(h) + "\n" for h, d in zip(result.hypotheses, result.directions) if d == direction
+        )
+        files[f"hypotheses_{direction}"] = write_text(out_dir / name, lines, f"{name} of {_size(lines)}")
     return files
 
 

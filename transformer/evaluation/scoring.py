@@ -41,6 +41,7 @@ __all__ = [
     "bleu_by_length",
     "checkpoint_decoding",
     "corpus_scores",
+    "direction_scores",
     "score_classification",
     "score_signatures",
     "score_translation",
@@ -66,6 +67,8 @@ class TranslationResult:
     # with n_best > 1: per sentence its hypotheses (text, the search's score), best first; else empty
     n_best: list[list[tuple[str, float]]] = field(default_factory=list)
     n_best_ids: list[list[list[int]]] = field(default_factory=list)  # their token ids, as hypothesis_ids
+    # a multilingual split: the direction ("en-de") of each sentence; empty for a single direction
+    directions: list[str] = field(default_factory=list)
 
 
 # force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
@@ -107,13 +110,16 @@ def score_translation(
     decoding: DecodingSettings,
     label_smoothing: float,
     stage: str = "test",
+    directions: Sequence[str] | None = None,
 ) -> TranslationResult:
     """Teacher-forced loss / perplexity / token accuracy and decoded BLEU / chrF / exact match.
 
     `decode_ids` turns hypothesis token ids into detokenized text (the target tokenizer's
     `decode_batch`); `sources` / `references` are the raw texts of the split, indexed by `batch["id"]`.
     BLEU and the other corpus scores use each sentence's best hypothesis; with `decoding.n_best` > 1
-    the result also holds every sentence's n-best list.
+    the result also holds every sentence's n-best list. `directions` (a multilingual split: each
+    sentence's direction, by id) scores each direction and takes their means as the corpus scores
+    (`transformer.evaluation.directions`, as validation does).
     """
     model.eval()
     sums = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
@@ -136,7 +142,7 @@ def score_translation(
     refs = list(references)
     sentence = sacrebleu.BLEU(effective_order=True)  # sentence BLEU needs effective order
     return TranslationResult(
-        metrics=_translation_metrics(sums, hyps, refs, stage),
+        metrics=_translation_metrics(sums, hyps, refs, stage, directions),
         signatures=score_signatures(),
         sources=list(sources),
         references=refs,
@@ -145,6 +151,7 @@ def score_translation(
         sentence_bleu=[sentence.sentence_score(h, [r]).score for h, r in zip(hyps, refs)],
         n_best=[n_best[i] for i in range(len(references))] if n_best else [],
         n_best_ids=[n_best_ids[i] for i in range(len(references))] if n_best else [],
+        directions=list(directions or []),
     )
 
 
@@ -168,7 +175,11 @@ def _add_teacher_forced(
 
 
 def _translation_metrics(
-    sums: Mapping[str, float], hypotheses: list[str], references: list[str], stage: str
+    sums: Mapping[str, float],
+    hypotheses: list[str],
+    references: list[str],
+    stage: str,
+    directions: Sequence[str] | None = None,
 ) -> dict[str, float]:
     tokens = max(sums["tokens"], 1.0)
     nll = sums["nll"] / tokens
@@ -177,8 +188,45 @@ def _translation_metrics(
         f"{stage}/nll": nll,
         f"{stage}/ppl": math.exp(nll),
         f"{stage}/token_acc": sums["correct"] / tokens,
-        **{f"{stage}/{name}": value for name, value in corpus_scores(hypotheses, references).items()},
+        **{f"{stage}/{name}": value for name, value in _corpus(hypotheses, references, directions).items()},
     }
+
+
+def _corpus(
+    hypotheses: list[str], references: list[str], directions: Sequence[str] | None
+) -> dict[str, float]:
+    return (
+        corpus_scores(hypotheses, references)
+        if not directions
+        else direction_scores(hypotheses, references, directions)
+    )
+
+
+def direction_scores(
+    hypotheses: Sequence[str], references: Sequence[str], directions: Sequence[str]
+) -> dict[str, float]:
+    """`corpus_scores` of each direction's sentences as `{name}_{direction}` ("bleu_en-de"), with
+    `n_sentences_{direction}`, and under the plain names their mean over the directions (each direction
+    weighs the same, however many sentences it has: a checkpoint good in one direction only is not the
+    one selected). Validation and evaluate.py score a multilingual split through here."""
+    if not len(hypotheses) == len(references) == len(directions):
+        raise ValueError(
+            f"{len(hypotheses)} hypotheses, {len(references)} references and {len(directions)} directions"
+        )
+    chosen: dict[str, list[int]] = {}
+    for i, direction in enumerate(directions):
+        chosen.setdefault(direction, []).append(i)
+    per = {
+        direction: corpus_scores([hypotheses[i] for i in rows], [references[i] for i in rows])
+        for direction, rows in sorted(chosen.items())
+    }
+    scores: dict[str, float] = {}
+    for direction, values in per.items():
+        scores.update({f"{name}_{direction}": value for name, value in values.items()})
+        scores[f"n_sentences_{direction}"] = float(len(chosen[direction]))
+    for name in next(iter(per.values()), {}):
+        scores[name] = sum(values[name] for values in per.values()) / len(per)
+    return scores
 
 
 def _check_every_example(seen: Collection[int], num_examples: int) -> None:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from transformer.config import TransformerConfig
 from transformer.evaluation.init_from import imported_note, init_origin, load_pretrained_translation
-from transformer.evaluation.scoring import corpus_scores
+from transformer.evaluation.scoring import corpus_scores, direction_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
 from transformer.packing import BatchPacking
@@ -28,6 +28,7 @@ from transformer.training.base import (
 from transformer.training.compiling import CompiledStep, check_compile_mode, fused_loss_conflict, pad_length
 
 log = logging.getLogger(__name__)
+LANGUAGE_LABELS_KEY = "language_labels"  # data.labels.LABELS_KEY (training may not import data/)
 
 
 class TranslationTask(TaskBase):
@@ -252,10 +253,26 @@ class TranslationTask(TaskBase):
     ) -> dict[str, float]:
         """The scores of `hypotheses` (example id -> text; a sentence decoded twice, on two ranks of a tiny
         split, counts once) against the references of `stage`'s split."""
-        references = self._datamodule().references(self._split_name(stage))
+        split = self._split_name(stage)
+        references = self._datamodule().references(split)
         order = sorted(hypotheses)
-        scores = corpus_scores([hypotheses[i] for i in order], [references[i] for i in order])
+        hyps, refs = [hypotheses[i] for i in order], [references[i] for i in order]
+        # several directions (a multilingual datamodule's `directions`): scored each, the means selecting
+        directions_of = getattr(self._datamodule(), "directions", None)
+        directions = directions_of(split) if callable(directions_of) else None
+        if directions is None:
+            scores = corpus_scores(hyps, refs)
+        else:
+            scores = direction_scores(hyps, refs, [directions[i] for i in order])
         return {**scores, "n_sentences": float(len(order))}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Also the target-language labels of a multilingual model under the checkpoint's own key, where
+        programs read them (`data.labels.LABELS_KEY`; the datamodule state holds them as well)."""
+        super().on_save_checkpoint(checkpoint)
+        labels = (checkpoint.get("TranslationDataModule") or {}).get(LANGUAGE_LABELS_KEY)
+        if labels:
+            checkpoint[LANGUAGE_LABELS_KEY] = labels
 
     def _n_local(self) -> int:
         return sum(len(ids) for ids, _ in self._decoded)

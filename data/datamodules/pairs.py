@@ -1,0 +1,221 @@
+"""Several pairs in one translation datamodule (`data.pairs`, docs/multilingual.md): each pair's splits
+loaded from its source, cleaned with its own languages' filters, labelled with its target language's label
+when the model has more than one, and concatenated with a "pair" column; training batches drawn over the
+pairs with temperature sampling (`data.pairs.PairSampledBatchSampler`)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+
+from data import prepare, sources
+from data.clean import CleanSettings, clean_split
+from data.labels import DEFAULT_FORMAT, LABELS_KEY, LanguageLabels
+from data.pairs import (
+    Pair,
+    PairSampledBatchSampler,
+    check_temperature,
+    pair_counts,
+    parse_pairs,
+    temperature_probabilities,
+)
+
+log = logging.getLogger(__name__)
+
+PAIR_COLUMN = "pair"  # the index of an example's pair in `data.pairs`, kept through tokenizing
+_SOURCE_FILES = {"multi30k": sources.MULTI30K_LAYOUT, "parallel": "{split}.{lang}"}
+
+
+class PairsMixin:
+    """What `TranslationDataModule` does with `pairs` (None: one pair, `src_lang` -> `tgt_lang`, as always).
+
+    Labels: the target language's label (`labels.format`, default OPUS-MT's `>>{lang}<<`) is put before
+    every source when the pairs have more than one target language, and is a special token of the
+    tokenizer (one joint BPE over every language keeps it whole). A many-to-one model gets no labels.
+    """
+
+    # set by the datamodule's constructor (`_take_pairs`)
+    pairs: list[Pair] | None = None
+    language_labels: LanguageLabels | None = None
+    sampling_temperature: float = 1.0
+    _pair_clean: list[CleanSettings] | None = None
+
+    def _take_pairs(
+        self,
+        pairs: Sequence[Any] | None,
+        labels: Mapping[str, Any] | None,
+        sampling_temperature: Any,
+        clean: Mapping[str, Any] | None,
+        extra_train: Sequence[Any] | None,
+    ) -> None:
+        """Check and keep the multilingual settings (ValueError naming the key at fault)."""
+        self.sampling_temperature = check_temperature(sampling_temperature)
+        label_format = DEFAULT_FORMAT
+        if labels is not None:
+            unknown = sorted(set(labels) - {"format"})
+            if unknown:
+                raise ValueError(f"data.labels takes format (e.g. '>>{{lang}}<<'), not {unknown}")
+            label_format = labels.get("format") or DEFAULT_FORMAT
+        if pairs is None:
+            return
+        self.pairs = parse_pairs(pairs)
+        for i, pair in enumerate(self.pairs):
+            if (pair.source or self.source) == "synthetic":
+                raise ValueError(
+                    f"data.pairs[{i}] ({pair.name}): the synthetic task is English -> German only; pairs "
+                    "take source numbers (the multilingual number task), multi30k, parallel or hub"
+                )
+        if extra_train:
+            raise ValueError(
+                "data.extra_train is not supported with data.pairs (its pairs have no direction)"
+            )
+        targets = {pair.tgt for pair in self.pairs}
+        if len(targets) > 1:
+            try:
+                self.language_labels = LanguageLabels.for_languages(targets, label_format)
+            except ValueError as err:
+                raise ValueError(f"data.labels.format: {err}") from None
+        if clean is not None:
+            self._pair_clean = [CleanSettings(clean, pair.src, pair.tgt) for pair in self.pairs]
+
+    @property
+    def multilingual(self) -> bool:
+        """Whether the splits hold more than one direction (scored per direction)."""
+        return self.pairs is not None and len(self.pairs) > 1
+
+    def directions(self, split: str) -> list[str] | None:
+        """The direction ("en-de") of each example of `split` by id; None for a single pair."""
+        if not self.multilingual:
+            return None
+        assert self.pairs is not None
+        names = [pair.name for pair in self.pairs]
+        return [names[i] for i in self.raw_split(split)[PAIR_COLUMN]]
+
+    # -- raw splits --------------------------------------------------------------------------------
+    def _load_pairs(self, splits: Sequence[str]) -> datasets.DatasetDict:
+        """Every pair's `splits`, each (train: cleaned) and labelled, concatenated with the "pair" column."""
+        assert self.pairs is not None
+        parts: dict[str, list[datasets.Dataset]] = {split: [] for split in splits}
+        for index, pair in enumerate(self.pairs):
+            try:
+                loaded = self._load_pair(pair, splits)
+            except sources.DataError as err:
+                raise sources.DataError(f"data.pairs[{index}] ({pair.name}): {err}") from None
+            for split in splits:
+                raw = loaded[split]
+                if split == self.splits["train"] and self._pair_clean is not None:
+                    raw = self._clean_pair(raw, index)
+                parts[split].append(self._labelled(raw, index))
+        return datasets.DatasetDict(
+            {split: datasets.concatenate_datasets(found) for split, found in parts.items()}
+        )
+
+    def _load_pair(self, pair: Pair, splits: Sequence[str]) -> datasets.DatasetDict:
+        source = pair.source or self.source
+        data_dir = pair.data_dir or self.data_dir
+        if source == "numbers":
+            return sources.load_numbers(
+                splits, pair.src, pair.tgt, seed=self.seed, sizes=self.synthetic_sizes
+            )
+        if source == "multi30k":
+            return sources.load_multi30k(data_dir, splits, pair.src, pair.tgt)
+        if source == "parallel":
+            if data_dir is None:
+                raise sources.DataError(
+                    "source parallel needs data_dir (a directory of {split}.{lang}[.gz] files)"
+                )
+            return sources.load_parallel_dir(data_dir, splits, pair.src, pair.tgt, "{split}.{lang}")
+        hub_name = pair.hub_name or self.hub_name
+        if not hub_name:
+            raise sources.DataError("source hub needs hub_name (a dataset on the HuggingFace hub)")
+        return sources.load_translation_hub(
+            hub_name, splits, pair.src, pair.tgt, pair.hub_config or self.hub_config, self.hub_split_names
+        )
+
+    def _labelled(self, raw: datasets.Dataset, index: int) -> datasets.Dataset:
+        """`raw` with its pair index (multilingual: the target label before each source)."""
+        assert self.pairs is not None
+        label = None if self.language_labels is None else self.language_labels.label(self.pairs[index].tgt)
+
+        def add(batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+            srcs = batch["src"] if label is None else [f"{label} {text}" for text in batch["src"]]
+            return {"src": srcs, PAIR_COLUMN: [index] * len(srcs)}
+
+        return raw.map(add, batched=True, desc=None, load_from_cache_file=False)
+
+    def _clean_pair(self, raw: datasets.Dataset, index: int) -> datasets.Dataset:
+        """The pair's training split through its `data.clean` filters (its own languages); the tokenized
+        split, whose cache key holds the filters' settings, is what later runs reuse."""
+        assert self.pairs is not None and self._pair_clean is not None
+        pair = self.pairs[index]
+        directory = Path(tempfile.mkdtemp(dir=datasets.fingerprint.get_temporary_cache_files_directory()))
+        cleaned, report = clean_split(
+            raw, self._pair_clean[index], directory, f"data.pairs[{index}] ({pair.name})"
+        )
+        log.info("Cleaned %s of %s (data.clean): %s", self.splits["train"], pair.name, report.summary())
+        return cleaned
+
+    def _pair_files(self, split: str) -> list[Path] | None:
+        """Every pair's local files of `split`, or None when a pair is generated or from the hub."""
+        assert self.pairs is not None
+        files: list[Path] = []
+        for index, pair in enumerate(self.pairs):
+            source = pair.source or self.source
+            data_dir = pair.data_dir or self.data_dir
+            if source not in _SOURCE_FILES or data_dir is None:
+                return None
+            try:
+                files += sources.parallel_files(data_dir, split, pair.src, pair.tgt, _SOURCE_FILES[source])
+            except sources.DataError as err:
+                raise sources.DataError(f"data.pairs[{index}] ({pair.name}): {err}") from None
+        return files
+
+    def _pair_settings(self) -> dict[str, Any]:
+        """The cache keys' part for the pairs: each pair, the labels and the cleaning filters."""
+        assert self.pairs is not None
+        return {
+            "source": self.source,
+            "pairs": [pair.key() for pair in self.pairs],
+            "labels": None if self.language_labels is None else self.language_labels.to_state(),
+            "clean": None if self._pair_clean is None else [c.key() for c in self._pair_clean],
+            **({"synthetic_sizes": self.synthetic_sizes} if self.synthetic_sizes else {}),
+        }
+
+    # -- training batches ----------------------------------------------------------------------------
+    def _pair_sampler(
+        self, dataset: datasets.Dataset, lengths: np.ndarray, **settings: Any
+    ) -> PairSampledBatchSampler:
+        """The training sampler over the pairs of the tokenized training split, logged once per build."""
+        assert self.pairs is not None
+        pair_of = int_column(dataset, PAIR_COLUMN)
+        counts = pair_counts(pair_of, len(self.pairs))
+        probabilities = temperature_probabilities(counts, self.sampling_temperature)
+        log.info(
+            "Drawing training batches over %d pairs (sampling_temperature=%s): %s",
+            len(self.pairs),
+            self.sampling_temperature,
+            ", ".join(
+                f"{p.name} {n} examples p={q:.3f}" for p, n, q in zip(self.pairs, counts, probabilities)
+            ),
+        )
+        return PairSampledBatchSampler(lengths, pair_of, probabilities, self.max_tokens, **settings)
+
+    def _pair_state(self) -> dict[str, Any]:
+        """What a checkpoint records of the pairs: their directions and (multilingual) the labels."""
+        if self.pairs is None:
+            return {}
+        state: dict[str, Any] = {"pairs": [pair.name for pair in self.pairs]}
+        if self.language_labels is not None:
+            state[LABELS_KEY] = self.language_labels.to_state()
+        return state
+
+
+def int_column(dataset: datasets.Dataset, column: str) -> np.ndarray:
+    """An integer column of a memory-mapped split as one array (no Python int per row)."""
+    return prepare.length_array(dataset, column).astype(np.int64)
