@@ -6,13 +6,18 @@ and links val and test_2016_flickr to the clean originals, so that the directory
 and without `data.clean` (docs/results.md).
 
     python -m benchmarks.data.noisy_data_dir --data-dir $MULTI30K_DIR --output-dir noisy_multi30k
+    python -m benchmarks.data.noisy_data_dir --smoke   # the first 2,000 pairs, into a temporary directory
+
+Prints one line and then a JSON line with the counts of each kind.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -23,22 +28,34 @@ from data.sources import read_lines
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=os.environ.get("MULTI30K_DIR", "/work/shared/data/multi30k"))
-    parser.add_argument("--output-dir", required=True, help="a new directory (never overwritten)")
+    parser.add_argument("--output-dir", help="a new directory (never overwritten)")
     parser.add_argument("--src-lang", default="de")
     parser.add_argument("--tgt-lang", default="en")
     parser.add_argument("--third-lang", default="fr", help="the wrong language's sentences")
     parser.add_argument("--share", type=float, default=0.05, help="share of the pairs per kind of noise")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--smoke", action="store_true", help="the first 2,000 pairs, into a temporary directory"
+    )
     args = parser.parse_args(argv)
-    out = Path(args.output_dir)
+    if args.smoke:
+        with tempfile.TemporaryDirectory() as scratch:
+            _write(args, Path(scratch) / "noisy", limit=2000)
+    elif args.output_dir is None:
+        parser.error("--output-dir is required (or --smoke)")
+    else:
+        _write(args, Path(args.output_dir))
+
+
+def _write(args: argparse.Namespace, out: Path, limit: int | None = None) -> None:
     if out.exists():
-        parser.exit(2, f"error: {out} exists; choose a new --output-dir\n")
+        raise SystemExit(f"error: {out} exists; choose a new --output-dir")
     source = Path(args.data_dir).resolve()
     texts = [
         read_lines(str(source / f"train.{lang}.gz"))
         for lang in (args.src_lang, args.tgt_lang, args.third_lang)
     ]
-    rows = make_noisy(*texts, share=args.share, seed=args.seed)
+    rows = make_noisy(*(t[:limit] for t in texts), share=args.share, seed=args.seed)
     partial = out.with_name(out.name + ".partial")
     partial.mkdir(parents=True)
     for column, lang in enumerate((args.src_lang, args.tgt_lang)):
@@ -51,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     partial.rename(out)
     kinds = Counter(kind for _, _, kind in rows)
     print(f"wrote {out}: {len(rows)} train pairs, " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    print(
+        json.dumps({"benchmark": "noisy_data_dir", "pairs": len(rows), "kinds": dict(sorted(kinds.items()))})
+    )
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ IN_PROCESS = {
     "data.padding_waste": ["--smoke"],
     "data.bench_clean": ["--smoke", "--data-dir", DATA],  # the cleaning filters on a noisy Multi30k sample
     "data.langid_choice": ["--smoke", "--data-dir", DATA],
+    "data.noisy_data_dir": ["--smoke", "--data-dir", DATA],  # a noisy Multi30k data_dir (issue 66's runs)
 }
 OWN_PROCESSES = {  # each starts processes of its own (a model a process; train.py runs)
     "data.bench_clean_scale": ["--smoke"],  # python -m data.clean in a child per size and filter set
