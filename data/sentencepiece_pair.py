@@ -6,7 +6,8 @@ pieces) and `vocab.json` (piece -> model id; `target_vocab.json` too when the vo
 transformers' `MarianTokenizer` does, token for token and character for character:
 
 - a source sentence is its source pieces' ids, then </s> (no <s>); a leading language code such as `>>fra<<`
-  (multilingual models) is one token of its own;
+  (multilingual models) is one token of its own; `language_labels` lists a multilingual vocabulary's codes
+  as the target-language labels of `data.labels` (issue 65);
 - a target sentence is its target pieces' ids, then </s>; the decoder starts from the pad token;
 - a piece missing from the vocabulary is <unk>; decoding stops at the first </s>, drops special tokens and
   joins the pieces with SentencePiece's decoder (the source model's for a shared vocabulary, as Marian).
@@ -25,6 +26,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from data.labels import LanguageLabels
 
 __all__ = ["SentencePiecePair", "SentencePieceSide"]
 
@@ -93,6 +96,14 @@ class SentencePiecePair:
         source, target = (directory / "source.spm").read_bytes(), (directory / "target.spm").read_bytes()
         return cls(source, target, vocab, target_vocab)
 
+    def language_labels(self) -> LanguageLabels | None:
+        """The target-language labels of a multilingual (one-to-many, many-to-many) OPUS-MT vocabulary:
+        every `>>code<<` piece of the source vocabulary (the form MarianTokenizer's
+        `supported_language_codes` lists), by code (`>>fra<<` -> "fra"); None when there are fewer than two,
+        since a model with one target language takes its sentences without a label."""
+        codes = {piece[2:-2]: piece for piece in self.vocab if _is_label(piece)}
+        return LanguageLabels(codes) if len(codes) > 1 else None
+
     def to_state(self) -> dict[str, Any]:
         """Plain data for a checkpoint (`from_state` reverses it)."""
         return {
@@ -136,6 +147,12 @@ class SentencePiecePair:
                 pieces.append(self._pieces.get(i, UNK))
         decoder = self._target if self.target_vocab is not None else self._source  # as Marian decodes
         return decoder.decode_pieces(pieces).replace(WORD_START, " ").strip()
+
+
+def _is_label(piece: str) -> bool:
+    """Whether a vocabulary piece is a language code, `>>xxx<<` (one word, something between the marks)."""
+    marked = piece.startswith(">>") and piece.endswith("<<") and len(piece) > 4
+    return marked and not any(map(str.isspace, piece))
 
 
 class SentencePieceSide:
