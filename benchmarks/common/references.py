@@ -3,7 +3,7 @@
 - `TorchReference`: torch.nn.Transformer between the same kind of embeddings as ours (scaled, sinusoidal
   positions, dropout) with a tied output projection, given the masks ours uses.
 - `MarianReference`: transformers.MarianMTModel built from the `MarianConfig` our export writes for the
-  same config (`transformer.export.marian.marian_config`; random init, no download): post-LN, sinusoidal
+  same config (`transformer.interop.marian.marian_config`; random init, no download): post-LN, sinusoidal
   positions, scaled embeddings, tied vocabulary as the config says, SDPA.
 - `marian_generate`: its `generate` at a fixed length, the decoding reference; `mean_length` of outputs.
 - `make_batches`: random padded batches; `Batch` carries the non-pad token count (and, once moved to its
@@ -99,7 +99,7 @@ class MarianReference(nn.Module):
         super().__init__()
         from transformers import MarianMTModel
 
-        from transformer.export.marian import marian_config  # the export's own mapping
+        from transformer.interop.marian import marian_config  # the export's own mapping
 
         self.config = config
         self.marian = MarianMTModel._from_config(marian_config(config), attn_implementation="sdpa")

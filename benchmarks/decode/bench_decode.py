@@ -16,7 +16,7 @@ Repeats are interleaved (the order rotates) and medians reported, in sentences/s
         [--device cuda] [--bf16]
 
 `--export-ckpt CKPT --data-dir DIR`: deployment speed of a trained translation checkpoint instead. The
-checkpoint is exported (`transformer.export`) to CTranslate2 float32 and int8 and to transformers
+checkpoint is exported (`transformer.interop`) to CTranslate2 float32 and int8 and to transformers
 (MarianMTModel), and each decodes the same Multi30k split (default test_2016_flickr) in the same
 length-sorted batches with the same threads, beam size and alpha (the checkpoint's test decoding), the
 methods interleaved round by round: sentences/s (median of rounds), speed relative to ours, BLEU of
@@ -245,7 +245,7 @@ def deploy_benchmark(args: argparse.Namespace) -> None:
     """--export-ckpt: ours vs CTranslate2 float32 / int8 vs transformers on a real split (see the top)."""
     import tempfile
 
-    from transformer.export.source import load_source
+    from transformer.interop.source import load_source
 
     source = load_source(args.export_ckpt)
     texts, references = load_split(args.data_dir, args.split, source.run_config, args.quick)

@@ -3,8 +3,8 @@
 A MarianMTModel shaped like Helsinki-NLP/opus-mt-de-en (d_model 512, 6+6 layers, 8 heads, d_ff 2048, SiLU,
 58,101 tokens, `final_logits_bias`, shared embeddings, the decoder starting from <pad>) with random weights
 (transformers' initialisation, seeded: speed does not depend on the values) is saved as `save_pretrained`
-writes it, imported with `aiayn-import`'s code (`transformer.export.hf.import_hf`) and exported to
-CTranslate2 float32 with `aiayn-export`'s (`transformer.export.ctranslate2`): the three decode the same
+writes it, imported with `aiayn-import`'s code (`transformer.interop.import_hf.import_hf`) and exported to
+CTranslate2 float32 with `aiayn-export`'s (`transformer.interop.ctranslate2`): the three decode the same
 weights. `generate` runs on the saved directory, with its generation config (<pad> banned, EOS forced at
 the last step), as OPUS-MT ships it; CTranslate2 bans <pad> with `suppress_sequences`, as docs/pretrained.md
 says to.
@@ -218,9 +218,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
     from transformers import MarianMTModel
     from transformers.utils import logging as hf_logging
 
-    from transformer.export.ctranslate2 import export_ctranslate2
-    from transformer.export.hf import import_hf
-    from transformer.export.source import load_source
+    from transformer.interop.ctranslate2 import export_ctranslate2
+    from transformer.interop.import_hf import import_hf
+    from transformer.interop.source import load_source
 
     start = time.perf_counter()
     hf_logging.set_verbosity_error()

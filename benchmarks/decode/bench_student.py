@@ -83,8 +83,8 @@ def compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
     from data.tokenization import BPETokenizer
     from transformer.evaluation.scoring import corpus_scores
-    from transformer.export.ctranslate2 import export_ctranslate2
-    from transformer.export.source import load_source
+    from transformer.interop.ctranslate2 import export_ctranslate2
+    from transformer.interop.source import load_source
 
     teacher = load_source(args.teacher)
     beam, alpha = int(teacher.decoding["beam_size"]), float(teacher.decoding["length_penalty"])

@@ -19,7 +19,7 @@ from torch import Tensor
 from transformer.search.decoding import beam_search, greedy_search
 
 if TYPE_CHECKING:
-    from transformer.export.source import ExportSource
+    from transformer.interop.source import ExportSource
 
 Runner = Callable[..., list[list[int]]]
 
@@ -115,7 +115,7 @@ def ct2_translator(directory: Path, compute_type: str, threads: int, parallel: i
     `parallel` batches at once (its inter_threads) on threads / parallel each."""
     import ctranslate2
 
-    from transformer.export.ctranslate2 import keeping_torch_threads
+    from transformer.interop.ctranslate2 import keeping_torch_threads
 
     with keeping_torch_threads():  # else torch (ours, decoding after it) would run on intra_threads
         return ctranslate2.Translator(
@@ -182,8 +182,8 @@ def deploy_methods(
     from transformers import AutoModelForSeq2SeqLM
     from transformers.utils import logging as hf_logging
 
-    from transformer.export.ctranslate2 import export_ctranslate2
-    from transformer.export.hf import export_hf
+    from transformer.interop.ctranslate2 import export_ctranslate2
+    from transformer.interop.export_hf import export_hf
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

@@ -13,7 +13,7 @@ from benchmarks.common.timing import paired_ratio
 from transformer.model import Seq2SeqTransformer
 
 if TYPE_CHECKING:
-    from transformer.export.source import ExportSource
+    from transformer.interop.source import ExportSource
 
 
 def _sequence_log_probs(

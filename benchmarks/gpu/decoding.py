@@ -69,8 +69,8 @@ def ctranslate2_translator(model: Seq2SeqTransformer, device: torch.device, tmp:
     import ctranslate2
     import tokenizers
 
-    from transformer.export.ctranslate2 import keeping_torch_threads, to_ctranslate2_spec
-    from transformer.export.source import ExportSource
+    from transformer.interop.ctranslate2 import keeping_torch_threads, to_ctranslate2_spec
+    from transformer.interop.source import ExportSource
 
     vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
     vocab.update({f"t{i}": i for i in range(4, model.config.tgt_vocab_size)})

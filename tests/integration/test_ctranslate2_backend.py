@@ -26,9 +26,9 @@ from tests.helpers.datasets import data_dir
 from tests.helpers.opus_mt import train_to_copy
 from tests.helpers.pretrained import multi30k_lines, opus_mt_directory
 from transformer.checkpoint import load_checkpoint
-from transformer.export.hf import import_hf
 from transformer.inference import InferenceError, Segment, Translation, Translator, load
 from transformer.inference.ctranslate2 import CTranslate2Translator
+from transformer.interop.import_hf import import_hf
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # the session's training run
 translation_run = trained.translation_run

@@ -27,7 +27,7 @@ from tests.helpers.pretrained import opus_mt_directory  # noqa: E402
 from train import train  # noqa: E402
 from transformer.cli.distill import corpus, synthetic  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
-from transformer.export.import_cli import main as import_main  # noqa: E402
+from transformer.interop.import_cli import main as import_main  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

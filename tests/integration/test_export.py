@@ -67,7 +67,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     for name, extra in (("hf", []), ("ct2", []), ("ct2_int8", ["--quantization", "int8"])):
         target = "hf" if name == "hf" else "ctranslate2"
         out = root / name
-        done = _run(["-m", "transformer.export.cli", str(ckpt), "--to", target, "--output", str(out), *extra])
+        done = _run(
+            ["-m", "transformer.interop.export_cli", str(ckpt), "--to", target, "--output", str(out), *extra]
+        )
         assert done.returncode == 0 and done.stderr.count("error:") == 0, done.stderr[-3000:]
         assert str(out) in done.stdout
         exports[name] = out
@@ -76,7 +78,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     data = checkpoint["config"]["data"]
     test = load_synthetic(["test"], seed=data["seed"], sizes=data["synthetic_sizes"])["test"]
-    from transformer.export.source import load_source
+    from transformer.interop.source import load_source
 
     return {"metrics": metrics, "source": load_source(ckpt), "texts": test["src"][:], **exports}
 

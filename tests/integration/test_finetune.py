@@ -23,8 +23,8 @@ from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import opus_mt_directory  # noqa: E402
 from transformer.cli import build, init_from  # noqa: E402
 from transformer.cli.errors import ConfigError  # noqa: E402
-from transformer.export.cli import main as export_main  # noqa: E402
-from transformer.export.import_cli import main as import_main  # noqa: E402
+from transformer.interop.export_cli import main as export_main  # noqa: E402
+from transformer.interop.import_cli import main as import_main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from tests.helpers.pretrained import bert_directory, opus_mt_directory  # noqa: 
 from tests.helpers.repo import cli_env  # noqa: E402
 from tests.helpers.sst import write_sst  # noqa: E402
 from transformer.evaluation.restore import restore_model  # noqa: E402
-from transformer.export.import_cli import main as import_main  # noqa: E402
+from transformer.interop.import_cli import main as import_main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
 from tests.helpers.repo import REPO_ROOT, cli_env  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
-from transformer.export.import_cli import main  # noqa: E402
+from transformer.interop.import_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow  # evaluate.py runs as a process
 N_SENTENCES = 30
@@ -130,7 +130,10 @@ def test_aiayn_export_exports_the_imported_model(imported: Path, tmp_path) -> No
     out = tmp_path / "ct2"
     argv = [str(imported), "--to", "ctranslate2", "--output", str(out)]
     result = forkserver.run(
-        [sys.executable, "-m", "transformer.export.cli", *argv], cwd=REPO_ROOT, env=cli_env(), timeout=600
+        [sys.executable, "-m", "transformer.interop.export_cli", *argv],
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     line = result.stdout.strip()

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from tests.helpers.cli import run_script  # noqa: E402
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import bert_directory, sst2_lines  # noqa: E402
-from transformer.export.import_cli import main  # noqa: E402
+from transformer.interop.import_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow  # evaluate.py runs as a process
 N_SENTENCES = 40

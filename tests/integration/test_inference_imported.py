@@ -17,8 +17,8 @@ pytest.importorskip("sentencepiece")
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import bert_directory, multi30k_lines, opus_mt_directory, sst2_lines  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
-from transformer.export.import_cli import main  # noqa: E402
 from transformer.inference import Classifier, Translator, load  # noqa: E402
+from transformer.interop.import_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 N_SENTENCES = 30

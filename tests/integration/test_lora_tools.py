@@ -22,9 +22,9 @@ from tests.helpers.datasets import data_dir
 from tests.helpers.pretrained import bert_directory, opus_mt_directory
 from tests.helpers.repo import REPO_ROOT, cli_env
 from tests.helpers.sst import write_sst
-from transformer.export.import_cli import main as import_main
-from transformer.export.lora_cli import main as lora_main
 from transformer.inference import Classifier, Translator
+from transformer.interop.import_cli import main as import_main
+from transformer.interop.lora_cli import main as lora_main
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,7 @@ def test_adapter_is_small_and_loads_back_on_its_base_only(opus_lora, tmp_path, c
         [
             sys.executable,
             "-m",
-            "transformer.export.lora_cli",
+            "transformer.interop.lora_cli",
             "apply",
             str(adapter),
             "--base",

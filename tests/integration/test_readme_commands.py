@@ -31,7 +31,7 @@ import pytest
 from tests.helpers.driver import run_in_one_interpreter
 from tests.helpers.pretrained import bert_directory, opus_mt_directory
 from tests.helpers.repo import REPO_ROOT, cli_env
-from transformer.export import import_cli
+from transformer.interop import import_cli
 
 pytestmark = pytest.mark.slow
 

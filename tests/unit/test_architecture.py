@@ -59,7 +59,7 @@ def _layer(module: str) -> str:
         return "package"  # transformer/__init__.py: re-exports the core and the searches
     if parts[1:3] == ["cli", "distill"]:
         return "distill"
-    rooms = ("search", "training", "evaluation", "export", "cli", "inference", "serving")
+    rooms = ("search", "training", "evaluation", "interop", "cli", "inference", "serving")
     return parts[1] if parts[1] in rooms else "core"
 
 
@@ -71,9 +71,9 @@ ALLOWED = {
     "data": set(),
     "evaluation": {"core", "search"},
     "training": {"core", "search", "evaluation"},
-    "export": {"core", "search", "evaluation", "data"},  # aiayn-import writes the pipeline's tokenizer
+    "interop": {"core", "search", "evaluation", "data"},  # aiayn-import writes the pipeline's tokenizer
     # the Python API of a checkpoint (no Hydra, no Lightning: data's tokenizers and batching, not datamodules)
-    "inference": {"core", "search", "evaluation", "data", "export"},
+    "inference": {"core", "search", "evaluation", "data", "interop"},
     "serving": {"inference", "core", "search", "evaluation"},  # the HTTP server on top of inference
     "cli": {"core", "search", "evaluation", "training", "data", "inference"},
     "distill": {"core", "search", "evaluation", "data", "cli", "inference"},  # on top of the other cli parts
@@ -214,7 +214,7 @@ MODULES_WITHOUT_LIGHTNING = (
     "transformer.evaluation.reports",
     "transformer.evaluation.plots",
     "transformer.evaluation.sweep_report",
-    "transformer.export.cli",
+    "transformer.interop.export_cli",
     "transformer.inference",
     "transformer.serving.app",  # the server: inference and FastAPI, no Lightning, no Hydra
     "data.batching",

@@ -36,7 +36,7 @@ from transformer.config import TransformerConfig
 from transformer.evaluation.report_sections import ReportOptions
 from transformer.evaluation.reports import ReportInputs, write_translation_outputs
 from transformer.evaluation.scoring import TranslationResult
-from transformer.export.source import staged_output
+from transformer.interop.source import staged_output
 from transformer.model import Seq2SeqTransformer
 from transformer.training.checkpoint_io import (
     AtomicCheckpointIO,
@@ -350,7 +350,7 @@ def test_export_cli_ends_in_one_line_and_writes_nothing(
     tmp_path: Path, full_disk: Callable, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("transformers")
-    from transformer.export.cli import main
+    from transformer.interop.export_cli import main
 
     tokenizer = train_bpe(["one two three", "eins zwei drei"] * 20, 60)
     config = TransformerConfig(

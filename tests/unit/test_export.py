@@ -25,16 +25,17 @@ from torch import Tensor
 from data.synthetic import generate_pair
 from data.tokenization import BPETokenizer, train_bpe
 from transformer.config import TransformerConfig
-from transformer.export.cli import main
+from transformer.interop.export_cli import main
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 from transformer.search.decoding import beam_search, greedy_search
 
 transformers = pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from transformer.export.ctranslate2 import export_ctranslate2  # noqa: E402
-from transformer.export.hf import export_hf, to_marian  # noqa: E402
-from transformer.export.source import ExportError, load_source  # noqa: E402
+from transformer.interop.ctranslate2 import export_ctranslate2  # noqa: E402
+from transformer.interop.export_hf import export_hf  # noqa: E402
+from transformer.interop.marian import to_marian  # noqa: E402
+from transformer.interop.source import ExportError, load_source  # noqa: E402
 
 MAX_LEN = 48
 DECODING = {"beam_size": 1, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10}
@@ -365,7 +366,7 @@ def test_ctranslate2_expresses_every_variant(trained: dict, tmp_path: Path, chan
 def test_starting_a_translator_leaves_torch_threads_alone(ct2_dir: Path) -> None:
     """A Translator sets the shared OpenMP thread count to its intra_threads (torch followed it: our beam
     search then ran 7-8x slower); inside `keeping_torch_threads` torch keeps its own count."""
-    from transformer.export.ctranslate2 import keeping_torch_threads
+    from transformer.interop.ctranslate2 import keeping_torch_threads
 
     before = torch.get_num_threads()
     try:
@@ -649,7 +650,7 @@ def test_an_export_that_computes_something_else_is_not_written(
 ) -> None:
     """Every export is loaded back from its files and compared with the checkpoint on a probe batch:
     a wrong weight (here, the permutation left out of one LayerNorm) fails the export."""
-    from transformer.export import hf
+    from transformer.interop import marian as hf
 
     original = hf._marian_state_dict
 
@@ -669,7 +670,7 @@ def test_a_ctranslate2_export_that_computes_something_else_is_not_written(
 ) -> None:
     """The same for CTranslate2 (float32, where the comparison is enforced): one feed-forward layer's
     first weight scaled by 1.5 in the converted model fails the export, and nothing is left behind."""
-    from transformer.export import ctranslate2 as ct2
+    from transformer.interop import ctranslate2 as ct2
 
     original = ct2._set_feed_forward
     wrong_layers: list[object] = []

@@ -35,10 +35,11 @@ from data.sentencepiece_pair import SentencePieceSide  # noqa: E402
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.opus_mt import quiet_marian_tokenizer, train_to_copy  # noqa: E402
 from tests.helpers.pretrained import multi30k_lines, opus_mt_directory, opus_mt_tokenizer_files  # noqa: E402
-from transformer.export.cli import main  # noqa: E402
-from transformer.export.ctranslate2 import export_ctranslate2  # noqa: E402
-from transformer.export.hf import export_hf, import_hf  # noqa: E402
-from transformer.export.source import ExportError, ExportSource, load_source  # noqa: E402
+from transformer.interop.ctranslate2 import export_ctranslate2  # noqa: E402
+from transformer.interop.export_cli import main  # noqa: E402
+from transformer.interop.export_hf import export_hf  # noqa: E402
+from transformer.interop.import_hf import import_hf  # noqa: E402
+from transformer.interop.source import ExportError, ExportSource, load_source  # noqa: E402
 from transformer.search.decoding import beam_search, greedy_search  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -253,7 +254,7 @@ def test_the_self_check_catches_a_source_bos_on_an_imported_model(
 ) -> None:
     """The export's check runs on the Marian layout: CTranslate2 told to add a start token to the sources
     (as for our own models) computes something else, and nothing is written."""
-    from transformer.export import ctranslate2 as ct2
+    from transformer.interop import ctranslate2 as ct2
 
     original = ct2.to_ctranslate2_spec
 
@@ -273,7 +274,7 @@ def test_the_self_check_catches_a_wrong_marian_tokenizer(
 ) -> None:
     """The transformers export also loads its MarianTokenizer back: with the SentencePiece models swapped
     (German text cut by the English model) it encodes otherwise, and nothing is written."""
-    from transformer.export import hf
+    from transformer.interop import export_hf as hf
 
     original = hf.write_marian_tokenizer
 
@@ -293,7 +294,7 @@ def test_the_self_check_catches_a_wrong_marian_tokenizer(
 
 
 def test_the_card_of_an_imported_model_trained_further(source: ExportSource) -> None:
-    from transformer.export.card import model_card
+    from transformer.interop.card import model_card
 
     assert "## Recipe" not in model_card(source, "hf", {})  # an import trained nothing here
     card = model_card(dataclasses.replace(source, global_step=500), "hf", {})

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import forkserver
 from tests.helpers.repo import REPO_ROOT, cli_env
 
-HELP = [sys.executable, "-m", "transformer.export.cli", "--help"]
+HELP = [sys.executable, "-m", "transformer.interop.export_cli", "--help"]
 TEXT = {"capture_output": True, "text": True, "timeout": 300}
 
 

@@ -1,4 +1,4 @@
-"""Importing BERT-family classifiers (`transformer.export.bert`, `aiayn-import`): tiny models made here
+"""Importing BERT-family classifiers (`transformer.interop.bert`, `aiayn-import`): tiny models made here
 (`tests.helpers.pretrained.bert_directory`: hidden 32, 2 layers, random weights, WordPiece trained on SST-2
 text) give the logits transformers gives on padded batches, the tokenizer gives BertTokenizerFast's ids, a
 BertModel gets a new head, and what ours cannot represent is refused with one line, nothing written.
@@ -23,7 +23,7 @@ from transformer.checkpoint import load_checkpoint  # noqa: E402
 from transformer.config import TransformerConfig  # noqa: E402
 from transformer.encoder_only import TransformerClassifier  # noqa: E402
 from transformer.evaluation.restore import restore_model  # noqa: E402
-from transformer.export.import_cli import main  # noqa: E402
+from transformer.interop.import_cli import main  # noqa: E402
 
 N_SENTENCES = 200
 TOLERANCE = 1e-5
@@ -400,7 +400,7 @@ def test_a_bert_model_saved_without_its_pooler_gets_a_new_one_too(
 
 
 def test_num_classes_bounds_for_a_new_head(sst2: Path, tmp_path: Path, capsys) -> None:
-    from transformer.export.weights import MAX_CLASSES
+    from transformer.interop.weights import MAX_CLASSES
 
     source = bert_directory(tmp_path / "bare", sst2, head=False)
     for bad in ("1", "0", str(MAX_CLASSES + 1)):

@@ -1,6 +1,6 @@
 """`aiayn-import` of damaged or contradictory model directories: one `error:` line naming the file and what is
 wrong, exit status 1, nothing written, and nothing large allocated on the way (sizes are checked against the
-weights' headers on the meta device first: `transformer.export.weights`). Each case damages a copy of a tiny
+weights' headers on the meta device first: `transformer.interop.weights`). Each case damages a copy of a tiny
 OPUS-MT or BERT directory (`tests.helpers.pretrained`) that imports cleanly as it is.
 """
 
@@ -21,9 +21,9 @@ pytest.importorskip("sentencepiece")
 
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import bert_directory, opus_mt_directory  # noqa: E402
-from transformer.export.import_cli import main  # noqa: E402
-from transformer.export.source import ExportError  # noqa: E402
-from transformer.export.weights import weight_shapes  # noqa: E402
+from transformer.interop.import_cli import main  # noqa: E402
+from transformer.interop.source import ExportError  # noqa: E402
+from transformer.interop.weights import weight_shapes  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

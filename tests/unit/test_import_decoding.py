@@ -1,6 +1,6 @@
 """An imported OPUS-MT model decodes as the system it came from: `aiayn-import` takes its generation settings
 (num_beams, length_penalty with transformers' len ** alpha normalization, early_stopping) as the
-checkpoint's decoding defaults (`transformer.export.marian.decoding_from_marian`), and our beam search at
+checkpoint's decoding defaults (`transformer.interop.marian.decoding_from_marian`), and our beam search at
 those defaults gives `MarianMTModel.generate`'s tokens.
 
 The model is the tiny OPUS-MT-shaped directory of `tests.helpers.pretrained`, trained here for 100 steps to
@@ -24,9 +24,9 @@ from data.sentencepiece_pair import SentencePieceSide  # noqa: E402
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.opus_mt import quiet_marian_tokenizer, train_to_copy  # noqa: E402
 from tests.helpers.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
-from transformer.export.hf import import_hf  # noqa: E402
-from transformer.export.marian import decoding_from_marian  # noqa: E402
-from transformer.export.source import ExportError, ExportSource, load_source  # noqa: E402
+from transformer.interop.import_hf import import_hf  # noqa: E402
+from transformer.interop.marian import decoding_from_marian  # noqa: E402
+from transformer.interop.source import ExportError, ExportSource, load_source  # noqa: E402
 from transformer.search.decoding import DecodingSettings, search  # noqa: E402
 from transformer.search.step import LengthLimits  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""Importing transformers' MarianMTModel (the OPUS-MT layout) into ours (`transformer.export.hf.from_marian`).
+"""Importing transformers' MarianMTModel (the OPUS-MT layout) into ours
+(`transformer.interop.marian.from_marian`).
 
 The Marian model is shaped like an OPUS-MT one, only tiny: SiLU ("swish") feed-forward, a
 `final_logits_bias`, one shared vocabulary with the pad token last, EOS = 0, the decoder starting from the
@@ -17,9 +18,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tests.helpers.tiny import tiny_seq2seq  # noqa: E402
-from transformer.export.hf import _marian_state_dict, from_marian  # noqa: E402
-from transformer.export.marian import MARIAN_BUFFERS, marian_weights  # noqa: E402
-from transformer.export.source import ExportError  # noqa: E402
+from transformer.interop.marian import (  # noqa: E402
+    MARIAN_BUFFERS,
+    _marian_state_dict,
+    from_marian,
+    marian_weights,
+)
+from transformer.interop.source import ExportError  # noqa: E402
 from transformer.losses import label_smoothed_cross_entropy  # noqa: E402
 from transformer.search.decoding import beam_search, greedy_search  # noqa: E402
 
@@ -203,7 +208,7 @@ def test_what_ours_cannot_represent_is_refused_by_name(config, named: str) -> No
 def test_a_decoder_starting_from_its_bos_token_is_taken_and_an_end_token_equal_to_the_start_refused() -> None:
     """Marian configs may start the decoder from the pad token (OPUS-MT) or from a BOS token of its own;
     ours starts from `bos_id` either way. An EOS equal to the start token (or the pad) has no end."""
-    from transformer.export.marian import config_from_marian, marian_refusal
+    from transformer.interop.marian import config_from_marian, marian_refusal
 
     opus = config_from_marian(_opus_mt_config())
     assert (opus.pad_id, opus.bos_id, opus.eos_id) == (PAD, PAD, EOS)
@@ -222,7 +227,7 @@ def test_a_decoder_starting_from_its_bos_token_is_taken_and_an_end_token_equal_t
 def test_tied_matrices_that_disagree_and_a_shared_embedding_over_two_vocabularies_are_refused() -> None:
     """Marian holds the shared embedding under three names (shared, encoder's, decoder's): ours keeps one
     matrix, so the copies must be equal; sharing it between vocabularies of two sizes is impossible."""
-    from transformer.export.marian import config_from_marian, marian_refusal, weights_from_marian
+    from transformer.interop.marian import config_from_marian, marian_refusal, weights_from_marian
 
     torch.manual_seed(0)
     marian = transformers.MarianMTModel(_opus_mt_config()).eval()

@@ -20,7 +20,7 @@ pytest.importorskip("sentencepiece")
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import opus_mt_directory  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
-from transformer.export.import_cli import main  # noqa: E402
+from transformer.interop.import_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,7 +1,7 @@
 """`CTranslate2Translator`: the inference API's `Translator` with CTranslate2 doing the search (issue 64,
 item 5; docs/serving.md "The CTranslate2 backend").
 
-The checkpoint is converted once by the existing export (`transformer.export.ctranslate2`, checked against
+The checkpoint is converted once by the existing export (`transformer.interop.ctranslate2`, checked against
 the checkpoint when written) into a directory named by the checkpoint file's digest: a `cache_dir` reused
 by later loads, or a temporary one removed with the translator. Texts go through the checkpoint's own
 tokenizers and the same token-budget batches as `Translator`'s (`transformer.inference.loading`,
@@ -42,7 +42,6 @@ from data.batching import TranslationCollator
 from transformer.checkpoint import CheckpointError
 from transformer.evaluation.n_best import n_best_texts
 from transformer.evaluation.restore import checkpoint_decoding
-from transformer.export.source import ExportError, ExportSource, load_source
 from transformer.inference.batches import token_budget_batches
 from transformer.inference.ctranslate2_options import ctranslate2_checked
 from transformer.inference.languages import TargetLanguages
@@ -50,6 +49,7 @@ from transformer.inference.loading import as_paths, device_of, load, max_tokens_
 from transformer.inference.outputs import Hypothesis, InferenceError, Segment, Translation
 from transformer.inference.requests import PhraseEncoder
 from transformer.inference.translator import target_langs, unsatisfiable_rows
+from transformer.interop.source import ExportError, ExportSource, load_source
 from transformer.search.constraints import TargetRequest
 from transformer.search.decoding import DecodingSettings
 from transformer.search.step import LengthLimits
@@ -130,7 +130,7 @@ class CTranslate2Translator:
             )
         import ctranslate2  # the `export` extra: imported only when this backend is asked for
 
-        from transformer.export.ctranslate2 import keeping_torch_threads
+        from transformer.interop.ctranslate2 import keeping_torch_threads
 
         target = device_of(device)
         ct2_device = "cuda" if target.type == "cuda" else "cpu"
@@ -351,7 +351,7 @@ class CTranslate2Translator:
 def _converted(source: ExportSource, path: Path, cache_dir: str | Path | None) -> tuple[Path, Path | None]:
     """The CTranslate2 directory of `source` (float32 weights; CTranslate2 quantizes on load) and the
     temporary directory to remove with the translator (None for a cache)."""
-    from transformer.export.ctranslate2 import export_ctranslate2
+    from transformer.interop.ctranslate2 import export_ctranslate2
 
     if cache_dir is None:
         keep = Path(tempfile.mkdtemp(prefix="aiayn-ct2-"))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from transformer.export.source import ExportError, check_output, write_failure
+from transformer.interop.source import ExportError, check_output, write_failure
 
 __all__ = ["OneLineParser", "main"]
 
@@ -71,19 +71,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = _missing_dependency("transformers" if args.to == "hf" else "ctranslate2")
         if missing:
             raise ExportError(missing)
-        from transformer.export.source import load_source
+        from transformer.interop.source import load_source
 
         source = load_source(args.checkpoint)
         if args.to == "hf":
             from transformers.utils import logging as hf_logging
 
-            from transformer.export.hf import export_hf
+            from transformer.interop.export_hf import export_hf
 
             hf_logging.set_verbosity_error()
             hf_logging.disable_progress_bar()
             output = export_hf(source, args.output, force=args.force)
         else:
-            from transformer.export.ctranslate2 import export_ctranslate2
+            from transformer.interop.ctranslate2 import export_ctranslate2
 
             output = export_ctranslate2(source, args.output, quantization=args.quantization, force=args.force)
     except (CheckpointError, ExportError) as err:

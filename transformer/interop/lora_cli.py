@@ -43,8 +43,8 @@ from transformer.evaluation.restore import (
     saved_class_names,
     task_of,
 )
-from transformer.export.cli import OneLineParser
-from transformer.export.source import write_failure
+from transformer.interop.export_cli import OneLineParser
+from transformer.interop.source import write_failure
 
 __all__ = ["adapter_of", "apply_adapter", "base_digest", "main", "merged_checkpoint"]
 

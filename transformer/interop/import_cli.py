@@ -25,8 +25,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer.export.cli import OneLineParser
-from transformer.export.source import IMPORT_FILES, ExportError, check_output, write_failure
+from transformer.interop.export_cli import OneLineParser
+from transformer.interop.source import IMPORT_FILES, ExportError, check_output, write_failure
 
 __all__ = ["main"]
 
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ExportError(f"{missing.name} is not installed: pip install -e '.[export]'") from None
         from transformers.utils import logging as hf_logging
 
-        from transformer.export.hf import import_hf
+        from transformer.interop.import_hf import import_hf
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()

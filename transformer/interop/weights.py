@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from transformer.disk import human_size
-from transformer.export.source import ExportError
+from transformer.interop.source import ExportError
 
 __all__ = ["MAX_CLASSES", "check_weights", "weight_shapes"]
 

@@ -25,9 +25,9 @@ import torch
 from ctranslate2.specs import common_spec, transformer_spec
 from torch import Tensor, nn
 
-from transformer.export.card import write_model_card
-from transformer.export.check import TOLERANCE, Exported, probe_batch, reference_log_probs
-from transformer.export.source import ExportError, ExportSource, staged_output
+from transformer.interop.card import write_model_card
+from transformer.interop.check import TOLERANCE, Exported, probe_batch, reference_log_probs
+from transformer.interop.source import ExportError, ExportSource, staged_output
 from transformer.layers import FeedForward
 from transformer.model import Seq2SeqTransformer
 
@@ -175,7 +175,7 @@ def export_ctranslate2(
     source: ExportSource, output: str | Path, *, quantization: str | None = None, force: bool = False
 ) -> Exported:
     """Write `source` as a CTranslate2 model directory at `output`, weights quantized as asked, checked
-    against the checkpoint once written (`transformer.export.check`; required to match in float32)."""
+    against the checkpoint once written (`transformer.interop.check`; required to match in float32)."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     spec = to_ctranslate2_spec(source)

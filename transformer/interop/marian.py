@@ -12,7 +12,8 @@ permutation of the model dimension, applied to every weight that reads or writes
 out_proj/fc2), turns our sin/cos layout into Marian's and leaves the function unchanged: LayerNorm's mean
 and variance do not depend on the order of the dimensions, and attention heads never see the residual
 dimensions directly. `marian_weights` applies it (export), `weights_from_marian` undoes it (import), both
-from the one table `_weight_table`.
+from the one table `_weight_table`; `to_marian` and `from_marian` apply them to whole models (export:
+`transformer.interop.export_hf`; import: `transformer.interop.import_hf`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
 from transformer.config import TransformerConfig
+from transformer.interop.source import ExportError
+from transformer.model import Seq2SeqTransformer
+
+if TYPE_CHECKING:
+    from transformers import MarianMTModel
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +43,13 @@ __all__ = [
     "MARIAN_BUFFERS",
     "config_from_marian",
     "decoding_from_marian",
+    "from_marian",
     "marian_config",
     "marian_config_values",
     "marian_permutation",
     "marian_refusal",
     "marian_weights",
+    "to_marian",
     "weights_from_marian",
 ]
 
@@ -189,8 +197,8 @@ def marian_config_values(config: TransformerConfig) -> dict[str, Any]:
 
 def marian_config(config: TransformerConfig) -> Any:
     """The `transformers.MarianConfig` of a model with `config`: architecture, dropout and generation ids
-    (the export's, `hf.to_marian`, and the benchmarks' transformers reference; transformers is imported
-    here only, so the mapping's other users need torch alone)."""
+    (the export's, `to_marian`, and the benchmarks' transformers reference; transformers is imported
+    inside the functions that build its objects only)."""
     from transformers import MarianConfig
 
     return MarianConfig(
@@ -337,3 +345,43 @@ def decoding_from_marian(directory: Path) -> dict[str, Any]:
         "max_len_a": 1.2,
         "max_len_b": 10,
     }
+
+
+def _marian_state_dict(model: Seq2SeqTransformer) -> dict[str, Tensor]:
+    """Our weights under Marian's names, the model dimension permuted (`marian_weights`)."""
+    return marian_weights(model.config, model.state_dict())
+
+
+def to_marian(model: Seq2SeqTransformer) -> MarianMTModel:
+    """A `MarianMTModel` (eval mode) computing exactly what `model` computes (post-LN, sinusoidal)."""
+    from transformers import MarianMTModel
+
+    marian = MarianMTModel(marian_config(model.config)).eval()
+    weights = _marian_state_dict(model)
+    missing, unexpected = marian.load_state_dict(weights, strict=False)
+    if set(missing) - set(MARIAN_BUFFERS) or unexpected:  # Marian rebuilds its sinusoid tables itself
+        raise RuntimeError(f"Marian weights do not line up: missing {missing}, unexpected {unexpected}")
+    return marian
+
+
+def from_marian(marian: MarianMTModel, name: str = "this model") -> Seq2SeqTransformer:
+    """Ours (eval mode) computing exactly what `marian` computes: an OPUS-MT model's weights in our
+    model, its decoder starting from the pad token (`bos_id == pad_id`). A config ours cannot represent
+    is refused with an `ExportError` naming the setting (`marian_refusal`) and `name` (the directory
+    imported)."""
+    refusal = marian_refusal(marian.config)
+    if refusal is not None:
+        raise ExportError(f"cannot import {name}: {refusal}")
+    try:
+        config = config_from_marian(marian.config)
+    except ValueError as bad:  # a value our TransformerConfig refuses (max_position_embeddings 1)
+        raise ExportError(f"cannot import {name}: its config gives {bad}") from None
+    model = Seq2SeqTransformer(config).eval()
+    try:
+        state = weights_from_marian(config, marian.state_dict())
+    except KeyError as missing:
+        raise ExportError(f"cannot import {name}: it has no weight {missing}") from None
+    except ValueError as untied:
+        raise ExportError(f"cannot import {name}: {untied}") from None
+    model.load_state_dict(state, strict=True)
+    return model

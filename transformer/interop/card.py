@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from transformer.evaluation.scoring import corpus_scores, score_signatures
-from transformer.export.source import ExportSource
+from transformer.interop.source import ExportSource
 
 __all__ = ["model_card", "write_model_card"]
 
