@@ -41,7 +41,7 @@ RotaryLike = Callable[[Tensor, int], Tensor]
 
 # Devices all of whose `F.scaled_dot_product_attention` backends (math and flash on the CPU) return 0, with
 # finite gradients, for a query row whose keys are all masked: no fix-up and no question asked there.
-# tests/unit/test_attention.py checks the claim on the installed torch.
+# tests/unit/test_attention_behaviour.py checks the claim on the installed torch.
 _SDPA_ZEROES_EMPTY_ROWS = frozenset({"cpu"})
 # Backends that do so on every device since torch 2.5 (pytorch#131863, "_safe_softmax"): math (checked on
 # the CPU), flash (the CPU's kernel takes masks and is checked; CUDA's takes none, so it never sees an empty
