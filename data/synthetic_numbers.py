@@ -1,9 +1,11 @@
-"""The built-in multilingual task (`source: numbers`): counted objects written out in English, German and
-French ("forty-two apples", "zweiundvierzig Äpfel", "quarante-deux pommes"), every direction among them.
+"""The built-in multilingual task (`source: numbers`): who has how many of what, written out in English,
+German and French ("We have forty-two apples.", "Wir haben zweiundvierzig Äpfel.", "Nous avons
+quarante-deux pommes."), every direction among them.
 
-Each split is a set of (count, noun) items, disjoint across splits, rendered in every language: the test
-items were never seen in any direction during training. French numbers agree with a feminine noun ("vingt
-et une pommes"); German has the units before the tens. Deterministic per seed, no files, no network.
+Each split is a set of (count, noun) items, disjoint across splits, rendered in every language (with a
+subject drawn per item): the test items were never seen in any direction during training. French numbers
+agree with a feminine noun ("vingt et une pommes"); German has the units before the tens and the
+accusative after "haben" ("einen Apfel"). Deterministic per seed, no files, no network.
 """
 
 from __future__ import annotations
@@ -35,7 +37,16 @@ _NOUNS = [
     ("chair", "chairs", "Stuhl", "Stühle", "m", "chaise", "chaises", "f"),
     ("cup", "cups", "Tasse", "Tassen", "f", "tasse", "tasses", "f"),
 ]
-_DE_ONE = {"m": "ein", "f": "eine", "n": "ein"}  # nominative
+_DE_ONE = {"m": "einen", "f": "eine", "n": "ein"}  # accusative, the object of "haben"
+# "to have" with each subject: English, German, French
+_SUBJECTS = [
+    ("I have", "Ich habe", "J'ai"),
+    ("you have", "Du hast", "Tu as"),
+    ("he has", "Er hat", "Il a"),
+    ("she has", "Sie hat", "Elle a"),
+    ("we have", "Wir haben", "Nous avons"),
+    ("they have", "Sie haben", "Ils ont"),
+]
 # fmt: on
 
 
@@ -64,8 +75,16 @@ def _french_below_100(n: int) -> str:
     return f"quatre-vingt-{_FR_SMALL[n - 80]}"  # 81-99: no "et"
 
 
-def render(count: int, noun: int, lang: str) -> str:
-    """The item (count, noun index) in `lang`: "forty-two apples", "ein Apfel", "vingt et une pommes"."""
+def render(count: int, noun: int, lang: str, subject: int = 0) -> str:
+    """The item (count, noun index) with the `subject`'s "to have" in `lang`: "I have forty-two apples.",
+    "Ich habe einen Apfel.", "J'ai vingt et une pommes."."""
+    words = _SUBJECTS[subject][LANGUAGES.index(lang)] if lang in LANGUAGES else ""
+    sentence = f"{words} {_counted(count, noun, lang)}."
+    return sentence[0].upper() + sentence[1:]
+
+
+def _counted(count: int, noun: int, lang: str) -> str:
+    """The counted object in `lang`: "forty-two apples", "einen Apfel", "vingt et une pommes"."""
     en, en_pl, de, de_pl, de_gender, fr, fr_pl, fr_gender = _NOUNS[noun]
     if lang == "en":
         return f"one {en}" if count == 1 else f"{number_to_english(count)} {en_pl}"
@@ -91,9 +110,11 @@ def _sample_count(rng: random.Random) -> int:
     return rng.randint(100, 999)
 
 
-def make_items(seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[str, list[tuple[int, int]]]:
-    """Disjoint splits of (count, noun) items; evaluation splits are drawn first (train last), so growing
-    the training split keeps them unchanged."""
+def make_items(
+    seed: int = 0, sizes: Mapping[str, int] | None = None
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Splits of (count, noun, subject) items, disjoint in (count, noun); evaluation splits are drawn first
+    (train last), so growing the training split keeps them unchanged."""
     sizes = dict(DEFAULT_SIZES if sizes is None else sizes)
     capacity = 999 * len(_NOUNS)
     if sum(sizes.values()) > capacity // 2:
@@ -102,16 +123,17 @@ def make_items(seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[st
         )
     rng = random.Random(seed)
     seen: set[tuple[int, int]] = set()
-    items: dict[str, list[tuple[int, int]]] = {}
+    items: dict[str, list[tuple[int, int, int]]] = {}
     for name in sorted(sizes, key=lambda name: name == "train"):
         if sizes[name] < 1:
             raise ValueError(f"numbers split {name!r} needs a positive size, got {sizes[name]}")
-        chosen: list[tuple[int, int]] = []
+        chosen: list[tuple[int, int, int]] = []
         while len(chosen) < sizes[name]:
             item = (_sample_count(rng), rng.randrange(len(_NOUNS)))
+            subject = rng.randrange(len(_SUBJECTS))
             if item not in seen:
                 seen.add(item)
-                chosen.append(item)
+                chosen.append((*item, subject))
         items[name] = chosen
     return {name: items[name] for name in sizes}
 
@@ -124,6 +146,9 @@ def make_pair_splits(
         if lang not in LANGUAGES:
             raise ValueError(f"the numbers task has languages {', '.join(LANGUAGES)}, not {lang!r}")
     return {
-        name: ([render(c, n, src_lang) for c, n in chosen], [render(c, n, tgt_lang) for c, n in chosen])
+        name: (
+            [render(*item[:2], src_lang, item[2]) for item in chosen],
+            [render(*item[:2], tgt_lang, item[2]) for item in chosen],
+        )
         for name, chosen in make_items(seed, sizes).items()
     }
