@@ -14,11 +14,13 @@ from typing import Any
 
 from transformers import MarianMTModel
 
+from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
 from transformer.interop.bert import BERT_MODEL_TYPES
 from transformer.interop.import_bert import import_bert
 from transformer.interop.marian import MARIAN_BUFFERS, decoding_from_marian, from_marian, marian_refusal
 from transformer.interop.source import ExportError, write_imported
 from transformer.interop.weights import check_weights
+from transformer.model import Seq2SeqTransformer
 
 __all__ = ["import_hf"]
 
@@ -41,17 +43,8 @@ def import_hf(
 
     A BERT-family directory (model_type bert / distilbert) becomes a classification checkpoint instead
     (`transformer.interop.import_bert`); `num_classes` gives one without a classification head a new head."""
-    import transformers
-
     directory = Path(directory)
-    if not (directory / "config.json").is_file():
-        raise ExportError(f"{directory} has no config.json: not a transformers model directory")
-    try:
-        config = transformers.AutoConfig.from_pretrained(directory)
-    except Exception as unreadable:  # an unknown model_type, a malformed file, a value of the wrong type
-        # all its lines: the detail may be on the second (huggingface_hub's strict dataclasses)
-        reason = " ".join(str(unreadable).split())[:300] or type(unreadable).__name__
-        raise ExportError(f"cannot import {directory}: its config.json cannot be read ({reason})") from None
+    config = _read_config(directory)
     model_type = getattr(config, "model_type", None)
     if model_type in BERT_MODEL_TYPES:
         return import_bert(directory, output, config, source=source, force=force, num_classes=num_classes)
@@ -65,23 +58,58 @@ def import_hf(
     return _import_marian(directory, output, config, source=source, force=force)
 
 
+def _read_config(directory: Path) -> Any:
+    """The directory's config.json as transformers reads it (`AutoConfig`), or an ExportError naming why."""
+    import transformers
+
+    if not (directory / "config.json").is_file():
+        raise ExportError(f"{directory} has no config.json: not a transformers model directory")
+    try:
+        return transformers.AutoConfig.from_pretrained(directory)
+    except Exception as unreadable:  # an unknown model_type, a malformed file, a value of the wrong type
+        # all its lines: the detail may be on the second (huggingface_hub's strict dataclasses)
+        reason = " ".join(str(unreadable).split())[:300] or type(unreadable).__name__
+        raise ExportError(f"cannot import {directory}: its config.json cannot be read ({reason})") from None
+
+
 def _import_marian(
     directory: Path, output: str | Path, config: Any, *, source: str | None, force: bool
 ) -> Path:
     """`import_hf` of a Marian (OPUS-MT) directory whose config.json was read: checked, converted, written."""
     import transformers
 
-    from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
-
     refusal = marian_refusal(config)
     if refusal is not None:
         raise ExportError(f"cannot import {directory}: {refusal}")
+    pair = _sentencepiece_pair(directory)
+    model = _marian_model(directory, config, pair)
+    try:  # generate()'s own settings: beam size, len ** alpha normalization (docs/pretrained.md)
+        decoding = decoding_from_marian(directory)
+    except ValueError as bad:
+        raise ExportError(f"cannot import {directory}: {bad}") from None
+    provenance = {
+        "source": source or str(directory),
+        "architecture": "MarianMTModel",
+        "revision": getattr(config, "_commit_hash", None),
+        "transformers": transformers.__version__,
+    }
+    checkpoint = _translation_checkpoint(model, pair, decoding, _languages(directory), provenance)
+    return write_imported(checkpoint, output, force=force)
+
+
+def _sentencepiece_pair(directory: Path) -> SentencePiecePair:
+    """The directory's SentencePiece models and vocabulary (`data.sentencepiece_pair`), or an ExportError."""
     try:
-        pair = SentencePiecePair.from_directory(directory)
+        return SentencePiecePair.from_directory(directory)
     except FileNotFoundError as missing:
         raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
     except (ValueError, RuntimeError, OSError) as bad:
         raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
+
+
+def _marian_model(directory: Path, config: Any, pair: SentencePiecePair) -> Seq2SeqTransformer:
+    """Ours holding the directory's Marian weights (`from_marian`), the weights checked against the config
+    before anything is allocated and the vocabulary against the config after."""
     check_weights(directory, MarianMTModel, config, computed=MARIAN_BUFFERS)  # before allocating
     model = from_marian(MarianMTModel.from_pretrained(directory).eval(), str(directory))
     ours = model.config
@@ -91,12 +119,21 @@ def _import_marian(
             f"{pair.vocab_size} tokens) does not match its config (pad {ours.pad_id}, eos {ours.eos_id}, "
             f"{ours.tgt_vocab_size} tokens)"
         )
-    try:  # generate()'s own settings: beam size, len ** alpha normalization (docs/pretrained.md)
-        decoding = decoding_from_marian(directory)
-    except ValueError as bad:
-        raise ExportError(f"cannot import {directory}: {bad}") from None
+    return model
+
+
+def _translation_checkpoint(
+    model: Seq2SeqTransformer,
+    pair: SentencePiecePair,
+    decoding: dict[str, Any],
+    languages: dict[str, str],
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """A TranslationTask checkpoint of `model` as train.py writes one: its tokenizer pair, its decoding, a
+    data section for evaluation on parallel files in `languages` and where it came from (`provenance`)."""
+    ours = model.config
     tokenizers = {side: SentencePieceSide(pair, side).to_json() for side in ("src", "tgt")}
-    checkpoint = {
+    return {
         "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
         "hyper_parameters": {
             "config": ours.to_dict(),
@@ -112,20 +149,14 @@ def _import_marian(
                 "_target_": "data.datamodules.TranslationDataModule",
                 "source": "parallel",
                 "data_dir": None,
-                **_languages(directory),
+                **languages,
                 "max_len": min(256, ours.max_len),
             },
         },
-        "imported_from": {
-            "source": source or str(directory),
-            "architecture": "MarianMTModel",
-            "revision": getattr(config, "_commit_hash", None),
-            "transformers": transformers.__version__,
-        },
+        "imported_from": provenance,
         "global_step": 0,
         "epoch": 0,
     }
-    return write_imported(checkpoint, output, force=force)
 
 
 def _languages(directory: Path) -> dict[str, str]:
