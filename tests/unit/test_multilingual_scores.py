@@ -4,11 +4,14 @@ keeps the bilingual scores and printout exactly."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sacrebleu
 
 from transformer.cli.results import print_metrics
 from transformer.evaluation.directions import direction_rows, direction_table, directions_in
+from transformer.evaluation.plots import save_learning_curves
 from transformer.evaluation.scoring import corpus_scores, direction_scores
 
 HYPOTHESES = ["ein Hund läuft .", "zwei Katzen", "un chien court .", "deux chats noirs", "trois oiseaux"]
@@ -58,3 +61,9 @@ def test_printed_table_has_one_row_per_direction(capsys: pytest.CaptureFixture[s
     assert direction_table(bilingual, "test") == ""
     print_metrics(bilingual, "done")
     assert capsys.readouterr().out.splitlines()[0].startswith("test/bleu ")  # unchanged: no table first
+
+
+def test_learning_curves_draw_each_direction_in_its_metric_panel(tmp_path: Path) -> None:
+    curves = {"val/bleu_en-de": [(10, 1.0), (20, 5.0)], "val/chrf_en-fr": [(10, 9.0), (20, 30.0)]}
+    assert save_learning_curves(curves, tmp_path / "curves.png") == tmp_path / "curves.png"
+    assert save_learning_curves({"val/bleu_best": [(10, 1.0), (20, 2.0)]}, tmp_path / "none.png") is None

@@ -256,7 +256,9 @@ def _read_tensorboard(path: Path, curves: dict[str, dict[int, float]]) -> None:
 def _panel(name: str) -> str:
     if name.startswith("lr-") or name.endswith("/lr"):
         return "lr"
-    return name.rsplit("/", 1)[-1]
+    metric = name.rsplit("/", 1)[-1]
+    base, _, direction = metric.rpartition("_")  # a multilingual run's "bleu_en-de": the BLEU panel
+    return base if "-" in direction and base in _CURVE_PANELS else metric
 
 
 def save_learning_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path: str | Path) -> Path | None:
