@@ -234,3 +234,14 @@ def test_bad_settings_with_pairs() -> None:
         _numbers(["en-de", "en-fr"], labels={"format": "<2x>"})
     with pytest.raises(ValueError, match=r"data\.labels takes format"):
         _numbers(["en-de", "en-fr"], labels={"spelling": "x"})
+
+
+def test_clean_applies_to_each_pair_with_its_languages() -> None:
+    dm = _numbers(["en-de", "en-fr"], clean={"length": {"max_words": 4}})
+    assert [(c.src_lang, c.tgt_lang) for c in dm._pair_clean] == [("en", "de"), ("en", "fr")]
+    raw = dm.raw_split("train")
+    kept = {pair: sum(1 for p in raw["pair"] if p == pair) for pair in (0, 1)}
+    assert 0 < kept[0] < SIZES["train"] and 0 < kept[1] < SIZES["train"]
+    for src, tgt in zip(raw["src"], raw["tgt"]):
+        assert len(src.split()) <= 5 and len(tgt.split()) <= 4  # the label comes after cleaning
+    assert len(dm.raw_split("val")) == 2 * SIZES["val"]  # validation is never cleaned
