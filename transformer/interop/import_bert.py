@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from transformer.config import TransformerConfig
 from transformer.encoder_only import TransformerClassifier
 from transformer.interop.bert import (
     HEADED_CLASSES,
@@ -94,38 +95,75 @@ def import_bert(
     Refusals name the setting, before anything is written."""
     import transformers
 
-    from data.wordpiece import WordPieceTokenizer
-
     refusal = bert_refusal(config)
     if refusal is not None:
         raise ExportError(f"cannot import {directory}: {refusal}")
-    try:
-        tokenizer = WordPieceTokenizer.from_directory(directory, config.vocab_size)
-    except FileNotFoundError as missing:
-        raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
-    except (ValueError, RuntimeError, OSError) as bad:
-        raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
-    try:
-        ours = config_from_bert(
-            config, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
-        )
-    except ValueError as bad:  # a value our TransformerConfig refuses (heads not dividing the width)
-        raise ExportError(f"cannot import {directory}: its config.json gives {bad}") from None
+    tokenizer = _wordpiece(directory, config)
+    ours = _our_config(directory, config, tokenizer)
     headed = getattr(transformers, HEADED_CLASSES[config.model_type])
     # before allocating: sizes against the weights (a new head, and a pooler BertModel lacks, may be missing)
     check_weights(directory, headed, config, lacking_ok=("classifier.", "pre_classifier.", "bert.pooler."))
     theirs, num_classes, new_head = _classifier(directory, config, num_classes)
+    model = _our_classifier(directory, config, ours, theirs, num_classes)
+    labels = [str(theirs.config.id2label.get(i, i)) for i in range(num_classes)]
+    provenance = {
+        "source": source or str(directory),
+        "architecture": HEADED_CLASSES[config.model_type],
+        "architectures": _architectures(config),
+        "new_head": new_head,
+        "labels": labels,
+        "revision": getattr(config, "_commit_hash", None),
+        "transformers": transformers.__version__,
+    }
+    checkpoint = _classification_checkpoint(model, tokenizer, labels, provenance)
+    return write_imported(checkpoint, output, force=force)
+
+
+def _wordpiece(directory: Path, config: Any) -> Any:
+    """The directory's WordPiece tokenizer (`data.wordpiece`), or an ExportError naming what is wrong."""
+    from data.wordpiece import WordPieceTokenizer
+
+    try:
+        return WordPieceTokenizer.from_directory(directory, config.vocab_size)
+    except FileNotFoundError as missing:
+        raise ExportError(f"cannot import {directory}: no tokenizer ({missing})") from None
+    except (ValueError, RuntimeError, OSError) as bad:
+        raise ExportError(f"cannot import {directory}: its tokenizer files cannot be read ({bad})") from None
+
+
+def _our_config(directory: Path, config: Any, tokenizer: Any) -> TransformerConfig:
+    """Our model config for the BERT `config`, with the tokenizer's special ids."""
+    try:
+        return config_from_bert(
+            config, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+    except ValueError as bad:  # a value our TransformerConfig refuses (heads not dividing the width)
+        raise ExportError(f"cannot import {directory}: its config.json gives {bad}") from None
+
+
+def _our_classifier(
+    directory: Path, config: Any, ours: TransformerConfig, theirs: Any, num_classes: int
+) -> TransformerClassifier:
+    """Our classifier (eval mode) holding the weights of `theirs`, the transformers classifier."""
     pooling = POOLING[config.model_type]
     model = TransformerClassifier(ours, num_classes, pooling).eval()  # type: ignore[arg-type]
     try:
         model.load_state_dict(weights_from_bert(config.model_type, ours, theirs.state_dict()), strict=True)
     except KeyError as missing:
         raise ExportError(f"cannot import {directory}: it has no weight {missing}") from None
-    labels = [str(theirs.config.id2label.get(i, i)) for i in range(num_classes)]
+    return model
+
+
+def _classification_checkpoint(
+    model: TransformerClassifier, tokenizer: Any, labels: list[str], provenance: dict[str, Any]
+) -> dict[str, Any]:
+    """A ClassificationTask checkpoint of `model` as train.py writes one, with a data section for SST-2 and
+    where it came from (`provenance`)."""
     tokenizers = {"joint": tokenizer.to_json()}
-    checkpoint = {
+    ours = model.config
+    return {
         "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
-        "hyper_parameters": {"config": ours.to_dict(), "num_classes": num_classes, "pooling": pooling},
+        "hyper_parameters": {"config": ours.to_dict(), "num_classes": len(labels), "pooling": model.pooling},
         "tokenizers": tokenizers,  # read by programs (transformer.inference); the same object: stored once
         "class_names": labels,  # the head's classes in id order (the datamodule's come from its data)
         "ClassificationDataModule": {"tokenizers": tokenizers},
@@ -142,16 +180,7 @@ def import_bert(
                 "max_len": ours.max_len,
             },
         },
-        "imported_from": {
-            "source": source or str(directory),
-            "architecture": HEADED_CLASSES[config.model_type],
-            "architectures": _architectures(config),
-            "new_head": new_head,
-            "labels": labels,
-            "revision": getattr(config, "_commit_hash", None),
-            "transformers": transformers.__version__,
-        },
+        "imported_from": provenance,
         "global_step": 0,
         "epoch": 0,
     }
-    return write_imported(checkpoint, output, force=force)
