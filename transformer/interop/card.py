@@ -182,7 +182,21 @@ def _model_section(source: ExportSource) -> list[str]:
         f"{config.src_vocab_size} source / {config.tgt_vocab_size} target tokens; embeddings tied: "
         f"{config.tie_embeddings}",
         f"- {sum(p.numel() for p in source.model.parameters()):,} parameters",
+        *_labels_lines(source),
         "",
+    ]
+
+
+def _labels_lines(source: ExportSource) -> list[str]:
+    """A multilingual model's target languages and the label each needs first in the source (issue 65)."""
+    labels = (source.language_labels or {}).get("labels") or {}
+    if not labels:
+        return []
+    shown = ", ".join(f"`{labels[lang]}` ({lang})" for lang in sorted(labels))
+    first = labels[sorted(labels)[0]]
+    return [
+        f"- multilingual: {len(labels)} target languages, chosen by a label at the start of the source: "
+        f"{shown}; e.g. `{first} A dog runs.` (the label is one token of the vocabulary)"
     ]
 
 

@@ -173,7 +173,9 @@ def _check_marian_tokenizer(source: ExportSource, directory: Path) -> None:
     text = "".join(pieces[i] for i in drawn).replace("\u2581", " ").strip()
     _, tgt = probe_batch(source.config)
     targets = tgt.tolist()
-    if tokenizer(text).input_ids != pair.encode_source(text) or [
+    labels = pair.language_labels()
+    labelled = [f"{label} {text}" for label in (labels.tokens if labels is not None else [])]
+    if any(tokenizer(item).input_ids != pair.encode_source(item) for item in [text, *labelled]) or [
         tokenizer.decode(row, skip_special_tokens=True) for row in targets
     ] != [pair.decode(row) for row in targets]:
         raise ExportError(

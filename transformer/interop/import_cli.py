@@ -171,6 +171,15 @@ def import_summary(path: Path) -> str:
         decoding = checkpoint_decoding(hparams)
         normalization = decoding.length_normalization
         lines.append(f"  languages: {languages}")
+        labels = (checkpoint.get("language_labels") or {}).get("labels") or {}
+        if labels:  # a multilingual model (issue 65): which label `target_lang` puts first in the source
+            shown = ", ".join(sorted(labels)[:12]) + (
+                f", ... ({len(labels)} in all)" if len(labels) > 12 else ""
+            )
+            lines.append(
+                f"  target languages: {shown}; choose one with translate.target_lang=CODE (its label, e.g. "
+                f"{labels[sorted(labels)[0]]}, goes first in the source)"
+            )
         lines.append(
             f"  decoding defaults (the source's generation settings): beam {decoding.beam_size}, "
             f"length penalty {decoding.length_penalty} ({normalization} "

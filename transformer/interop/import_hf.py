@@ -14,6 +14,7 @@ from typing import Any
 
 from transformers import MarianMTModel
 
+from data.labels import LABELS_KEY
 from data.sentencepiece_pair import SentencePiecePair, SentencePieceSide
 from transformer.interop.bert import BERT_MODEL_TYPES
 from transformer.interop.import_bert import import_bert
@@ -130,10 +131,13 @@ def _translation_checkpoint(
     provenance: dict[str, Any],
 ) -> dict[str, Any]:
     """A TranslationTask checkpoint of `model` as train.py writes one: its tokenizer pair, its decoding, a
-    data section for evaluation on parallel files in `languages` and where it came from (`provenance`)."""
+    data section for evaluation on parallel files in `languages`, where it came from (`provenance`) and, for
+    a multilingual model, its target-language labels (the vocabulary's `>>xxx<<` codes: `target_lang`
+    chooses one)."""
     ours = model.config
     tokenizers = {side: SentencePieceSide(pair, side).to_json() for side in ("src", "tgt")}
-    return {
+    labels = pair.language_labels()
+    checkpoint = {
         "state_dict": {f"model.{name}": tensor for name, tensor in model.state_dict().items()},
         "hyper_parameters": {
             "config": ours.to_dict(),
@@ -157,6 +161,9 @@ def _translation_checkpoint(
         "global_step": 0,
         "epoch": 0,
     }
+    if labels is not None:
+        checkpoint[LABELS_KEY] = labels.to_state()
+    return checkpoint
 
 
 def _languages(directory: Path) -> dict[str, str]:

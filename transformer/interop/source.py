@@ -86,6 +86,7 @@ class ExportSource:
     sentencepiece: SentencePiecePair | None = None  # an imported (OPUS-MT) model's tokenizers, else None
     imported_from: dict[str, Any] | None = None  # aiayn-import's provenance (source, transformers version)
     started_from: dict[str, Any] | None = None  # a fine-tuning run's model.init_from and its provenance
+    language_labels: dict[str, Any] | None = None  # a multilingual model's (`restore.saved_language_labels`)
 
     @property
     def origin(self) -> dict[str, Any] | None:
@@ -160,6 +161,7 @@ def load_source(path: str | Path) -> ExportSource:
         sentencepiece=pair,
         imported_from=dict(imported_from) if isinstance(imported_from, Mapping) else None,
         started_from=restored.started_from,
+        language_labels=restored.language_labels,
     )
     _check_tokenizers(source)
     return source
