@@ -37,6 +37,28 @@ def test_the_converted_vocabulary_holds_the_labels(both: tuple[Translator, CTran
         assert label in words
 
 
+def test_the_transformers_export_keeps_the_labels_whole(checkpoint: Path, tmp_path: Path) -> None:
+    """aiayn-export --to hf of a multilingual BPE model: the fast tokenizer keeps each label one token (our
+    ids for a labelled text), MarianMTModel scores the labelled source as ours, and the card lists them."""
+    from transformers import AutoTokenizer
+
+    from transformer.interop.export_hf import export_hf
+    from transformer.interop.source import load_source
+
+    source = load_source(checkpoint)
+    export_hf(source, tmp_path / "hf")  # checks the log-probabilities of the files loaded back
+    exported = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ours = Translator.from_checkpoint(checkpoint).src_tokenizer
+    for label in LABELS.tokens:
+        for text in SENTENCES:
+            assert exported(f"{label} {text}").input_ids == ours.encode(f"{label} {text}")
+    card = (tmp_path / "hf" / "README.md").read_text(encoding="utf-8")
+    assert (
+        "multilingual: 2 target languages, chosen by a label at the start of the source: `>>de<<` (de)"
+        in card
+    )
+
+
 def test_ctranslate2_equals_torch_in_every_language(both: tuple[Translator, CTranslate2Translator]) -> None:
     torch_, ct2 = both
     outputs = {}
