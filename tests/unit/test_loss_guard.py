@@ -1,6 +1,6 @@
 """The non-finite-loss guard in `trainer=gpu`'s configuration (bf16-mixed, gradient clipping on): the fused
 AdamW skips a NaN step on the guard's device flag, so the clipped NaN gradients touch no weight and no
-moment (the toy-model tests in tests/integration/test_reliability.py cover 32-true); and with gradient
+moment (the toy-model tests in tests/integration/test_nonfinite_loss.py cover 32-true); and with gradient
 accumulation, a NaN in an early micro-batch skips the whole step even when the last one is finite."""
 
 from __future__ import annotations
