@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import forkserver
+from tests.helpers.cli import run_script
+from tests.helpers.repo import REPO_ROOT
 from transformer.search.decoding import beam_search, greedy_search
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-REPO = Path(__file__).resolve().parents[2]
 # the quickstart task, small: a few hundred steps of a d_model 64 model that ends its sentences
 TRAIN = [
     "data.synthetic_sizes.train=1500",
@@ -42,23 +42,23 @@ TRAIN = [
 LIMIT = 40  # one length limit for every decoder: ours counts EOS in it, CTranslate2 does not
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PROJECT_ROOT": str(REPO), "WANDB_MODE": "offline"}
-    return forkserver.run([sys.executable, *args], cwd=REPO, env=env, timeout=900)
+def _run(script: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PROJECT_ROOT": str(REPO_ROOT), "WANDB_MODE": "offline"}
+    return run_script(script, args, env=env, timeout=900)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("export_run")
     result = _run(
+        "train.py",
         [
-            str(REPO / "train.py"),
             f"hydra.run.dir={root / 'run'}",
             f"paths.cache_dir={root / 'cache'}",
             "logger=csv",
             "trainer=cpu",
             *TRAIN,
-        ]
+        ],
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((root / "run" / "metrics.json").read_text())
@@ -68,7 +68,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         target = "hf" if name == "hf" else "ctranslate2"
         out = root / name
         done = _run(
-            ["-m", "transformer.interop.export_cli", str(ckpt), "--to", target, "--output", str(out), *extra]
+            "transformer.interop.export_cli", [str(ckpt), "--to", target, "--output", str(out), *extra]
         )
         assert done.returncode == 0 and done.stderr.count("error:") == 0, done.stderr[-3000:]
         assert str(out) in done.stdout
@@ -192,7 +192,7 @@ def test_pipeline_translation_with_transformers_4(
     texts = run["texts"][:20]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(target), str(REPO)]),
+        "PYTHONPATH": os.pathsep.join([str(target), str(REPO_ROOT)]),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_VERBOSITY": "error",
     }

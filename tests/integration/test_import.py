@@ -7,7 +7,6 @@ nothing written; `aiayn-export` of the imported checkpoint as a process.
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from pathlib import Path
 
@@ -17,11 +16,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tests.helpers import forkserver  # noqa: E402
 from tests.helpers.cli import run_script  # noqa: E402
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import multi30k_lines, opus_mt_directory  # noqa: E402
-from tests.helpers.repo import REPO_ROOT, cli_env  # noqa: E402
 from transformer.checkpoint import load_checkpoint  # noqa: E402
 from transformer.interop.import_cli import main  # noqa: E402
 
@@ -129,12 +126,7 @@ def test_aiayn_export_exports_the_imported_model(imported: Path, tmp_path) -> No
     measured difference; what the exports compute is tested in tests/unit/test_export_imported.py."""
     out = tmp_path / "ct2"
     argv = [str(imported), "--to", "ctranslate2", "--output", str(out)]
-    result = forkserver.run(
-        [sys.executable, "-m", "transformer.interop.export_cli", *argv],
-        cwd=REPO_ROOT,
-        env=cli_env(),
-        timeout=600,
-    )
+    result = run_script("transformer.interop.export_cli", argv, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     line = result.stdout.strip()
     assert "\n" not in line and float(line.rsplit("max |diff| ", 1)[1].rstrip(")")) <= 1e-5, line

@@ -206,6 +206,35 @@ def test_no_test_module_imports_another() -> None:
     )
 
 
+def test_nothing_imports_conftest_and_the_test_helpers_import_no_circle() -> None:
+    """tests/conftest.py holds fixtures and hooks only: every helper lives in tests/helpers/, so no module
+    imports conftest (pytest loads it); and the helper modules import one another without a circle."""
+    files = sorted((REPO_ROOT / "tests").rglob("*.py"))
+    wrong = [
+        str(path.relative_to(REPO_ROOT))
+        for path in files
+        if any(name == "tests.conftest" or name.startswith("tests.conftest.") for name in _imports(path, ""))
+    ]
+    assert not wrong, f"modules that import tests/conftest.py (move what they use to tests/helpers/): {wrong}"
+    helpers = {_dotted(p): p for p in (REPO_ROOT / "tests" / "helpers").glob("*.py") if p.stem != "__init__"}
+    uses = {
+        module: {n for n in _imports(path, module) if n in helpers} - {module}
+        for module, path in helpers.items()
+    }
+
+    def circle(module: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+        if module in path:
+            return (*path[path.index(module) :], module)
+        for used in sorted(uses[module]):
+            found = circle(used, (*path, module))
+            if found:
+                return found
+        return None
+
+    circles = {found for module in sorted(helpers) if (found := circle(module, ()))}
+    assert not circles, f"import circles among tests/helpers/: {sorted(circles)}"
+
+
 MODULES_WITHOUT_LIGHTNING = (
     "transformer",
     "transformer.checkpoint",
