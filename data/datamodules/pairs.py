@@ -147,7 +147,15 @@ class PairsMixin:
             srcs = batch["src"] if label is None else [f"{label} {text}" for text in batch["src"]]
             return {"src": srcs, PAIR_COLUMN: [index] * len(srcs)}
 
-        return raw.map(add, batched=True, desc=None, load_from_cache_file=False)
+        # a map (not a new Arrow file) keeps the fingerprint a function of the data: generated and hub
+        # pairs find their cache entries again; its progress bar would print one line per pair and split
+        hidden = datasets.are_progress_bars_disabled()
+        datasets.disable_progress_bars()
+        try:
+            return raw.map(add, batched=True, load_from_cache_file=False)
+        finally:
+            if not hidden:
+                datasets.enable_progress_bars()
 
     def _clean_pair(self, raw: datasets.Dataset, index: int) -> datasets.Dataset:
         """The pair's training split through its `data.clean` filters (its own languages); the tokenized
