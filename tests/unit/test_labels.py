@@ -2,7 +2,7 @@
 
 import pytest
 
-from data.labels import LabelError, LanguageLabels, labelled_sources
+from data.labels import LABELS_KEY, LabelError, LanguageLabels, labelled_sources
 
 
 def test_labels_are_spelled_by_the_format_in_language_order() -> None:
@@ -50,3 +50,10 @@ def test_labelled_sources_for_multilingual_and_bilingual_models() -> None:
     assert labelled_sources(["a"], ["fr"], None) == ["a"]
     with pytest.raises(LabelError, match="translates into 'en' only"):
         labelled_sources(["a"], ["fr"], None, bilingual_target="en")
+
+
+def test_data_and_evaluation_name_the_same_checkpoint_key() -> None:
+    """data/ and transformer/evaluation/ may not import each other, so each names the key: they agree."""
+    from transformer.evaluation.restore import LANGUAGE_LABELS_KEY
+
+    assert LANGUAGE_LABELS_KEY == LABELS_KEY == "language_labels"

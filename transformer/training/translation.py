@@ -12,6 +12,7 @@ from torch import Tensor
 
 from transformer.config import TransformerConfig
 from transformer.evaluation.init_from import imported_note, init_origin, load_pretrained_translation
+from transformer.evaluation.restore import LANGUAGE_LABELS_KEY
 from transformer.evaluation.scoring import corpus_scores, direction_scores
 from transformer.losses import TokenLoss, label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from transformer.model import Seq2SeqTransformer
@@ -28,7 +29,6 @@ from transformer.training.base import (
 from transformer.training.compiling import CompiledStep, check_compile_mode, fused_loss_conflict, pad_length
 
 log = logging.getLogger(__name__)
-LANGUAGE_LABELS_KEY = "language_labels"  # data.labels.LABELS_KEY (training may not import data/)
 
 
 class TranslationTask(TaskBase):
