@@ -10,9 +10,10 @@ under a temporary directory. Placeholders (`PATH`, `<run>`, `NAME`, `seed=S`, `[
 `logs/` or `pretrained/` (an OPUS-MT model, a BERT classifier: tiny ones imported here), and any value of
 `distill.teachers`, `backtranslate.model`, `backtranslate.monolingual`) become a checkpoint, run or file
 made here: for evaluate.py a Multi30k de -> en run, or the quickstart's run (en -> de) where the command
-says `ckpt_path=<quickstart-run>/...`. Commands that cannot run on this machine (a GPU, SLURM, a hub-only
-corpus) are composed with `--cfg job` instead, each job of a sweep on its own. All of them run in one
-interpreter (`tests/helpers/driver.py`), so the libraries are imported once.
+says `ckpt_path=<quickstart-run>/...`, or the multilingual quickstart's (`<multilingual-run>`). Commands
+that cannot run on this machine (a GPU, SLURM, a hub-only corpus) are composed with `--cfg job` instead,
+each job of a sweep on its own. All of them run in one interpreter (`tests/helpers/driver.py`), so the
+libraries are imported once.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ TINY_BATCH = 256
 # the Multi30k runs that stand for `logs/...` checkpoints too (evaluated, averaged, ensembled, fine-tuned,
 # distilled from), so that each evaluate.py command loads, averages and decodes the small ones
 SMALL_MODEL = ["model.config.d_model=64", "model.config.d_ff=256"]
+FIXTURE_RUNS = ("quickstart", "multilingual", "multi30k", "multi30k_en_de")  # the checkpoints made here
 COMMAND = re.compile(
     r"""(?:echo\s+(?P<stdin>"[^"]*"|'[^']*')\s*\|\s*)?python\s+(?P<script>train|evaluate)\.py\b(?P<rest>.*)"""
 )
@@ -158,8 +160,12 @@ def _plan(
     args = ["experiment=quickstart" if a == "experiment=NAME" else a for a in args]
     args = ["seed=1" if a in ("seed=S", "seed=...") else a for a in args]
     evaluating = command.script == "evaluate.py"
-    # evaluate.py decodes a Multi30k de -> en run unless the command names the quickstart's (en -> de)
-    quickstart = not evaluating or any(a.startswith("ckpt_path=<quickstart") for a in args)
+    # evaluate.py decodes a Multi30k de -> en run unless the command names the quickstart's (en -> de) or
+    # the multilingual quickstart's (en, de, fr; docs/multilingual.md)
+    named = next(
+        (n for n in ("quickstart", "multilingual") if f"ckpt_path=<{n}-run>" in " ".join(args)), None
+    )
+    quickstart = not evaluating or named is not None
     # a BERT import (pretrained/bert-*: a tiny one imported here) is a classifier of SST-2
     bert = "bert" in fixtures and any(
         a.partition("=")[0] in ("ckpt_path", "model.init_from")
@@ -184,7 +190,7 @@ def _plan(
         elif key == "model.init_from" and placeholders.search(value):
             args[i] = f"{key}={fixtures['multi30k'] / 'checkpoints' / 'last.ckpt'}"
         elif key == "ckpt_path" and placeholders.search(value):
-            run = fixtures["quickstart" if quickstart else "multi30k"]
+            run = fixtures[named or ("quickstart" if quickstart else "multi30k")]
             averaging = any(a.startswith("average_last=") for a in args)
             path = run if averaging else run / "checkpoints" / "last.ckpt"
             members = value.count(",") + 1 if value.startswith("[") else 0  # an ensemble: that many
@@ -324,14 +330,26 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         data["multi30k"] = _tiny_multi30k(Path(os.environ["MULTI30K_DIR"]), tmp / "multi30k")
     if os.environ.get("SST2_DIR"):
         data["sst2"] = _tiny_sst2(Path(os.environ["SST2_DIR"]), tmp / "sst2")
-    fixtures = {name: tmp / "fixtures" / name for name in ("quickstart", "multi30k", "multi30k_en_de")}
-    # the runs the placeholders point at: the quickstart, and a Multi30k run with five checkpoints
+    fixtures = {name: tmp / "fixtures" / name for name in FIXTURE_RUNS}
+    # the runs the placeholders point at: the quickstart, the multilingual one, a Multi30k run with five
+    # checkpoints
     base = ["++callbacks.rich_progress_bar=null", "logger=csv", f"paths.cache_dir={tmp / 'cache'}"]
     steps = [
         {
             "script": str(REPO_ROOT / "train.py"),
             "args": [*base, "trainer.max_steps=2", f"hydra.run.dir={fixtures['quickstart']}"],
-        }
+        },
+        {
+            "script": str(REPO_ROOT / "train.py"),
+            "args": [
+                *base,
+                "experiment=quickstart_multilingual",
+                "trainer.max_steps=2",
+                "++trainer.limit_val_batches=1",
+                "test=false",
+                f"hydra.run.dir={fixtures['multilingual']}",
+            ],
+        },
     ]
     if "multi30k" in data:
         steps.append(
@@ -414,7 +432,7 @@ def test_a_command_on_the_quickstart_checkpoint_decodes_the_quickstart_run(tmp_p
     checkpoint a newcomer has, the quickstart's (issue 51: it needed a de -> en model)."""
     named = [c for c in COMMANDS if "ckpt_path=<quickstart-run>/" in c.text]
     assert [c.where.split(":")[0] for c in named] == ["docs/decoding.md"]
-    fixtures = {name: tmp_path / name for name in ("quickstart", "multi30k", "multi30k_en_de")}
+    fixtures = {name: tmp_path / name for name in FIXTURE_RUNS}
     for command in map(dataclasses.replace, named):  # planned on a copy
         _plan(command, tmp_path, {"multi30k": tmp_path / "data"}, fixtures, 0)
         (step,) = command.steps
