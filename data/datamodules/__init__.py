@@ -8,7 +8,8 @@ and checkpoints name the task classes as `data.datamodules.TranslationDataModule
 
 from data.datamodules.base import TokenBudgetDataModule
 from data.datamodules.classification import ClassificationDataModule
-from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE, TokenizedDataModule
+from data.datamodules.settings import TOKENIZER_SAMPLE_SIZE, TokenizedSettings
+from data.datamodules.tokenized import TokenizedDataModule
 from data.datamodules.translation import TranslationDataModule
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "ClassificationDataModule",
     "TokenBudgetDataModule",
     "TokenizedDataModule",
+    "TokenizedSettings",
     "TranslationDataModule",
 ]

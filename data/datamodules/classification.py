@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import datasets
 import numpy as np
@@ -13,7 +13,6 @@ import numpy as np
 from data import sources
 from data.batching import ClassificationCollator
 from data.datamodules.base import TokenBudgetDataModule
-from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE
 from data.tokenization import BPETokenizer, CorpusEncoder
 
 
@@ -28,14 +27,12 @@ class ClassificationDataModule(TokenBudgetDataModule):
 
     _text_columns = ("text",)
     _id_columns = ("src_ids",)
+    settings_defaults: ClassVar[Mapping[str, Any]] = {"val_split": "dev", "max_len": 128}  # SST-2: "dev"
 
     def __init__(
         self,
         source: Literal["sst2", "files", "hub"] = "sst2",
         data_dir: str | Path | None = None,
-        train_split: str = "train",
-        val_split: str = "dev",
-        test_split: str = "test",
         file_pattern: str = "{split}.tsv",
         text_column: str = "sentence",
         label_column: str = "label",
@@ -43,21 +40,11 @@ class ClassificationDataModule(TokenBudgetDataModule):
         hub_name: str | None = None,
         hub_config: str | None = None,
         hub_split_names: Mapping[str, str] | None = None,
-        vocab_size: int = 8000,
-        min_frequency: int = 2,
-        max_tokens: int = 4096,
-        eval_max_tokens: int | None = None,
-        max_len: int = 128,
-        pool_size: int | None = None,
-        max_sentences: int | None = None,
-        num_workers: int = 0,
-        cache_dir: str | Path | None = None,
-        seed: int = 0,
-        show_progress: bool = True,
-        bpe_dropout: float = 0.0,
-        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
+        **settings: Any,
     ) -> None:
-        super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
+        super().__init__(
+            **settings
+        )  # the shared settings (`TokenizedSettings`), checked and kept by the base
         if source not in ("sst2", "files", "hub"):
             raise ValueError(f"source must be sst2, files or hub, got {source!r}")
         if source == "files" and data_dir is None:

@@ -16,7 +16,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import datasets
 import lightning as L
@@ -24,11 +24,11 @@ import tokenizers
 
 from data import cache, prepare, sources, tokenization
 from data.bpe_cache import shared_bpe
+from data.datamodules.settings import TokenizedSettings
 from data.tokenization import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
-    SPECIAL_TOKENS,
     BPETokenizer,
     CorpusEncoder,
     corpus_encoder,
@@ -38,7 +38,6 @@ from data.tokenization import (
 log = logging.getLogger(__name__)
 
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
-TOKENIZER_SAMPLE_SIZE = 1_000_000  # training examples a tokenizer learns from (more: a seeded sample)
 
 
 class TokenizedDataModule(L.LightningDataModule):
@@ -66,79 +65,40 @@ class TokenizedDataModule(L.LightningDataModule):
     _text_columns: tuple[str, ...]  # raw columns that are tokenized, e.g. ("src", "tgt")
     _id_columns: tuple[str, ...]  # the token-id columns `_encode` returns, e.g. ("src_ids", "tgt_ids")
 
-    def __init__(
-        self,
-        *,
-        train_split: str,
-        val_split: str,
-        test_split: str,
-        vocab_size: int,
-        min_frequency: int,
-        max_tokens: int,
-        eval_max_tokens: int | None,
-        max_len: int,
-        pool_size: int | None,
-        max_sentences: int | None,
-        num_workers: int,
-        cache_dir: str | Path | None,
-        seed: int,
-        show_progress: bool,
-        bpe_dropout: float = 0.0,
-        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
-    ) -> None:
+    # the task's own defaults for shared settings, over `TokenizedSettings`' (e.g. {"max_len": 128})
+    settings_defaults: ClassVar[Mapping[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Show each task's signature as its own arguments then the shared settings (the flat `data.*`
+        keys a config may set), with the task's defaults."""
+        super().__init_subclass__(**kwargs)
+        own = inspect.signature(cls.__init__).parameters.values()
+        task = [p for p in own if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+        cls.__signature__ = inspect.Signature([*task, *TokenizedSettings.parameters(cls.settings_defaults)])
+
+    def __init__(self, **settings: Any) -> None:
+        """`settings`: the shared flat keys (`TokenizedSettings`' fields), checked once by that record."""
         super().__init__()
-        self.splits = {"train": train_split, "val": val_split, "test": test_split}
-        self.vocab_size_requested = vocab_size
-        self.min_frequency = min_frequency
-        self.max_tokens = max_tokens
-        self.eval_max_tokens = max_tokens if eval_max_tokens is None else eval_max_tokens
-        self.max_len = max_len
-        self.pool_size = pool_size
-        self.max_sentences = max_sentences
-        self.num_workers = num_workers
-        self.cache_dir = None if cache_dir is None else Path(cache_dir).expanduser()
-        self.seed = seed
-        self.show_progress = show_progress
-        self.bpe_dropout = bpe_dropout
-        self.tokenizer_sample_size = tokenizer_sample_size
-        self._check_settings()
+        self.settings = TokenizedSettings.from_keys(type(self).__name__, settings, self.settings_defaults)
+        given = self.settings
+        self.splits = {"train": given.train_split, "val": given.val_split, "test": given.test_split}
+        self.vocab_size_requested = given.vocab_size
+        self.min_frequency = given.min_frequency
+        self.max_tokens = given.max_tokens
+        self.eval_max_tokens: int = given.eval_max_tokens  # type: ignore[assignment]  # resolved: never None
+        self.max_len = given.max_len
+        self.pool_size = given.pool_size
+        self.max_sentences = given.max_sentences
+        self.num_workers = given.num_workers
+        self.cache_dir: Path | None = given.cache_dir  # type: ignore[assignment]  # a Path once checked
+        self.seed = given.seed
+        self.show_progress = given.show_progress
+        self.bpe_dropout = given.bpe_dropout
+        self.tokenizer_sample_size = given.tokenizer_sample_size
         self.predict_texts: list[str] | None = None  # predict_dataloader decodes these (None: test sources)
         self._raw: dict[str, datasets.Dataset] = {}
         self._tokenized: dict[str, datasets.Dataset] = {}
         self._tokenizers: dict[str, BPETokenizer] = {}  # "src" and "tgt" (same object when joint)
-
-    @staticmethod
-    def _base_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """The settings every task shares, picked from a task's constructor `locals()` for this one."""
-        names = inspect.signature(TokenizedDataModule.__init__).parameters
-        return {name: arguments[name] for name in names if name != "self"}
-
-    def _check_settings(self) -> None:
-        """Raise ValueError naming the first shared setting out of range (each is checked here, once)."""
-        if self.tokenizer_sample_size is not None and self.tokenizer_sample_size < 1:
-            raise ValueError(f"tokenizer_sample_size must be >= 1 or null, got {self.tokenizer_sample_size}")
-        if not 0.0 <= self.bpe_dropout < 1.0:
-            raise ValueError(f"bpe_dropout must be in [0, 1), got {self.bpe_dropout}")
-        if self.vocab_size_requested <= len(SPECIAL_TOKENS):
-            raise ValueError(
-                f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens {list(SPECIAL_TOKENS)}, "
-                f"got {self.vocab_size_requested}"
-            )
-        for name, value in (("min_frequency", self.min_frequency), ("seed", self.seed)):
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        for name, value in (("pool_size", self.pool_size), ("max_sentences", self.max_sentences)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or null, got {value}")
-        if self.max_len < 3:
-            raise ValueError(f"max_len must leave room for BOS, EOS and a token, got {self.max_len}")
-        for name, value in (("max_tokens", self.max_tokens), ("eval_max_tokens", self.eval_max_tokens)):
-            if value < self.max_len:
-                raise ValueError(
-                    f"{name} ({value}) must be at least max_len ({self.max_len}): one example must fit"
-                )
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
 
     # -- hooks for the subclasses ------------------------------------------------------------------
     def _load_raw(self, splits: Sequence[str]) -> datasets.DatasetDict:

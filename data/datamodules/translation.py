@@ -18,7 +18,6 @@ from data.batching import TokenBudgetBatchSampler, TranslationCollator
 from data.clean import REPORT_FILE, CleanSettings, clean_split, summary_line
 from data.datamodules.base import TokenBudgetDataModule
 from data.datamodules.pairs import PairsMixin
-from data.datamodules.tokenized import TOKENIZER_SAMPLE_SIZE
 from data.tokenization import BPETokenizer, CorpusEncoder
 
 log = logging.getLogger(__name__)
@@ -63,27 +62,11 @@ class TranslationDataModule(PairsMixin, TokenBudgetDataModule):
         data_dir: str | Path | None = None,
         src_lang: str = "en",
         tgt_lang: str = "de",
-        train_split: str = "train",
-        val_split: str = "val",
-        test_split: str = "test",
         hub_name: str | None = None,
         hub_config: str | None = None,
         hub_split_names: Mapping[str, str] | None = None,
         synthetic_sizes: Mapping[str, int] | None = None,
-        vocab_size: int = 8000,
         joint_vocab: bool = True,
-        min_frequency: int = 2,
-        max_tokens: int = 4096,
-        eval_max_tokens: int | None = None,
-        max_len: int = 256,
-        pool_size: int | None = None,
-        max_sentences: int | None = None,
-        num_workers: int = 0,
-        cache_dir: str | Path | None = None,
-        seed: int = 0,
-        show_progress: bool = True,
-        bpe_dropout: float = 0.0,
-        tokenizer_sample_size: int | None = TOKENIZER_SAMPLE_SIZE,
         extra_train: Sequence[Mapping[str, Any]] | None = None,
         train_copies: int = 1,
         packing: bool = False,
@@ -91,8 +74,11 @@ class TranslationDataModule(PairsMixin, TokenBudgetDataModule):
         pairs: Sequence[Any] | None = None,
         labels: Mapping[str, Any] | None = None,
         sampling_temperature: float | str = 1.0,
+        **settings: Any,
     ) -> None:
-        super().__init__(**self._base_arguments(locals()))  # checked and kept by the base
+        super().__init__(
+            **settings
+        )  # the shared settings (`TokenizedSettings`), checked and kept by the base
         if source not in ("synthetic", "numbers", "multi30k", "parallel", "hub"):
             raise ValueError(f"source must be synthetic, numbers, multi30k, parallel or hub, got {source!r}")
         if source == "hub" and not hub_name and pairs is None:
