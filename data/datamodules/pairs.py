@@ -61,7 +61,11 @@ class PairsMixin:
             unknown = sorted(set(labels) - {"format"})
             if unknown:
                 raise ValueError(f"data.labels takes format (e.g. '>>{{lang}}<<'), not {unknown}")
-            label_format = labels.get("format") or DEFAULT_FORMAT
+            label_format = labels.get("format", DEFAULT_FORMAT)
+        try:  # checked with one pair too: a value that cannot work is refused wherever it is set
+            LanguageLabels.for_languages(["xx"], str(label_format))
+        except ValueError as err:
+            raise ValueError(f"data.labels.format: {err} (e.g. '>>{{lang}}<<')") from None
         if pairs is None:
             return
         self.pairs = parse_pairs(pairs)
