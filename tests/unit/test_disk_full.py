@@ -363,7 +363,7 @@ def test_export_cli_ends_in_one_line_and_writes_nothing(
     )
     model = Seq2SeqTransformer(config)
     checkpoint = tmp_path / "model.ckpt"
-    torch.save(  # the layout train.py writes (as tests/unit/test_export.py's save_checkpoint)
+    torch.save(  # the layout train.py writes (as tests/helpers/exports.py's save_checkpoint)
         {
             "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
             "hyper_parameters": {"config": config.to_dict(), "decoding": {"beam_size": 1}},
