@@ -23,7 +23,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from transformer.cli import errors, evaluate_steps, results, text_io
+from transformer.cli import errors, evaluate_steps, results, text_io, text_translation
 from transformer.evaluation.restore import restore_model
 from transformer.evaluation.scoring import checkpoint_decoding
 from transformer.search.decoding import DecodingSettings
@@ -68,7 +68,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         decoding = DecodingSettings.from_values(cfg.get("decode"), saved, prefix="decode.")
     torch.manual_seed(evaluate_steps.seed(cfg))  # sampling's draws: the same command, the same output
     if translating:
-        targets = text_io.target_languages(restored_all, paths_given)
+        targets = text_translation.target_languages(restored_all, paths_given)
         text_io.translate_stream(cfg.translate, model, datamodule, decoding, device, targets)
         return {}
     if classifying:

@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer import disk
-from transformer.cli import text_io
+from transformer.cli import text_io, text_translation
 from transformer.cli.errors import ConfigError
 from transformer.cli.text_io import Translation, translate_stream
 from transformer.cli.translate_input import Entry
@@ -43,7 +43,7 @@ def translated(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
         return translate
 
-    monkeypatch.setattr(text_io, "_translator", translator)
+    monkeypatch.setattr(text_io, "line_translator", translator)
     return batches
 
 
@@ -122,7 +122,7 @@ def test_the_unsatisfiable_warning_names_the_limit_that_binds(
     src = torch.tensor([[5, 6, 7, 8, 9]])  # (B, S)
     entries = [Entry(3, "a b c d e", TargetRequest(prefix=tuple(range(10, 30))))]  # 21 tokens with EOS
     with caplog.at_level(logging.WARNING):
-        assert text_io._unsatisfiable(config, src, DecodingSettings(), entries, "in.jsonl") == {0}
+        assert text_translation._unsatisfiable(config, src, DecodingSettings(), entries, "in.jsonl") == {0}
     (message,) = [record.getMessage() for record in caplog.records]
     assert (
         message.startswith("in.jsonl line 3: the prefix and constraints need 21 tokens") and binds in message

@@ -25,7 +25,7 @@ import torch
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.cli.errors import ConfigError
 from transformer.cli.evaluate_steps import build_datamodule, device_from_name, ensemble_of
-from transformer.cli.text_io import translator_of
+from transformer.cli.text_translation import translator_of
 from transformer.evaluation.restore import RestoredModel, restore_model
 from transformer.evaluation.scoring import checkpoint_decoding
 from transformer.search.decoding import DecodingSettings
