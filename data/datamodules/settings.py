@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,12 +87,13 @@ class TokenizedSettings:
     def parameters(cls, defaults: Mapping[str, Any]) -> list[inspect.Parameter]:
         """The settings as keyword-only parameters (with `defaults` over the record's own), for the
         signature a datamodule shows `inspect` and readers."""
+        hints = typing.get_type_hints(cls)  # the fields' annotations resolved (not strings): checkable
         return [
             inspect.Parameter(
                 field.name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=defaults.get(field.name, field.default),
-                annotation=field.type,
+                annotation=hints[field.name],
             )
             for field in dataclasses.fields(cls)
         ]

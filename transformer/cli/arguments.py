@@ -41,9 +41,18 @@ def check_arguments(target: Callable[..., Any], arguments: Mapping[str, Any], ke
 def _hints(target: Callable[..., Any]) -> dict[str, Any]:
     function = target.__init__ if inspect.isclass(target) else target
     try:
-        return typing.get_type_hints(function)
+        hints = typing.get_type_hints(function)
     except Exception:  # annotations that do not resolve here (optional imports): nothing to check
         return {}
+    # a class that shows more keywords than its __init__ names (the datamodules' shared settings, taken
+    # as **settings): the types its signature declares
+    signature = getattr(target, "__signature__", None) if inspect.isclass(target) else None
+    shown = signature.parameters.values() if isinstance(signature, inspect.Signature) else ()
+    hints.update(
+        (p.name, p.annotation) for p in shown if p.name not in hints and not isinstance(p.annotation, str)
+    )
+    hints.pop("settings", None)  # the **settings catch-all itself
+    return {name: hint for name, hint in hints.items() if hint is not inspect.Parameter.empty}
 
 
 def _is_config_of_object(value: Any) -> bool:
