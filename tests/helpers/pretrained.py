@@ -26,7 +26,7 @@ def multi30k_lines(data_dir: Path, name: str, n: int) -> list[str]:
         return [next(handle).rstrip("\n") for _ in range(n)]
 
 
-def _train_spm(path: Path, lines: list[str], vocab_size: int) -> None:
+def train_spm(path: Path, lines: list[str], vocab_size: int) -> None:
     text = path.with_suffix(".txt")
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     sentencepiece.SentencePieceTrainer.train(
@@ -38,16 +38,21 @@ def _train_spm(path: Path, lines: list[str], vocab_size: int) -> None:
         leftover.unlink()
 
 
-def opus_mt_tokenizer_files(directory: Path, data_dir: Path) -> dict[str, int]:
-    """source.spm, target.spm, vocab.json and tokenizer_config.json (de -> en) in `directory`; the vocab."""
-    directory.mkdir(parents=True, exist_ok=True)
-    _train_spm(directory / "source.spm", multi30k_lines(data_dir, "train.de.gz", 3000), 400)
-    _train_spm(directory / "target.spm", multi30k_lines(data_dir, "train.en.gz", 3000), 300)
+def spm_words(directory: Path) -> list[str]:
+    """The pieces of `directory`'s source.spm then target.spm, once each, without </s>, <unk> and <pad>."""
     pieces: dict[str, None] = {}
     for name in ("source.spm", "target.spm"):
         processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / name))
         pieces.update((processor.id_to_piece(i), None) for i in range(1, processor.get_piece_size()))
-    words = [piece for piece in pieces if piece not in ("</s>", "<unk>", "<pad>")][:-5]
+    return [piece for piece in pieces if piece not in ("</s>", "<unk>", "<pad>")]
+
+
+def opus_mt_tokenizer_files(directory: Path, data_dir: Path) -> dict[str, int]:
+    """source.spm, target.spm, vocab.json and tokenizer_config.json (de -> en) in `directory`; the vocab."""
+    directory.mkdir(parents=True, exist_ok=True)
+    train_spm(directory / "source.spm", multi30k_lines(data_dir, "train.de.gz", 3000), 400)
+    train_spm(directory / "target.spm", multi30k_lines(data_dir, "train.en.gz", 3000), 300)
+    words = spm_words(directory)[:-5]
     vocab = {"</s>": EOS, "<unk>": UNK, ">>deu<<": 2, **{p: i + 3 for i, p in enumerate(words)}}
     vocab["<pad>"] = len(vocab)
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
@@ -60,6 +65,14 @@ def opus_mt_tokenizer_files(directory: Path, data_dir: Path) -> dict[str, int]:
 def opus_mt_directory(directory: Path, data_dir: Path, seed: int = 0) -> Path:
     """A complete tiny OPUS-MT de -> en directory (tokenizer files, config, weights, generation config)."""
     vocab = opus_mt_tokenizer_files(directory, data_dir)
+    return tiny_marian(directory, vocab, seed, eos_bias=4.0, num_beams=4, max_length=128)
+
+
+def tiny_marian(
+    directory: Path, vocab: dict[str, int], seed: int, *, eos_bias: float, num_beams: int, max_length: int
+) -> Path:
+    """A tiny MarianMTModel over `vocab` (shared, <pad> its pad and decoder start), its weights drawn with
+    `seed`, saved in `directory` with its generation config."""
     pad = vocab["<pad>"]
     config = transformers.MarianConfig(
         vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2,
@@ -76,10 +89,10 @@ def opus_mt_directory(directory: Path, data_dir: Path, seed: int = 0) -> Path:
                 if "embed_positions" not in name:  # the sinusoid tables Marian rebuilds itself
                     parameter.normal_(0.0, 0.3)
             model.final_logits_bias.normal_()
-            model.final_logits_bias[0, EOS] += 4.0  # sentences end at several lengths
+            model.final_logits_bias[0, EOS] += eos_bias  # sentences end at several lengths
     model.generation_config = transformers.GenerationConfig(
-        num_beams=4, max_length=128, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=EOS,
-        pad_token_id=pad, forced_eos_token_id=EOS,
+        num_beams=num_beams, max_length=max_length, bad_words_ids=[[pad]], decoder_start_token_id=pad,
+        eos_token_id=EOS, pad_token_id=pad, forced_eos_token_id=EOS,
     )  # fmt: skip
     model.save_pretrained(directory)
     return directory
