@@ -101,21 +101,22 @@ _VERBS = [
 ]
 
 
-def _sample_count(rng: random.Random) -> int:
-    # Over-sample the irregular small numbers; uniform 1..999 would be mostly "x hundred y-z".
+def sample_count(rng: random.Random, shares: tuple[float, float, float] = (0.1, 0.4, 0.7)) -> int:
+    """A count in 1..999: 1, 2-20, 21-99 below the cumulative `shares`, else 100-999. Over-samples the
+    irregular small numbers; uniform 1..999 would be mostly "x hundred y-z"."""
     bucket = rng.random()
-    if bucket < 0.1:
+    if bucket < shares[0]:
         return 1
-    if bucket < 0.4:
+    if bucket < shares[1]:
         return rng.randint(2, 20)
-    if bucket < 0.7:
+    if bucket < shares[2]:
         return rng.randint(21, 99)
     return rng.randint(100, 999)
 
 
 def _noun_phrase(rng: random.Random) -> tuple[str, str]:
     """A counted object in the accusative: ("one old dog", "einen alten Hund")."""
-    noun, count = rng.choice(_NOUNS), _sample_count(rng)
+    noun, count = rng.choice(_NOUNS), sample_count(rng)
     adjective = rng.choice(list(_ADJECTIVES)) if rng.random() < 0.3 else None
     if count == 1:
         article, ending = _ACC_SINGULAR[noun.gender]

@@ -13,10 +13,12 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from data.synthetic import number_to_english, number_to_german
+from data.synthetic import number_to_english, number_to_german, sample_count
 
 LANGUAGES = ("en", "de", "fr")
 DEFAULT_SIZES: Mapping[str, int] = {"train": 3000, "val": 300, "test": 300}  # items per split
+# shares of the counts 1, 2-20 and 21-99 (cumulative; the rest 100-999): fewer small ones than data.synthetic
+COUNT_SHARES = (0.05, 0.3, 0.65)
 
 # fmt: off
 _FR_SMALL = ["zéro", "un", "deux", "trois", "quatre", "cinq", "six", "sept", "huit", "neuf", "dix", "onze",
@@ -98,18 +100,6 @@ def _counted(count: int, noun: int, lang: str) -> str:
     raise ValueError(f"the numbers task has languages {', '.join(LANGUAGES)}, not {lang!r}")
 
 
-def _sample_count(rng: random.Random) -> int:
-    # as data.synthetic: over-sample the irregular small numbers
-    bucket = rng.random()
-    if bucket < 0.05:
-        return 1
-    if bucket < 0.3:
-        return rng.randint(2, 20)
-    if bucket < 0.65:
-        return rng.randint(21, 99)
-    return rng.randint(100, 999)
-
-
 def make_items(
     seed: int = 0, sizes: Mapping[str, int] | None = None
 ) -> dict[str, list[tuple[int, int, int]]]:
@@ -129,7 +119,7 @@ def make_items(
             raise ValueError(f"numbers split {name!r} needs a positive size, got {sizes[name]}")
         chosen: list[tuple[int, int, int]] = []
         while len(chosen) < sizes[name]:
-            item = (_sample_count(rng), rng.randrange(len(_NOUNS)))
+            item = (sample_count(rng, COUNT_SHARES), rng.randrange(len(_NOUNS)))
             subject = rng.randrange(len(_SUBJECTS))
             if item not in seen:
                 seen.add(item)
