@@ -7,21 +7,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import string
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
 
 from data.synthetic import make_synthetic_splits
 from data.tokenization import train_bpe
-from tests.helpers import trained
-from tests.helpers.cli import run_script
-from tests.helpers.repo import REPO_ROOT
+from tests.helpers import evaluate_runs, trained
+from tests.helpers.evaluate_runs import run_in_project
 from transformer.cli.errors import ConfigError
 from transformer.cli.translate_input import EntryParser, text_lines
 
@@ -101,20 +95,8 @@ def checkpoint(translation_run: Path) -> Path:
     return translation_run / "checkpoints" / "last.ckpt"
 
 
-def _run(script: str, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PROJECT_ROOT": str(REPO_ROOT), "WANDB_MODE": "offline"}
-    return run_script(script, args, stdin=stdin, env=env)
-
-
-@pytest.fixture
-def compose_eval(monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    monkeypatch.setenv("PROJECT_ROOT", str(REPO_ROOT))
-
-    def make(out_dir: Path, *overrides: str) -> DictConfig:
-        with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-            return compose("eval", overrides=[f"paths.output_dir={out_dir}", "progress=false", *overrides])
-
-    yield make
+_run = run_in_project
+compose_eval = evaluate_runs.compose_eval  # the fixture, by name in this module
 
 
 LINES = [
