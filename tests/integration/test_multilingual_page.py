@@ -5,24 +5,19 @@ Skipped with the reason without chromium or playwright."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.browser import CHROMIUM, MISSING
 from tests.helpers.multilingual import SENTENCES, multilingual_checkpoint
 from tests.helpers.serving import serving, settings
 from transformer.inference import Translator
 from transformer.serving.app import create_app
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
-try:
+if MISSING is None:
     from playwright.sync_api import sync_playwright
-except ImportError as err:
-    MISSING: str | None = f"playwright not installed: {err}"
-else:
-    MISSING = None if CHROMIUM else "chromium not installed: no `chromium` on PATH (.ci/run installs it)"
 
 pytestmark = [
     pytest.mark.skipif(MISSING is not None, reason=MISSING or ""),

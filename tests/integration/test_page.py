@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -27,19 +26,15 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import serving, trained
+from tests.helpers.browser import CHROMIUM, MISSING
 from tests.helpers.cli import run_script
 from tests.helpers.repo import REPO_ROOT, cli_env
 from tests.helpers.serving import evaluate_translations, free_port
 
 served_run, classification_run = serving.served_run, trained.classification_run
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
-try:
+if MISSING is None:
     from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
-except ImportError as err:
-    MISSING: str | None = f"playwright not installed: {err}"
-else:
-    MISSING = None if CHROMIUM else "chromium not installed: no `chromium` on PATH (.ci/run installs it)"
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 
