@@ -6,7 +6,6 @@ status 1, nothing written. (What the exports compute: test_export.py.)
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from torch import Tensor
 
 from data.tokenization import train_bpe
 from tests.helpers.exports import save_checkpoint, trained_export_model
+from tests.helpers.refusals import MaliciousPickle, assert_usage_error
 from transformer.interop.export_cli import main
 from transformer.model import Seq2SeqTransformer, TransformerClassifier
 
@@ -151,21 +151,14 @@ def test_refuses_an_output_that_holds_the_checkpoint(trained: dict, capsys) -> N
     assert sorted(p.name for p in directory.iterdir()) == before
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_refuses_truncated_and_unsafe_checkpoints(trained: dict, tmp_path: Path, capsys) -> None:
     data = trained["ckpt"].read_bytes()
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(data[: len(data) // 2])
     _refused(capsys, [str(truncated), "--to", "hf", "--output", str(tmp_path / "a")], "truncated or corrupt")
     evil = tmp_path / "evil.ckpt"
-    evil.write_bytes(pickle.dumps({"state_dict": {}, "payload": _Payload(tmp_path / "pwned")}, protocol=2))
+    payload = MaliciousPickle(tmp_path / "pwned")
+    evil.write_bytes(pickle.dumps({"state_dict": {}, "payload": payload}, protocol=2))
     _refused(capsys, [str(evil), "--to", "ctranslate2", "--output", str(tmp_path / "b")], str(evil))
     _refused(
         capsys, [str(tmp_path / "nope.ckpt"), "--to", "hf", "--output", str(tmp_path / "c")], "does not exist"
@@ -268,9 +261,4 @@ def test_an_empty_checkpoint_is_refused_in_one_line(tmp_path: Path, capsys) -> N
     ],
 )
 def test_argument_errors_are_one_line_with_the_usage(capsys, argv: list[str], expected: str) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 1
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
-    assert captured.err.startswith(expected) and "(usage: aiayn-export " in captured.err
+    assert_usage_error(capsys, main, argv, expected, "aiayn-export")

@@ -21,6 +21,7 @@ pytest.importorskip("sentencepiece")
 
 from tests.helpers.datasets import data_dir  # noqa: E402
 from tests.helpers.pretrained import bert_directory, opus_mt_directory  # noqa: E402
+from tests.helpers.refusals import assert_usage_error  # noqa: E402
 from transformer.interop.import_cli import main  # noqa: E402
 from transformer.interop.source import ExportError  # noqa: E402
 from transformer.interop.weights import weight_shapes  # noqa: E402
@@ -228,12 +229,7 @@ def test_the_undamaged_directories_import(built: dict[str, Path], tmp_path: Path
     ],
 )
 def test_argument_errors_are_one_line_with_the_usage(capsys, argv: list[str], expected: str) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 1
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
-    assert captured.err.startswith(expected) and "(usage: aiayn-import " in captured.err
+    assert_usage_error(capsys, main, argv, expected, "aiayn-import")
 
 
 def test_evaluating_an_import_in_other_languages_is_refused_naming_both(
