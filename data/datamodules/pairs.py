@@ -61,9 +61,10 @@ class PairsMixin:
             unknown = sorted(set(labels) - {"format"})
             if unknown:
                 raise ValueError(f"data.labels takes format (e.g. '>>{{lang}}<<'), not {unknown}")
-            label_format = labels.get("format", DEFAULT_FORMAT)
+            if labels.get("format") is not None:  # null: the default
+                label_format = str(labels["format"])
         try:  # checked with one pair too: a value that cannot work is refused wherever it is set
-            LanguageLabels.for_languages(["xx"], str(label_format))
+            LanguageLabels.for_languages(["xx"], label_format)
         except ValueError as err:
             raise ValueError(f"data.labels.format: {err} (e.g. '>>{{lang}}<<')") from None
         if pairs is None:
@@ -80,11 +81,8 @@ class PairsMixin:
                 "data.extra_train is not supported with data.pairs (its pairs have no direction)"
             )
         targets = {pair.tgt for pair in self.pairs}
-        if len(targets) > 1:
-            try:
-                self.language_labels = LanguageLabels.for_languages(targets, label_format)
-            except ValueError as err:
-                raise ValueError(f"data.labels.format: {err}") from None
+        if len(targets) > 1:  # the format was checked above; the codes by parse_pairs
+            self.language_labels = LanguageLabels.for_languages(targets, label_format)
         if clean is not None:
             self._pair_clean = [CleanSettings(clean, pair.src, pair.tgt) for pair in self.pairs]
 
