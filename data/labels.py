@@ -1,9 +1,10 @@
 """Target-language labels of multilingual translation: OPUS-MT's `>>fra<<`, fairseq's language tokens.
 
 A many-to-many or one-to-many model learns which language to produce from a label put at the start of
-the source (`>>de<< A dog runs.`). Each label is one atomic token of the source tokenizer (a special
-token of our BPE, a piece of an imported SentencePiece vocabulary), never split. The model does not
-change: the label is text the tokenizer knows, plus one decoding option (`target_lang`) that chooses it.
+the source (`>>de<< A dog runs.`; `data.labels.position=end` puts it after the source instead). Each
+label is one atomic token of the source tokenizer (a special token of our BPE, a piece of an imported
+SentencePiece vocabulary), never split. The model does not change: the label is text the tokenizer
+knows, plus one decoding option (`target_lang`) that chooses it.
 A checkpoint lists its labels under the top-level key `LABELS_KEY`; a bilingual checkpoint has none.
 """
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 LABELS_KEY = "language_labels"  # the checkpoint's top-level key: `LanguageLabels.to_state()`
 DEFAULT_FORMAT = ">>{lang}<<"  # OPUS-MT's spelling; `data.labels.format` chooses another
+Position = Literal["start", "end"]  # where the label goes in the source (`data.labels.position`)
+POSITIONS: tuple[str, ...] = get_args(Position)
 
 
 class LabelError(ValueError):
@@ -23,11 +26,18 @@ class LabelError(ValueError):
 
 @dataclass(frozen=True)
 class LanguageLabels:
-    """The label token of each target language, e.g. `{"de": ">>de<<", "fr": ">>fr<<"}`."""
+    """The label token of each target language, e.g. `{"de": ">>de<<", "fr": ">>fr<<"}`, and where it goes:
+    before the source ("start": OPUS-MT, fairseq's `--encoder-langtok tgt`, Google's multilingual NMT) or
+    after it ("end", where mBART puts its language code)."""
 
     labels: Mapping[str, str]
+    position: Position = "start"
 
     def __post_init__(self) -> None:
+        if self.position not in POSITIONS:
+            raise ValueError(
+                f"a label's position must be one of {', '.join(POSITIONS)}, got {self.position!r}"
+            )
         if not self.labels:
             raise ValueError("a multilingual model needs at least one target-language label")
         for lang, label in self.labels.items():
@@ -35,11 +45,13 @@ class LanguageLabels:
                 raise ValueError(f"the label of target language {lang!r} must be one word, got {label!r}")
 
     @classmethod
-    def for_languages(cls, langs: Iterable[str], format: str = DEFAULT_FORMAT) -> LanguageLabels:
+    def for_languages(
+        cls, langs: Iterable[str], format: str = DEFAULT_FORMAT, position: Position = "start"
+    ) -> LanguageLabels:
         """Labels spelled by `format` (which must hold `{lang}`), in sorted language order."""
         if "{lang}" not in format:
             raise ValueError(f"a label format must contain {{lang}}, got {format!r}")
-        return cls({lang: format.format(lang=lang) for lang in sorted(set(langs))})
+        return cls({lang: format.format(lang=lang) for lang in sorted(set(langs))}, position)
 
     @property
     def languages(self) -> list[str]:
@@ -62,18 +74,20 @@ class LanguageLabels:
         return self.labels[lang]
 
     def labelled(self, text: str, lang: str | None, where: str = "target_lang") -> str:
-        """`text` with the label of `lang` in front, as the model saw its training sources."""
-        return f"{self.label(lang, where)} {text}"
+        """`text` with the label of `lang` where the model saw it in its training sources."""
+        label = self.label(lang, where)
+        return f"{label} {text}" if self.position == "start" else f"{text} {label}"
 
     def to_state(self) -> dict[str, Any]:
-        return {"labels": dict(self.labels)}
+        return {"labels": dict(self.labels), "position": self.position}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any] | None) -> LanguageLabels | None:
-        """The labels a checkpoint lists under `LABELS_KEY`, or None for a bilingual model."""
+        """The labels a checkpoint lists under `LABELS_KEY`, or None for a bilingual model (a state without
+        a position, written before there was a choice, put its labels at the start)."""
         if not state:
             return None
-        return cls(dict(state["labels"]))
+        return cls(dict(state["labels"]), state.get("position", "start"))
 
     def _valid(self) -> str:
         return ", ".join(self.languages)

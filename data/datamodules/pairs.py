@@ -16,7 +16,7 @@ import numpy as np
 
 from data import prepare, sources
 from data.clean import CleanSettings, clean_split
-from data.labels import DEFAULT_FORMAT, LABELS_KEY, LanguageLabels
+from data.labels import DEFAULT_FORMAT, LABELS_KEY, POSITIONS, LanguageLabels
 from data.pairs import (
     Pair,
     PairSampledBatchSampler,
@@ -36,8 +36,9 @@ class PairsMixin:
     """What `TranslationDataModule` does with `pairs` (None: one pair, `src_lang` -> `tgt_lang`, as always).
 
     Labels: the target language's label (`labels.format`, default OPUS-MT's `>>{lang}<<`) is put before
-    every source when the pairs have more than one target language, and is a special token of the
-    tokenizer (one joint BPE over every language keeps it whole). A many-to-one model gets no labels.
+    (`labels.position`: start) or after (end) every source when the pairs have more than one target
+    language, and is a special token of the tokenizer (one joint BPE over every language keeps it whole).
+    A many-to-one model gets no labels.
     """
 
     # set by the datamodule's constructor (`_take_pairs`)
@@ -56,13 +57,22 @@ class PairsMixin:
     ) -> None:
         """Check and keep the multilingual settings (ValueError naming the key at fault)."""
         self.sampling_temperature = check_temperature(sampling_temperature)
-        label_format = DEFAULT_FORMAT
+        label_format, position = DEFAULT_FORMAT, "start"
         if labels is not None:
-            unknown = sorted(set(labels) - {"format"})
+            unknown = sorted(set(labels) - {"format", "position"})
             if unknown:
-                raise ValueError(f"data.labels takes format (e.g. '>>{{lang}}<<'), not {unknown}")
+                raise ValueError(
+                    f"data.labels takes format (e.g. '>>{{lang}}<<') and position "
+                    f"({' or '.join(POSITIONS)}), not {unknown}"
+                )
             if labels.get("format") is not None:  # null: the default
                 label_format = str(labels["format"])
+            if labels.get("position") is not None:
+                position = labels["position"]
+        if position not in POSITIONS:
+            raise ValueError(
+                f"data.labels.position: expected one of {', '.join(POSITIONS)}, got {position!r}"
+            )
         try:  # checked with one pair too: a value that cannot work is refused wherever it is set
             LanguageLabels.for_languages(["xx"], label_format)
         except ValueError as err:
@@ -82,7 +92,7 @@ class PairsMixin:
             )
         targets = {pair.tgt for pair in self.pairs}
         if len(targets) > 1:  # the format was checked above; the codes by parse_pairs
-            self.language_labels = LanguageLabels.for_languages(targets, label_format)
+            self.language_labels = LanguageLabels.for_languages(targets, label_format, position)
         if clean is not None:
             self._pair_clean = [CleanSettings(clean, pair.src, pair.tgt) for pair in self.pairs]
 
@@ -143,10 +153,10 @@ class PairsMixin:
     def _labelled(self, raw: datasets.Dataset, index: int) -> datasets.Dataset:
         """`raw` with its pair index (multilingual: the target label before each source)."""
         assert self.pairs is not None
-        label = None if self.language_labels is None else self.language_labels.label(self.pairs[index].tgt)
+        labels, tgt = self.language_labels, self.pairs[index].tgt
 
         def add(batch: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
-            srcs = batch["src"] if label is None else [f"{label} {text}" for text in batch["src"]]
+            srcs = batch["src"] if labels is None else [labels.labelled(text, tgt) for text in batch["src"]]
             return {"src": srcs, PAIR_COLUMN: [index] * len(srcs)}
 
         # a map (not a new Arrow file) keeps the fingerprint a function of the data: generated and hub

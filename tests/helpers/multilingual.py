@@ -68,10 +68,12 @@ def write_checkpoint(path: Path, checkpoint: dict[str, Any]) -> Path:
     return path
 
 
-def multilingual_checkpoint(directory: Path, seed: int = 0) -> tuple[Path, Path]:
-    """(the multilingual checkpoint, its bilingual twin): the same weights and tokenizer, the first with the
-    labels of LANGUAGES, the second without."""
-    tokenizer = multilingual_tokenizer()
-    multi = write_checkpoint(directory / "multi.ckpt", checkpoint_dict(tokenizer, LABELS, seed))
+def multilingual_checkpoint(
+    directory: Path, seed: int = 0, labels: LanguageLabels = LABELS
+) -> tuple[Path, Path]:
+    """(the multilingual checkpoint, its bilingual twin): the same weights and tokenizer, the first with
+    `labels` (by default those of LANGUAGES, at the start of the source), the second without."""
+    tokenizer = multilingual_tokenizer(labels)
+    multi = write_checkpoint(directory / "multi.ckpt", checkpoint_dict(tokenizer, labels, seed))
     twin = write_checkpoint(directory / "twin.ckpt", checkpoint_dict(tokenizer, None, seed))
     return multi, twin

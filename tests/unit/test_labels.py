@@ -13,10 +13,22 @@ def test_labels_are_spelled_by_the_format_in_language_order() -> None:
     assert labels.labelled("A dog.", "fr") == ">>fr<< A dog."
 
 
+def test_the_label_goes_at_the_start_or_the_end_of_the_source() -> None:
+    at_end = LanguageLabels.for_languages(["de", "fr"], position="end")
+    assert at_end.labelled("A dog.", "fr") == "A dog. >>fr<<"
+    assert labelled_sources(["a", "b"], ["de", "fr"], at_end) == ["a >>de<<", "b >>fr<<"]
+    with pytest.raises(ValueError, match="position must be one of start, end, got 'middle'"):
+        LanguageLabels({"de": ">>de<<"}, "middle")  # type: ignore[arg-type]
+
+
 def test_state_round_trips_and_a_bilingual_checkpoint_has_none() -> None:
-    labels = LanguageLabels.for_languages(["de", "fr"])
-    assert LanguageLabels.from_state(labels.to_state()) == labels
+    for position in ("start", "end"):
+        labels = LanguageLabels.for_languages(["de", "fr"], position=position)  # type: ignore[arg-type]
+        assert labels.to_state()["position"] == position
+        assert LanguageLabels.from_state(labels.to_state()) == labels
     assert LanguageLabels.from_state(None) is None
+    # written before the position was a choice (and by an OPUS-MT import): the label goes first
+    assert LanguageLabels.from_state({"labels": {"de": ">>de<<"}}).position == "start"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

@@ -162,8 +162,20 @@ def test_state_records_pairs_and_labels() -> None:
     dm.setup("validate")
     state = dm.state_dict()
     assert state["pairs"] == ["en-de", "en-fr"]
-    assert state[LABELS_KEY] == {"labels": {"de": "<2de>", "fr": "<2fr>"}}
+    assert state[LABELS_KEY] == {"labels": {"de": "<2de>", "fr": "<2fr>"}, "position": "start"}
     assert dm.raw_split("val")["src"][0].startswith("<2de> ")
+
+
+def test_labels_at_the_end_of_the_source_are_atomic_tokens_before_eos() -> None:
+    dm = _numbers(["en-de", "en-fr"], labels={"position": "end"})
+    dm.setup("fit")
+    assert dm.state_dict()[LABELS_KEY]["position"] == "end"
+    raw = dm.raw_split("train")
+    assert all(src.endswith(f" >>{dm.pairs[p].tgt}<<") for src, p in zip(raw["src"], raw["pair"]))
+    backend = dm.src_tokenizer.tokenizer
+    tokenized = dm.tokenized("train")
+    ends = [backend.id_to_token(ids[-2]) for ids in tokenized["src_ids"]]  # the label, then EOS
+    assert ends == [f">>{dm.pairs[p].tgt}<<" for p in tokenized["pair"]]
 
 
 def test_cache_is_keyed_by_pairs_and_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,8 +244,10 @@ def test_bad_settings_with_pairs() -> None:
         TranslationDataModule(source="synthetic", pairs=["en-de", "en-fr"])
     with pytest.raises(ValueError, match=r"data\.labels\.format: a label format must contain"):
         _numbers(["en-de", "en-fr"], labels={"format": "<2x>"})
-    with pytest.raises(ValueError, match=r"data\.labels takes format"):
+    with pytest.raises(ValueError, match=r"data\.labels takes format .* and position \(start or end\)"):
         _numbers(["en-de", "en-fr"], labels={"spelling": "x"})
+    with pytest.raises(ValueError, match=r"data\.labels\.position: expected one of start, end, got 'first'"):
+        _numbers(["en-de"], labels={"position": "first"})  # refused with one pair too
 
 
 def test_clean_applies_to_each_pair_with_its_languages() -> None:

@@ -11,6 +11,7 @@ import pytest
 from data.labels import LABELS_KEY, LanguageLabels
 from tests.helpers.multilingual import (
     LABELS,
+    LANGUAGES,
     SENTENCES,
     checkpoint_dict,
     multilingual_checkpoint,
@@ -40,7 +41,10 @@ def twin(checkpoints: tuple[Path, Path]) -> Translator:
 def test_the_checkpoint_key_is_read_raw_and_restored() -> None:
     tokenizer = multilingual_tokenizer()
     checkpoint = checkpoint_dict(tokenizer, LABELS)
-    assert saved_language_labels(checkpoint) == {"labels": {"de": ">>de<<", "fr": ">>fr<<"}}
+    assert saved_language_labels(checkpoint) == {
+        "labels": {"de": ">>de<<", "fr": ">>fr<<"},
+        "position": "start",
+    }
     assert LanguageLabels.from_state(saved_language_labels(checkpoint)) == LABELS
     assert saved_language_labels(checkpoint_dict(tokenizer, None)) is None
     assert saved_language_labels({LABELS_KEY: {}}) is None
@@ -63,6 +67,19 @@ def test_target_lang_equals_decoding_the_hand_labelled_source(multi: Translator,
         assert got == expected
         outputs[lang] = got
     assert outputs["de"] != outputs["fr"]  # the label reaches the model
+
+
+def test_a_label_at_the_end_of_the_source_goes_there(tmp_path: Path) -> None:
+    """`data.labels.position=end`: the checkpoint says so, and the translator labels after the source."""
+    at_end = LanguageLabels.for_languages(LANGUAGES, position="end")
+    multi_path, twin_path = multilingual_checkpoint(tmp_path, labels=at_end)
+    multi, twin = Translator.from_checkpoint(multi_path), Translator.from_checkpoint(twin_path)
+    assert multi.labelled(SENTENCES[:1], ["fr"]) == [f"{SENTENCES[0]} >>fr<<"]
+    ids = multi.src_tokenizer.encode(f"{SENTENCES[0]} >>fr<<")
+    assert ids[-2] == multi.src_tokenizer.tokenizer.token_to_id(">>fr<<")  # one token, before EOS
+    for lang in LANGUAGES:
+        got = [t.text for t in multi.translate(SENTENCES, target_lang=lang)]
+        assert got == [t.text for t in twin.translate([f"{s} >>{lang}<<" for s in SENTENCES])]
 
 
 def test_per_segment_languages_mix_in_one_call(multi: Translator, twin: Translator) -> None:

@@ -194,9 +194,11 @@ def _labels_lines(source: ExportSource) -> list[str]:
         return []
     shown = ", ".join(f"`{labels[lang]}` ({lang})" for lang in sorted(labels))
     first = labels[sorted(labels)[0]]
+    position = (source.language_labels or {}).get("position", "start")
+    example = f"A dog runs. {first}" if position == "end" else f"{first} A dog runs."
     return [
-        f"- multilingual: {len(labels)} target languages, chosen by a label at the start of the source: "
-        f"{shown}; e.g. `{first} A dog runs.` (the label is one token of the vocabulary)"
+        f"- multilingual: {len(labels)} target languages, chosen by a label at the {position} of the "
+        f"source: {shown}; e.g. `{example}` (the label is one token of the vocabulary)"
     ]
 
 

@@ -174,7 +174,7 @@ def _check_marian_tokenizer(source: ExportSource, directory: Path) -> None:
     _, tgt = probe_batch(source.config)
     targets = tgt.tolist()
     labels = pair.language_labels()
-    labelled = [f"{label} {text}" for label in (labels.tokens if labels is not None else [])]
+    labelled = [labels.labelled(text, lang) for lang in labels.languages] if labels is not None else []
     if any(tokenizer(item).input_ids != pair.encode_source(item) for item in [text, *labelled]) or [
         tokenizer.decode(row, skip_special_tokens=True) for row in targets
     ] != [pair.decode(row) for row in targets]:
