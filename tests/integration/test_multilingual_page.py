@@ -1,7 +1,7 @@
 """The page's target-language select (issue 65 item 3), in Debian's chromium through Playwright as
 tests/integration/test_page.py drives it: shown for a multilingual model with its languages, hidden for a
-bilingual one; the translation shown for each choice is `Translator.translate(..., target_lang=)`'s.
-Skipped with the reason without chromium or playwright."""
+bilingual one, preset to a model's served `target_lang`; the translation shown for each choice is
+`Translator.translate(..., target_lang=)`'s. Skipped with the reason without chromium or playwright."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 
 from tests.helpers.browser import CHROMIUM, MISSING
 from tests.helpers.multilingual import SENTENCES, multilingual_checkpoint
-from tests.helpers.serving import serving, settings
+from tests.helpers.serving import serving
 from transformer.inference import Translator
 from transformer.serving.app import create_app
+from transformer.serving.config import ServeSettings
 
 if MISSING is None:
     from playwright.sync_api import sync_playwright
@@ -34,8 +35,10 @@ def translators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Translato
 
 @pytest.fixture(scope="module")
 def url(translators: dict[str, Translator]) -> Iterator[str]:
-    paths = {name: str(t.paths[0]) for name, t in translators.items()}
-    with serving(create_app(settings(paths), translators)) as base:
+    entries = [{"id": name, "checkpoint": str(t.paths[0])} for name, t in translators.items()]
+    french = {"id": "multi-fr", "checkpoint": entries[0]["checkpoint"], "target_lang": "fr"}  # served default
+    served = ServeSettings.from_dict({"models": [*entries, french]})
+    with serving(create_app(served, {**translators, "multi-fr": translators["multi"]})) as base:
         yield base
 
 
@@ -57,6 +60,10 @@ def test_the_target_language_select(url: str, translators: dict[str, Translator]
         page.select_option("#model", "multi")
         assert page.locator("#target-lang-field").is_visible()
         assert page.locator("#target_lang option").all_text_contents() == ["de", "fr"]
+        assert page.locator("#target_lang").input_value() == "de"  # no served default: the first
+        page.select_option("#model", "multi-fr")
+        assert page.locator("#target_lang").input_value() == "fr"  # models[2].target_lang
+        page.select_option("#model", "multi")
         page.fill("#text", "\n".join(SENTENCES[:2]))
         for lang in ("fr", "de"):
             page.select_option("#target_lang", lang)

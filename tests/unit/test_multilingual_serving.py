@@ -16,6 +16,8 @@ from tests.helpers.multilingual import SENTENCES, multilingual_checkpoint
 from tests.helpers.serving import serving, settings
 from transformer.inference import Segment, Translator
 from transformer.serving.app import create_app
+from transformer.serving.config import ServeConfigError, ServeSettings
+from transformer.serving.models import check_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,3 +144,48 @@ def test_requests_for_different_languages_batched_together(
             responses = list(pool.map(send, requests))
     assert [texts(response)[0] for response in responses] == expected
     assert len(calls) < len(requests) and {"de", "fr"} in calls  # a model call held both languages
+
+
+def test_a_served_default_language_for_requests_naming_none(
+    paths: dict[str, str], models: dict[str, Translator]
+) -> None:
+    """`models[i].target_lang`: the language of requests and segments that name none; theirs still win."""
+    multi = models["multi"]
+    entry = {"id": "multi", "checkpoint": paths["multi"], "target_lang": "fr"}
+    with TestClient(create_app(ServeSettings.from_dict({"models": [entry]}), {"multi": multi})) as client:
+        listed = client.get("/v1/models").json()["models"][0]
+        assert listed["target_lang"] == "fr" and listed["target_languages"] == ["de", "fr"]
+        segments = [SENTENCES[0], {"text": SENTENCES[1], "target_lang": "de"}]
+        assert texts(client.post("/v1/translate", json={"model": "multi", "segments": segments})) == [
+            alone(multi, SENTENCES[0], "fr"),
+            alone(multi, SENTENCES[1], "de"),
+        ]
+        body = {"model": "multi", "segments": SENTENCES[2:3], "target_lang": "de"}
+        assert texts(client.post("/v1/translate", json=body)) == [alone(multi, SENTENCES[2], "de")]
+
+
+@pytest.mark.parametrize(
+    ("model", "lang", "message"),
+    [
+        ("multi", "es", r"^models\[0\]\.target_lang: unknown target language 'es'; this model knows de, fr$"),
+        ("twin", "fr", r"^models\[0\]\.target_lang: 'fr' given, but this model translates into 'de' only"),
+    ],
+)
+def test_a_served_default_the_model_cannot_translate_into_stops_the_start(
+    paths: dict[str, str], models: dict[str, Translator], model: str, lang: str, message: str
+) -> None:
+    entry = {"id": model, "checkpoint": paths[model], "target_lang": lang}
+    with pytest.raises(ServeConfigError, match=message):
+        check_model(ServeSettings.from_dict({"models": [entry]}).models[0], models[model])
+    assert (
+        check_model(
+            ServeSettings.from_dict({"models": [{**entry, "target_lang": "de"}]}).models[0], models[model]
+        ).target_lang
+        == "de"
+    )
+
+
+@pytest.mark.parametrize("value", [5, "", "  ", ["de"]])
+def test_a_bad_served_default_is_refused_by_the_config(paths: dict[str, str], value: object) -> None:
+    with pytest.raises(ServeConfigError, match=r"^models\[0\]\.target_lang must be a language code"):
+        ServeSettings.from_dict({"models": [{"id": "m", "checkpoint": paths["multi"], "target_lang": value}]})

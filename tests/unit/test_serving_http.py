@@ -16,7 +16,8 @@ from tests.helpers import trained
 from tests.helpers.serving import settings, source_lines
 from transformer.inference import Classifier, Translator
 from transformer.serving.app import create_app
-from transformer.serving.models import load_model
+from transformer.serving.config import ServeConfigError, ServeSettings
+from transformer.serving.models import check_model, load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -227,3 +228,13 @@ def test_a_model_that_fails_to_load_keeps_ready_at_503(
             time.sleep(0.02)
         assert "en-de" in message and "gone.ckpt" in message
         assert client.post("/v1/classify", json={"model": "sst", "segments": ["a"]}).status_code == 200
+
+
+@pytest.mark.parametrize("name", ["decoding", "target_lang"])
+def test_a_classifier_with_translation_settings_stops_the_start(
+    paths: dict[str, str], models: dict[str, object], name: str
+) -> None:
+    value = {"beam_size": 2} if name == "decoding" else "de"
+    entry = {"id": "sst", "checkpoint": paths["sst"], name: value}
+    with pytest.raises(ServeConfigError, match=rf"^models\[0\]\.{name}: sst is a classification model"):
+        check_model(ServeSettings.from_dict({"models": [entry]}).models[0], models["sst"])

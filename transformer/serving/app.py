@@ -181,7 +181,7 @@ def _routes(app: FastAPI, state: State, page: Path) -> None:
                 served.check_target_lang(lang, field)
             except InferenceError as err:
                 raise ServeError(422, " ".join(str(err).split()), field) from None
-        job = Job(body.inputs(), settings, body.seed, deadline=start + limits.timeout_s)
+        job = Job(body.inputs(served.target_lang), settings, body.seed, deadline=start + limits.timeout_s)
         outputs = await _outputs(state.workers[served.settings.id], job, request)
         return {
             "model": body.model,

@@ -54,6 +54,8 @@ class ModelSettings:
     device: str = "cpu"
     backend: str = "torch"
     decoding: Mapping[str, Any] = field(default_factory=dict)
+    # a multilingual model's target language for requests that name none (checked against its labels)
+    target_lang: str | None = None
     key: str = "models[0]"  # where it stands in the config, for error messages
     # backend ctranslate2 only (None for torch): CTranslate2's compute type ("default": the converted float32
     # weights; int8, int8_float32, float16, ...: quantized when loaded) and where converted models are kept
@@ -147,7 +149,7 @@ def _models(values: Any) -> tuple[ModelSettings, ...]:
             raise ServeConfigError(f"{key} must be a mapping {{id, checkpoint, ...}}, got {entry!r}")
         _unknown_keys(
             entry,
-            {"id", "checkpoint", "device", "backend", "decoding", "compute_type", "cache_dir"},
+            {"id", "checkpoint", "device", "backend", "decoding", "target_lang", "compute_type", "cache_dir"},
             f"{key}.",
         )
         model_id = entry.get("id")
@@ -162,6 +164,12 @@ def _models(values: Any) -> tuple[ModelSettings, ...]:
         device = _device(entry.get("device", "cpu"), f"{key}.device")
         backend = _backend(entry.get("backend", "torch"), f"{key}.backend")
         compute_type, cache_dir = entry.get("compute_type"), entry.get("cache_dir")
+        target_lang = entry.get("target_lang")
+        if target_lang is not None and (not isinstance(target_lang, str) or not target_lang.strip()):
+            raise ServeConfigError(
+                f"{key}.target_lang must be a language code (one of the model's target languages) or null, "
+                f"got {target_lang!r}"
+            )
         if backend == "ctranslate2":
             if len(checkpoint) > 1:
                 raise ServeConfigError(
@@ -187,6 +195,7 @@ def _models(values: Any) -> tuple[ModelSettings, ...]:
                 device=device,
                 backend=backend,
                 decoding=_decoding(entry.get("decoding") or {}, f"{key}.decoding"),
+                target_lang=target_lang,
                 key=key,
                 compute_type=compute_type,
                 cache_dir=cache_dir,

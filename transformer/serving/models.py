@@ -78,9 +78,16 @@ class Served:
                 f"send seeded sampling to a model with backend torch"
             )
 
+    @property
+    def target_lang(self) -> str | None:
+        """The target language of requests and segments naming none (`models[i].target_lang`)."""
+        return self.settings.target_lang
+
     def check_target_lang(self, lang: str | None, field: str) -> None:
         """InferenceError naming `field` for a target language the model cannot translate into, or none
-        given to a multilingual model; the message lists the valid ones."""
+        given to a multilingual model (a request's none is the model's `target_lang` first); the message
+        lists the valid ones."""
+        lang = self.target_lang if lang is None else lang
         targets = self.model.target_languages
         if lang is not None:
             targets.check(lang, field)
@@ -106,19 +113,26 @@ class Served:
             # what a request's target_lang may name; multilingual: one of them must be named
             entry["target_languages"] = list(targets.languages)
             entry["multilingual"] = targets.multilingual
+            entry["target_lang"] = self.target_lang  # where a request names none (null: it must)
         else:
             entry["labels"] = list(self.model.labels)
         return entry
 
 
 def check_model(settings: ModelSettings, model: Any) -> Served:
-    """`model` with its decoding defaults checked (ServeConfigError naming `<key>.decoding`)."""
+    """`model` with its decoding defaults and target language checked (ServeConfigError naming
+    `<key>.decoding` or `<key>.target_lang`)."""
     if model.task != "translation":
-        if settings.decoding:
-            raise ServeConfigError(
-                f"{settings.key}.decoding: {settings.id} is a {model.task} model (no decoding)"
-            )
+        for name, value in (("decoding", settings.decoding), ("target_lang", settings.target_lang)):
+            if value:
+                raise ServeConfigError(
+                    f"{settings.key}.{name}: {settings.id} is a {model.task} model (no {name})"
+                )
         return Served(settings, model, None)
+    try:  # a language the model has no label for, or another than a bilingual model's target
+        model.target_languages.check(settings.target_lang, f"{settings.key}.target_lang")
+    except InferenceError as err:
+        raise ServeConfigError(str(err)) from None
     try:
         defaults = model.settings(**settings.decoding)
     except InferenceError as err:

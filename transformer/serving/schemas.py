@@ -78,10 +78,10 @@ class TranslateRequest(BaseModel):
             options["search"] = "sample" if options.pop("sampling") else "auto"
         return options
 
-    def inputs(self) -> list[str | Segment]:
-        """The segments to translate, each carrying its target language (its own, else the request's):
-        requests for different languages may then share a model call."""
-        lang = self.target_lang
+    def inputs(self, default_lang: str | None = None) -> list[str | Segment]:
+        """The segments to translate, each carrying its target language (its own, else the request's, else
+        the model's `default_lang`): requests for different languages may then share a model call."""
+        lang = self.target_lang if self.target_lang is not None else default_lang
         return [
             (item if lang is None else Segment(item, target_lang=lang))
             if isinstance(item, str)
