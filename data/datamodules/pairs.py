@@ -109,6 +109,19 @@ class PairsMixin:
         names = [pair.name for pair in self.pairs]
         return [names[i] for i in self.raw_split(split)[PAIR_COLUMN]]
 
+    def _first_rows(self, raw: datasets.Dataset, n: int) -> list[int]:
+        """`keep_first`'s rows of a split with several directions: the first `n` of each, in split order
+        (the split is the pairs' splits one after another: the first n rows would be one direction's)."""
+        if not self.multilingual:
+            return super()._first_rows(raw, n)  # type: ignore[misc]
+        taken: dict[int, int] = {}
+        rows = []
+        for row, pair in enumerate(int_column(raw, PAIR_COLUMN).tolist()):
+            if taken.get(pair, 0) < n:
+                taken[pair] = taken.get(pair, 0) + 1
+                rows.append(row)
+        return rows
+
     # -- raw splits --------------------------------------------------------------------------------
     def _load_pairs(self, splits: Sequence[str]) -> datasets.DatasetDict:
         """Every pair's `splits`, each (train: cleaned) and labelled, concatenated with the "pair" column."""

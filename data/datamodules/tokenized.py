@@ -147,9 +147,13 @@ class TokenizedDataModule(L.LightningDataModule):
         if self.cache_dir is not None:
             raise RuntimeError("keep_first needs a datamodule without cache_dir")
         raw = self.raw_split(split)
-        self._raw[split] = raw.select(range(min(n, len(raw))))
+        self._raw[split] = raw.select(self._first_rows(raw, n))
         self._tokenized.pop(split, None)  # tokenized again from the cut split
         return len(raw)
+
+    def _first_rows(self, raw: datasets.Dataset, n: int) -> list[int]:
+        """The rows `keep_first` keeps: the first `n`."""
+        return list(range(min(n, len(raw))))
 
     # -- tokenizers ------------------------------------------------------------------------------
     @property

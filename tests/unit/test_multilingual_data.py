@@ -157,6 +157,30 @@ def test_many_to_one_has_no_labels_and_one_pair_is_bilingual() -> None:
     assert single.directions("val") is None and single.language_labels is None
 
 
+def test_the_first_sentences_of_a_multilingual_split_are_taken_per_direction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """evaluate.py's `data.test_sentences=N`: the first N of each direction, not N of the first one."""
+    from transformer.cli.evaluate_steps import keep_first_sentences
+
+    dm = _numbers(["de-en", "fr-en"])
+    dm.setup("test")
+    whole = dm.raw_split("test")
+    caplog.set_level("INFO")
+    keep_first_sentences(dm, 5, translating=False)
+    assert dm.directions("test") == ["de-en"] * 5 + ["fr-en"] * 5
+    cut = dm.raw_split("test")
+    firsts = [i for i, p in enumerate(whole["pair"]) if whole["pair"][:i].count(p) < 5]
+    assert cut["src"] == [whole["src"][i] for i in firsts]
+    assert [len(batch["id"]) for batch in dm.test_dataloader()] and sorted(
+        i for batch in dm.test_dataloader() for i in batch["id"].tolist()
+    ) == list(range(10))
+    assert (
+        "first 5 of each direction of the 24 sentences of test (data.test_sentences): 10 in all"
+        in caplog.text
+    )
+
+
 def test_state_records_pairs_and_labels() -> None:
     dm = _numbers(["en-de", "en-fr"], labels={"format": "<2{lang}>"})
     dm.setup("validate")

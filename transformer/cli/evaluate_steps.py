@@ -201,7 +201,8 @@ def build_datamodule(
 
 
 def keep_first_sentences(datamodule: Any, n: Any, translating: bool) -> None:
-    """`data.test_sentences=N`: score the split's first N sentences only (a quick look)."""
+    """`data.test_sentences=N`: score the split's first N sentences only (a quick look); of each direction
+    for a multilingual split."""
     if n is None:
         return
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -212,8 +213,14 @@ def keep_first_sentences(datamodule: Any, n: Any, translating: bool) -> None:
         )
     split = datamodule.splits["test"]
     total = datamodule.keep_first(split, n)
+    each = " of each direction" if getattr(datamodule, "multilingual", False) else ""
     log.info(
-        "Scoring the first %d of the %d sentences of %s (data.test_sentences)", min(n, total), total, split
+        "Scoring the first %d%s of the %d sentences of %s (data.test_sentences): %d in all",
+        n if each else min(n, total),
+        each,
+        total,
+        split,
+        len(datamodule.raw_split(split)),
     )
 
 
