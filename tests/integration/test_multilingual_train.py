@@ -61,7 +61,7 @@ def test_training_validates_and_tests_every_direction(multilingual_run: Path) ->
         assert values[f"{stage}/chrf"] == pytest.approx(sum(chrf) / len(chrf))
     assert {values[f"test/n_sentences_{d}"] for d in DIRECTIONS} == {12.0}
     checkpoint = torch.load(multilingual_run / "checkpoints" / "last.ckpt", weights_only=True)
-    labels = {"labels": {"de": ">>de<<", "en": ">>en<<", "fr": ">>fr<<"}}
+    labels = {"labels": {"de": ">>de<<", "en": ">>en<<", "fr": ">>fr<<"}, "position": "start"}
     assert checkpoint["language_labels"] == labels
     state = checkpoint["TranslationDataModule"]
     assert state["pairs"] == ["en-de", "en-fr", "de-en", "fr-de"] and state["language_labels"] == labels
@@ -102,6 +102,12 @@ def test_evaluate_scores_and_writes_each_direction(multilingual_run: Path, tmp_p
     assert metrics["test/bleu"] == pytest.approx(sum(metrics[f"test/bleu_{d}"] for d in DIRECTIONS) / 4)
     report = (out / "report.md").read_text()
     assert "## Per direction" in report and (out / "bleu_by_direction.png").is_file()
+    assert "## BLEU by source length and direction" in report
+    assert (out / "bleu_by_length_by_direction.png").is_file()
+    by_length = metrics["bleu_by_source_length_by_direction"]
+    assert sorted(by_length) == sorted(DIRECTIONS)
+    for direction in DIRECTIONS:  # every sentence in one bucket of its direction
+        assert sum(b["count"] for b in by_length[direction]) == len(by_direction[direction])
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,10 @@ from torch.utils.data import DataLoader
 from tests.helpers.evaluation import BOS, EOS, PAD, SHORT, V, detokenize, detokenize_batch, tiny_config
 from transformer.checkpoint import CheckpointError
 from transformer.cli.text_io import stream_lines
+from transformer.evaluation.lengths import bleu_by_length, bleu_by_length_by_direction
 from transformer.evaluation.restore import last_checkpoints, restore_model, task_of
 from transformer.evaluation.scoring import (
-    bleu_by_length,
+    TranslationResult,
     checkpoint_decoding,
     score_classification,
     score_translation,
@@ -277,6 +278,35 @@ def test_bleu_by_length() -> None:
     assert sum(b.count for b in bleu_by_length(sources, hypotheses, references, [1, 2, 3])) == 4
     with pytest.raises(ValueError, match="edges"):
         bleu_by_length(sources, hypotheses, references, [0, 4])
+
+
+def test_bleu_by_length_per_direction_without_counting_the_labels() -> None:
+    """A multilingual split: buckets per direction, the target-language label not counted as a word."""
+    sources = [">>de<< a b c d e", ">>fr<< a b c d e", ">>fr<< a b c d e f g", ">>de<< a"]
+    references = ["x y z w", "le chat est sur le tapis", "p q r s", "eins zwei drei"]
+    hypotheses = ["x y z w", "le chat est sur un tapis", "p q r s", "nichts"]
+    directions = ["en-de", "en-fr", "en-fr", "en-de"]
+    result = TranslationResult(
+        metrics={},
+        signatures={},
+        sources=sources,
+        references=references,
+        hypotheses=hypotheses,
+        hypothesis_ids=[[] for _ in sources],
+        sentence_bleu=[0.0] * 4,
+        directions=directions,
+        source_labels=[">>de<<", ">>fr<<"],
+    )
+    whole = bleu_by_length(sources, hypotheses, references, [5], result.source_labels)
+    assert [(b.label, b.count) for b in whole] == [("1-5", 3), ("6+", 1)]  # 5 words, not 6
+    by_direction = bleu_by_length_by_direction(result, [5])
+    assert [(b.label, b.count) for b in by_direction["en-de"]] == [("1-5", 2)]
+    assert [(b.label, b.count) for b in by_direction["en-fr"]] == [("1-5", 1), ("6+", 1)]
+    assert by_direction["en-de"][0].bleu == pytest.approx(
+        sacrebleu.corpus_bleu([hypotheses[0], hypotheses[3]], [[references[0], references[3]]]).score
+    )
+    result.directions = []
+    assert bleu_by_length_by_direction(result, [5]) == {}
 
 
 # --- classification ----------------------------------------------------------------------------------

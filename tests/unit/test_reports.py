@@ -190,6 +190,42 @@ def test_translation_outputs(tmp_path: Path) -> None:
             assert_png(path)
 
 
+def test_a_multilingual_report_splits_bleu_by_length_by_direction(tmp_path: Path) -> None:
+    directions = ["en-de", "en-fr", "en-fr", "en-de"]
+    result = TranslationResult(
+        {"test/bleu": 1.0},
+        {"bleu": "b", "chrf": "c"},
+        [">>de<< 1 2 3", ">>fr<< 4 5", ">>fr<< 6 7 8 9 10 11", ">>de<< 1 2 3 4 5 6 7"],
+        ["a b c", "d e", "f g h i", "x y"],
+        ["a b c", "d x", "f g h j", "x y"],
+        [[2]] * 4,
+        [100.0, 0.0, 30.0, 100.0],
+        directions=directions,
+        source_labels=[">>de<<", ">>fr<<"],
+    )
+    files = write_translation_outputs(
+        tmp_path,
+        result,
+        ReportInputs(
+            info={},
+            model=Seq2SeqTransformer(_tiny_config()),
+            encode_source=_encode,
+            id_to_token=_token,
+            options=ReportOptions(attention_examples=0, length_buckets=[3, 5]),
+        ),
+        decoding={},
+    )
+    saved = json.loads(files["metrics"].read_text())
+    assert [(b["words"], b["count"]) for b in saved["bleu_by_source_length"]] == [("1-3", 2), ("6+", 2)]
+    by_direction = saved["bleu_by_source_length_by_direction"]
+    assert [(b["words"], b["count"]) for b in by_direction["en-de"]] == [("1-3", 1), ("6+", 1)]
+    assert [(b["words"], b["count"]) for b in by_direction["en-fr"]] == [("1-3", 1), ("6+", 1)]
+    text = assert_valid_markdown(files["report"])
+    assert "## BLEU by source length and direction" in text
+    assert "| source words | en-de sentences | en-de BLEU | en-fr sentences | en-fr BLEU |" in text
+    assert_png(files["bleu_by_length_by_direction"])
+
+
 def test_translation_outputs_without_report(tmp_path: Path) -> None:
     result = TranslationResult(
         {"test/bleu": 1.0}, {"bleu": "b", "chrf": "c"}, ["s"], ["r"], ["h"], [[2]], [0.0]

@@ -373,6 +373,7 @@ def score_and_write(
             decoding=decoding,
             label_smoothing=restored.hparams.get("label_smoothing", 0.0),
             directions=datamodule.directions(split) if hasattr(datamodule, "directions") else None,
+            source_labels=labels.tokens if (labels := getattr(datamodule, "language_labels", None)) else (),
         )
         files = write_translation_outputs(out_dir, result, inputs, decoding=decoding)
         if result.n_best:

@@ -26,6 +26,7 @@ __all__ = [
     "save_attention_heads",
     "save_bar_chart",
     "save_confusion_matrix",
+    "save_grouped_bar_chart",
     "save_learning_curves",
 ]
 
@@ -200,6 +201,40 @@ def save_bar_chart(
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    ax.margins(y=0.15)
+    return _save(figure, path)
+
+
+def save_grouped_bar_chart(
+    labels: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    path: str | Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> Path:
+    """One group of bars per label, a bar per series in each (e.g. BLEU per source-length bucket for
+    each direction) with a legend; a NaN value leaves its bar out."""
+    if not series or any(len(values) != len(labels) for values in series.values()):
+        raise ValueError(f"every series needs a value per label ({len(labels)}), got {dict(series)}")
+    width = 0.8 / len(series)
+    figure, axes = _panels(
+        1,
+        1,
+        (max(3.1, (0.3 + 0.25 * len(series)) * len(labels) + 1.1), 2.3),
+        (0.0, 0.0),
+        (0.75, 0.15, 0.55, 0.35),
+    )
+    ax = axes[0, 0]
+    for k, (name, values) in enumerate(series.items()):
+        offset = (k - (len(series) - 1) / 2) * width
+        ax.bar([i + offset for i in range(len(labels))], values, width, label=name)
+    ax.set_xticks(range(len(labels)), labels=list(labels))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, loc="best")
     ax.margins(y=0.15)
     return _save(figure, path)
 

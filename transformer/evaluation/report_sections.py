@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,20 +12,17 @@ from typing import Any
 from torch import nn
 
 from transformer.evaluation.directions import direction_section
+from transformer.evaluation.lengths import LengthBucket
 from transformer.evaluation.markdown import MarkdownReport, one_line
 from transformer.evaluation.plots import (
     Curves,
     save_attention_heads,
     save_bar_chart,
     save_confusion_matrix,
+    save_grouped_bar_chart,
     save_learning_curves,
 )
-from transformer.evaluation.scoring import (
-    ClassificationResult,
-    LengthBucket,
-    TranslationResult,
-    attention_maps,
-)
+from transformer.evaluation.scoring import ClassificationResult, TranslationResult, attention_maps
 
 __all__ = ["ReportInputs", "ReportOptions", "write_classification_report", "write_translation_report"]
 
@@ -203,6 +201,7 @@ def write_translation_report(
     out_dir: Path,
     result: TranslationResult,
     buckets: Sequence[LengthBucket],
+    by_direction: Mapping[str, Sequence[LengthBucket]],
     inputs: ReportInputs,
     decoding: Mapping[str, Any],
 ) -> dict[str, Path]:
@@ -213,6 +212,7 @@ def write_translation_report(
     _metrics_section(report, result.metrics)
     report.code("\n".join(f"{name}: {signature}" for name, signature in result.signatures.items()))
     files = _bleu_by_length_section(report, out_dir, buckets)
+    files |= _bleu_by_length_by_direction_section(report, out_dir, by_direction)
     if (chart := direction_section(report, result.metrics, "test", out_dir)) is not None:
         files["bleu_by_direction"] = chart
     _sentences_sections(report, result, inputs.options.samples)
@@ -237,6 +237,45 @@ def _bleu_by_length_section(
     )
     report.image(path, "BLEU by source length", out_dir)
     return {"bleu_by_length": path}
+
+
+def _bleu_by_length_by_direction_section(
+    report: MarkdownReport, out_dir: Path, by_direction: Mapping[str, Sequence[LengthBucket]]
+) -> dict[str, Path]:
+    """A multilingual split's BLEU by source length, a column pair per direction and a grouped chart (a
+    direction without sentences of a length: an empty cell, no bar)."""
+    if not by_direction:
+        return {}
+    order = {(b.low, b.label): None for buckets in by_direction.values() for b in buckets}
+    labels = [label for _, label in sorted(order)]
+    found = {d: {b.label: b for b in buckets} for d, buckets in by_direction.items()}
+    report.heading("BLEU by source length and direction")
+    report.table(
+        ["source words", *(f"{d} {name}" for d in by_direction for name in ("sentences", "BLEU"))],
+        [
+            [
+                label,
+                *(
+                    cell
+                    for d in by_direction
+                    for cell in (
+                        (found[d][label].count, found[d][label].bleu) if label in found[d] else ("", "")
+                    )
+                ),
+            ]
+            for label in labels
+        ],
+    )
+    path = save_grouped_bar_chart(
+        labels,
+        {d: [found[d][label].bleu if label in found[d] else math.nan for label in labels] for d in found},
+        out_dir / "bleu_by_length_by_direction.png",
+        title="BLEU by source length and direction",
+        xlabel="source words",
+        ylabel="BLEU",
+    )
+    report.image(path, "BLEU by source length and direction", out_dir)
+    return {"bleu_by_length_by_direction": path}
 
 
 def _sentences_sections(report: MarkdownReport, result: TranslationResult, samples: int) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer.disk import human_size, write_text, writing
+from transformer.evaluation.lengths import LengthBucket, bleu_by_length, bleu_by_length_by_direction
 from transformer.evaluation.markdown import MarkdownReport, markdown_table, one_line
 from transformer.evaluation.report_sections import (
     ReportInputs,
@@ -23,12 +24,7 @@ from transformer.evaluation.report_sections import (
     write_classification_report,
     write_translation_report,
 )
-from transformer.evaluation.scoring import (
-    ClassificationResult,
-    LengthBucket,
-    TranslationResult,
-    bleu_by_length,
-)
+from transformer.evaluation.scoring import ClassificationResult, TranslationResult
 
 __all__ = [
     "MarkdownReport",
@@ -58,6 +54,10 @@ def _write_tsv(path: Path, header: Sequence[str], rows: Sequence[Sequence[object
     return write_text(path, text, f"{path.name} of {_size(text)}")
 
 
+def _bucket_rows(buckets: Sequence[LengthBucket]) -> list[dict[str, Any]]:
+    return [{"words": b.label, "count": b.count, "bleu": b.bleu} for b in buckets]
+
+
 def _size(text: str) -> str:
     return human_size(len(text.encode("utf-8")))
 
@@ -75,13 +75,15 @@ def write_translation_outputs(
     """metrics.json, hypotheses.txt, predictions.tsv and (inputs.options.enabled) report.md + PNGs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    edges = inputs.options.length_buckets
     buckets = bleu_by_length(
-        result.sources, result.hypotheses, result.references, inputs.options.length_buckets
+        result.sources, result.hypotheses, result.references, edges, result.source_labels
     )
-    files = _write_translation_files(out_dir, result, buckets, inputs.info, decoding)
+    by_direction = bleu_by_length_by_direction(result, edges)  # {} for a single direction
+    files = _write_translation_files(out_dir, result, buckets, by_direction, inputs.info, decoding)
     if inputs.options.enabled:
         with writing(out_dir / "report.md", "the report"):  # its figures name themselves
-            files |= write_translation_report(out_dir, result, buckets, inputs, decoding)
+            files |= write_translation_report(out_dir, result, buckets, by_direction, inputs, decoding)
     return files
 
 
@@ -89,6 +91,7 @@ def _write_translation_files(
     out_dir: Path,
     result: TranslationResult,
     buckets: Sequence[LengthBucket],
+    by_direction: Mapping[str, Sequence[LengthBucket]],
     info: Mapping[str, Any],
     decoding: Mapping[str, Any],
 ) -> dict[str, Path]:
@@ -97,7 +100,12 @@ def _write_translation_files(
         **_finite(result.metrics),
         **{f"{name}_signature": signature for name, signature in result.signatures.items()},
         "decoding": dict(decoding),
-        "bleu_by_source_length": [{"words": b.label, "count": b.count, "bleu": b.bleu} for b in buckets],
+        "bleu_by_source_length": _bucket_rows(buckets),
+        **(
+            {"bleu_by_source_length_by_direction": {d: _bucket_rows(b) for d, b in by_direction.items()}}
+            if by_direction
+            else {}
+        ),
         **info,
     }
     by_direction = bool(result.directions)  # predictions.tsv names each sentence's direction

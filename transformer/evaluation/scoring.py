@@ -35,10 +35,8 @@ from transformer.search.ensemble import Ensemble
 
 __all__ = [
     "ClassificationResult",
-    "LengthBucket",
     "TranslationResult",
     "attention_maps",
-    "bleu_by_length",
     "checkpoint_decoding",
     "corpus_scores",
     "direction_scores",
@@ -69,6 +67,8 @@ class TranslationResult:
     n_best_ids: list[list[list[int]]] = field(default_factory=list)  # their token ids, as hypothesis_ids
     # a multilingual split: the direction ("en-de") of each sentence; empty for a single direction
     directions: list[str] = field(default_factory=list)
+    # the target-language labels the sources carry (">>de<<"): not words of the source when counted
+    source_labels: list[str] = field(default_factory=list)
 
 
 # force: hypotheses are detokenized by our tokenizer; references may keep " ." as they ship
@@ -111,6 +111,7 @@ def score_translation(
     label_smoothing: float,
     stage: str = "test",
     directions: Sequence[str] | None = None,
+    source_labels: Sequence[str] = (),
 ) -> TranslationResult:
     """Teacher-forced loss / perplexity / token accuracy and decoded BLEU / chrF / exact match.
 
@@ -119,7 +120,8 @@ def score_translation(
     BLEU and the other corpus scores use each sentence's best hypothesis; with `decoding.n_best` > 1
     the result also holds every sentence's n-best list. `directions` (a multilingual split: each
     sentence's direction, by id) scores each direction and takes their means as the corpus scores
-    (`transformer.evaluation.directions`, as validation does).
+    (`transformer.evaluation.directions`, as validation does); `source_labels` the target-language labels
+    in its sources (kept with the result: BLEU by source length does not count them as words).
     """
     model.eval()
     sums = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
@@ -152,6 +154,7 @@ def score_translation(
         n_best=[n_best[i] for i in range(len(references))] if n_best else [],
         n_best_ids=[n_best_ids[i] for i in range(len(references))] if n_best else [],
         directions=list(directions or []),
+        source_labels=list(source_labels),
     )
 
 
@@ -236,43 +239,6 @@ def _check_every_example(seen: Collection[int], num_examples: int) -> None:
         raise RuntimeError(
             f"the batches skipped {len(missing)} examples of the split (ids {missing[:5]} ...)"
         )
-
-
-@dataclass
-class LengthBucket:
-    """Corpus BLEU of the sentences whose source has `low`..`high` words (`high` None: no limit)."""
-
-    low: int
-    high: int | None
-    count: int
-    bleu: float
-
-    @property
-    def label(self) -> str:
-        return f"{self.low}+" if self.high is None else f"{self.low}-{self.high}"
-
-
-def bleu_by_length(
-    sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str], edges: Sequence[int]
-) -> list[LengthBucket]:
-    """Corpus BLEU per source-length bucket (words): edges [10, 20] -> 1-10, 11-20, 21+ (empty: left out)."""
-    bounds = sorted({int(e) for e in edges})
-    if not bounds or bounds[0] < 1:
-        raise ValueError(f"length bucket edges must be positive integers, got {list(edges)}")
-    ranges = [(low + 1, high) for low, high in zip([0, *bounds[:-1]], bounds)]
-    buckets: list[LengthBucket] = []
-    for low, high in [*ranges, (bounds[-1] + 1, None)]:
-        chosen = [
-            i
-            for i, s in enumerate(sources)
-            if low <= len(s.split()) and (high is None or len(s.split()) <= high)
-        ]
-        if chosen:
-            hyps = [hypotheses[i] for i in chosen]
-            refs = [references[i] for i in chosen]
-            score = sacrebleu.corpus_bleu(hyps, [refs]).score
-            buckets.append(LengthBucket(low, high, len(chosen), score))
-    return buckets
 
 
 # --- classification ---------------------------------------------------------------------------------
