@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer.cli import build, checks, console, errors, init_from, process, results, sweeps
 from transformer.cli.distill import synthetic
+from transformer.cli.errors import ConfigError
 from transformer.disk import write_text
 from transformer.training.checkpoint_io import check_room_for_checkpoint
 from transformer.training.peers import stop_on_lost_peer
@@ -54,7 +55,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     checkpoint = checks.peek_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
     # a translation run fine-tuning `model.init_from`: its model config and tokenizer(s) are the run's
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    init_tokenizers = init_from.take_init_from(cfg, checkpoint, init_from.explicit_keys(overrides))
+    init_state = init_from.take_init_from(cfg, checkpoint, init_from.explicit_keys(overrides))
 
     # distillation / back-translation: checked, then translated (under DDP by every process, started
     # now) or reused from the cache, before the data is prepared on the synthetic pairs
@@ -63,7 +64,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if plan is not None:
         synthetic.add_synthetic_pairs(cfg, plan, trainer)
         del plan  # the teachers' weights: not needed while the student trains
-    datamodule = prepare_data(cfg, checkpoint, init_tokenizers)
+    datamodule = prepare_data(cfg, checkpoint, init_state)
     if not cfg.train and not cfg.test:  # prepare-only: data and tokenizer cached for later runs
         log.info("Data prepared (train=false, test=false): nothing else to do")
         return {"run_dir": str(cfg.paths.output_dir)}
@@ -92,18 +93,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def prepare_data(
-    cfg: DictConfig, checkpoint: Mapping[str, Any] | None, tokenizers: Mapping[str, str] | None = None
+    cfg: DictConfig, checkpoint: Mapping[str, Any] | None, init_state: Mapping[str, Any] | None = None
 ) -> Any:
-    """The datamodule with its tokenizer(s) (the checkpoint's when resuming, `tokenizers` (JSON by side)
-    when fine-tuning `model.init_from`) and every split this run needs, set up now: with `paths.cache_dir`
+    """The datamodule with its tokenizer(s) (the checkpoint's when resuming; `init_state`'s when fine-tuning
+    `model.init_from`: its tokenizers, JSON by side, and a multilingual model's labels) and every split
+    this run needs, set up now: with `paths.cache_dir`
     they are tokenized once into the cache, here, before Lightning starts the other DDP ranks, which then
     only memory-map them (as later runs do)."""
     datamodule = build.instantiate(cfg.data, "data")
-    if checkpoint is not None and type(datamodule).__qualname__ in checkpoint:
-        # the checkpoint's tokenizer(s) win over the cache: the weights were trained with them
-        datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
-    elif tokenizers is not None:  # the weights of init_from were trained with them: none is trained here
-        datamodule.load_state_dict({"tokenizers": dict(tokenizers)})
+    try:
+        if checkpoint is not None and type(datamodule).__qualname__ in checkpoint:
+            # the checkpoint's tokenizer(s) win over the cache: the weights were trained with them
+            datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+        elif init_state is not None:  # the weights of init_from were trained with them: none trained here
+            datamodule.load_state_dict(dict(init_state))
+    except ValueError as err:  # the run's pairs or labels against the model's (data.pairs, data.labels)
+        raise ConfigError(str(err)) from None
     if process.local_rank() == 0:  # DDP workers started later find the tokenizer(s) in the cache
         datamodule.prepare_data()
     stages = [stage for stage, wanted in (("fit", cfg.train), ("test", cfg.test)) if wanted]

@@ -96,6 +96,46 @@ class PairsMixin:
         if clean is not None:
             self._pair_clean = [CleanSettings(clean, pair.src, pair.tgt) for pair in self.pairs]
 
+    def adopt_labels(self, state: Mapping[str, Any] | None) -> None:
+        """Take the target-language labels a model was trained with (a checkpoint's `LABELS_KEY` state, None:
+        a model without labels): the run's sources then carry them, also with one pair (fine-tuning a
+        multilingual model on one direction keeps its label). ValueError naming the key when the run's
+        pairs or labels cannot follow them: a target language without a label, another spelling or
+        position, or labels the model's tokenizer has no tokens for."""
+        saved = LanguageLabels.from_state(state)
+        targets = sorted({pair.tgt for pair in self.pairs} if self.pairs else {self.tgt_lang})
+        if saved is None:
+            if self.language_labels is not None:
+                raise ValueError(
+                    f"data.pairs: these pairs label their sources by target language "
+                    f"({', '.join(self.language_labels.tokens)}), but the model was trained without labels "
+                    "(its tokenizer has no such tokens): fine-tune it on one target language"
+                )
+            return
+        missing = [lang for lang in targets if lang not in saved.labels]
+        if missing:
+            raise ValueError(
+                f"data.pairs: the model has no label for target language {', '.join(missing)}; it knows "
+                f"{', '.join(saved.languages)} (name each pair's target by the model's code)"
+            )
+        ours = self.language_labels
+        if ours is not None and (
+            ours.position != saved.position
+            or any(ours.labels[lang] != saved.labels[lang] for lang in ours.labels)
+        ):
+            raise ValueError(
+                f"data.labels: the run spells or places its labels as {ours.tokens[0]!r} at the "
+                f"{ours.position}, the model as {saved.labels[ours.languages[0]]!r} at the {saved.position}: "
+                "set data.labels.format and data.labels.position to the model's"
+            )
+        if self.pairs is None:
+            raise ValueError(
+                f"data.pairs: the model is multilingual (labels {', '.join(saved.tokens)}); name the run's "
+                f"direction as data.pairs=[{self.src_lang}-{self.tgt_lang}] so that its sources carry their "
+                "label"
+            )
+        self.language_labels = saved
+
     @property
     def multilingual(self) -> bool:
         """Whether the splits hold more than one direction (scored per direction)."""

@@ -18,6 +18,7 @@ from data.batching import TokenBudgetBatchSampler, TranslationCollator
 from data.clean import REPORT_FILE, CleanSettings, clean_split, summary_line
 from data.datamodules.base import TokenBudgetDataModule
 from data.datamodules.pairs import PairsMixin
+from data.labels import LABELS_KEY
 from data.tokenization import BPETokenizer, CorpusEncoder
 
 log = logging.getLogger(__name__)
@@ -312,6 +313,12 @@ class TranslationDataModule(PairsMixin, TokenBudgetDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The base's state, plus the pairs' directions and labels (`PairsMixin._pair_state`)."""
         return {**super().state_dict(), **self._pair_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The base's (the tokenizers), and the labels the model was trained with, which the run's pairs
+        must agree with and its sources keep (`PairsMixin.adopt_labels`; ValueError naming the key)."""
+        self.adopt_labels(state_dict.get(LABELS_KEY))
+        super().load_state_dict(state_dict)
 
     @property
     def tgt_tokenizer(self) -> BPETokenizer:

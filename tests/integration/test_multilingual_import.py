@@ -8,6 +8,7 @@ original; the model card lists them; CTranslate2 translates with the label in th
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")
 
+from data.datamodules import TranslationDataModule  # noqa: E402
 from data.labels import LanguageLabels  # noqa: E402
+from tests.helpers.cli import run_script  # noqa: E402
 from tests.helpers.multilingual_opus_mt import LABELS, SOURCES, multilingual_opus_mt_directory  # noqa: E402
 from tests.helpers.opus_mt import quiet_marian_tokenizer  # noqa: E402
 from tests.helpers.repo import REPO_ROOT  # noqa: E402
@@ -143,3 +146,51 @@ def test_ctranslate2_translates_with_the_label(imported: tuple[Path, Path], tran
         theirs = ct2.translate(TEXTS, target_lang=lang, **LIMIT)
         assert [t.text for t in theirs] == [t.text for t in ours]
         assert [t.score for t in theirs] == pytest.approx([t.score for t in ours], abs=1e-4)
+
+
+FRENCH = [
+    "Aujourd'hui elle achète quatorze balles vertes.",
+    "Hier nous avions un chien.",
+    "Ils ont acheté une voiture.",
+]
+
+
+@pytest.mark.parametrize(("pair", "error"), [("en-fra", None), ("en-fr", "no label for target language fr")])
+def test_fine_tuning_the_import_on_one_of_its_directions(
+    imported: tuple[Path, Path], tmp_path: Path, pair: str, error: str | None
+) -> None:
+    """`model.init_from` the en -> mul import with `data.pairs=[en-fra]` (files named by the model's codes):
+    every source gets `>>fra<<`, one piece of its SentencePiece vocabulary, and the fine-tuned checkpoint
+    keeps the three labels; a pair named by another code (`fr`) is one error line listing the model's."""
+    data_dir = tmp_path / "corpus"
+    data_dir.mkdir()
+    tgt = pair.split("-")[1]
+    for split in ("train", "val", "test_2016_flickr"):
+        (data_dir / f"{split}.en").write_text("".join(f"{s}\n" for s in SOURCES[:3]) * 4, encoding="utf-8")
+        (data_dir / f"{split}.{tgt}").write_text("".join(f"{s}\n" for s in FRENCH) * 4, encoding="utf-8")
+    run_dir = tmp_path / "run"
+    result = run_script(
+        "train.py",
+        ["experiment=finetune_opus_mt", f"model.init_from={imported[1]}", "data.source=parallel",
+         f"data.data_dir={data_dir}", "data.src_lang=en", "data.tgt_lang=mul", f"data.pairs=[{pair}]",
+         "trainer.max_epochs=1", "test=false", "callbacks.rich_progress_bar=null", f"hydra.run.dir={run_dir}",
+         f"paths.cache_dir={tmp_path / 'cache'}"],
+        env={**os.environ, "PROJECT_ROOT": str(REPO_ROOT)},
+    )  # fmt: skip
+    if error is not None:
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        last = result.stderr.rstrip().splitlines()[-1]
+        assert last.startswith(f"error: data.pairs: the model has {error}; it knows deu, fra, spa"), last
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    tuned = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert LanguageLabels.from_state(tuned["language_labels"]) == LanguageLabels(LABELS)
+    # what the run trained on: every source's first id is the label's piece (its data, read again)
+    data = TranslationDataModule(
+        source="parallel", data_dir=data_dir, src_lang="en", tgt_lang="mul", pairs=["en-fra"],
+        test_split="test_2016_flickr", max_len=128, show_progress=False,
+    )  # fmt: skip
+    data.load_state_dict({**tuned["TranslationDataModule"], "language_labels": tuned["language_labels"]})
+    data.setup("fit")
+    label_id = load_source(imported[1]).sentencepiece.vocab[">>fra<<"]  # type: ignore[union-attr]
+    assert {ids[0] for ids in data.tokenized("train")["src_ids"]} == {label_id}

@@ -111,6 +111,49 @@ def test_evaluate_scores_and_writes_each_direction(multilingual_run: Path, tmp_p
 
 
 @pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["data.pairs=[en-fr]"], None),  # one direction of the model: its label kept
+        (
+            ["data.pairs=[en-de,en-fr]", "data.labels.position=end"],
+            "error: data.labels: the run spells or places its labels as '>>de<<' at the end, the model as "
+            "'>>de<<' at the start: set data.labels.format and data.labels.position to the model's",
+        ),
+    ],
+)
+def test_fine_tuning_the_multilingual_model(
+    multilingual_run: Path, tmp_path: Path, overrides: list[str], error: str | None
+) -> None:
+    """`model.init_from` a multilingual checkpoint: the run's sources keep the model's labels (one pair
+    too), and the fine-tuned checkpoint lists them all; pairs or labels it cannot follow: one error line."""
+    start = multilingual_run / "checkpoints" / "last.ckpt"
+    run_dir = tmp_path / "run"
+    tiny = [item for item in TINY if not item.startswith("data.pairs=")]
+    result = run_script(
+        "train.py",
+        [
+            *tiny,
+            *overrides,
+            f"model.init_from={start}",
+            "test=false",
+            f"hydra.run.dir={run_dir}",
+            f"paths.cache_dir={tmp_path / 'cache'}",
+            "logger=csv",
+        ],
+        env=_env(),
+    )
+    if error is not None:
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert result.stderr.rstrip().splitlines()[-1] == error, result.stderr[-2000:]
+        assert not (run_dir / "checkpoints").exists()
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = torch.load(start, weights_only=True)["language_labels"]
+    tuned = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert tuned["language_labels"] == saved and tuned["TranslationDataModule"]["pairs"] == ["en-fr"]
+
+
+@pytest.mark.parametrize(
     ("override", "message"),
     [
         (

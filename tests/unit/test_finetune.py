@@ -122,7 +122,7 @@ def _cfg(path: str, **data) -> DictConfig:
 def test_the_run_takes_the_checkpoints_config_and_tokenizer(tmp_path) -> None:
     _, path = _trained(tmp_path)
     cfg = _cfg(path)
-    assert take_init_from(cfg, None, {"model.config.dropout"}) == TOKENIZERS
+    assert take_init_from(cfg, None, {"model.config.dropout"}) == {"tokenizers": TOKENIZERS}
     # the experiment's shape gives way to the checkpoint's; dropout is the run's own
     assert OmegaConf.to_container(cfg.model.config) == {**TINY, "dropout": 0.3}
     resumed = {"hyper_parameters": {"config": {**TINY, "d_model": 64, "n_heads": 4}}}
@@ -196,7 +196,7 @@ def test_a_classification_run_takes_the_checkpoints_config_pooling_and_tokenizer
          "model": {"_target_": "transformer.training.ClassificationTask", "init_from": path, "pooling": "cls",
                    "config": {"d_model": 256, "dropout": 0.2}}}
     )  # fmt: skip
-    assert take_init_from(cfg, None, set()) == TOKENIZERS
+    assert take_init_from(cfg, None, set()) == {"tokenizers": TOKENIZERS}
     assert cfg.model.pooling == "max" and cfg.model.config.d_model == D and cfg.model.config.dropout == 0.2
     cfg.model.pooling = "cls"
     with pytest.raises(ConfigError, match=r"^model\.pooling=cls contradicts model\.init_from="):
@@ -276,7 +276,7 @@ def test_init_from_takes_the_config_into_an_empty_or_missing_node(tmp_path, conf
         with pytest.raises(ConfigError, match=r"^model\.config must be a mapping"):
             take_init_from(cfg, None, set())
         return
-    assert take_init_from(cfg, None, set()) == TOKENIZERS
+    assert take_init_from(cfg, None, set()) == {"tokenizers": TOKENIZERS}
     assert OmegaConf.to_container(cfg.model.config) == TINY
 
 
@@ -292,7 +292,7 @@ def _untrained(tmp_path, cls=TranslationTask, **kwargs) -> str:
 
 def test_data_max_len_may_equal_the_checkpoints_not_exceed_it_by_one(tmp_path) -> None:
     path = _untrained(tmp_path)
-    assert take_init_from(_cfg(path, max_len=TINY["max_len"]), None, set()) == TOKENIZERS
+    assert take_init_from(_cfg(path, max_len=TINY["max_len"]), None, set()) == {"tokenizers": TOKENIZERS}
     with pytest.raises(ConfigError, match=rf"^data\.max_len \({TINY['max_len'] + 1}\) exceeds the max_len"):
         take_init_from(_cfg(path, max_len=TINY["max_len"] + 1), None, set())
     resumed = {"hyper_parameters": {"config": dict(TINY)}}  # resuming checks the resumed run's max_len

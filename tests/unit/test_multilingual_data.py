@@ -181,6 +181,48 @@ def test_the_first_sentences_of_a_multilingual_split_are_taken_per_direction(
     )
 
 
+def test_a_run_from_a_multilingual_model_keeps_its_labels() -> None:
+    """Fine-tuning (`model.init_from`'s datamodule state): the model's labels, also with one pair."""
+    trained = _numbers(["en-de", "en-fr", "de-fr"], labels={"position": "end"})
+    trained.setup("validate")
+    state = trained.state_dict()
+    one = _numbers(["en-fr"], labels={"position": "end"})
+    one.load_state_dict(state)
+    assert one.language_labels == trained.language_labels and not one.multilingual
+    one.setup("validate")
+    assert all(src.endswith(" >>fr<<") for src in one.raw_split("val")["src"])
+    assert one.state_dict()[LABELS_KEY] == state[LABELS_KEY]  # the fine-tuned model still knows de and fr
+
+
+@pytest.mark.parametrize(
+    ("pairs", "labels", "with_labels", "message"),
+    [
+        (
+            ["en-es"],
+            None,
+            True,
+            r"^data\.pairs: the model has no label for target language es; it knows de, fr ",
+        ),
+        (["en-de", "en-fr"], {"format": "<2{lang}>"}, True, r"^data\.labels: the run spells or places its "),
+        (
+            ["en-de", "en-fr"],
+            {"position": "end"},
+            True,
+            "'>>de<<' at the end, the model as '>>de<<' at the start",
+        ),
+        (None, None, True, r"^data\.pairs: the model is multilingual .* data\.pairs=\[en-de\] so that"),
+        (["en-de", "en-fr"], None, False, r"^data\.pairs: these pairs label .* trained without labels"),
+    ],
+)
+def test_pairs_a_multilingual_model_cannot_follow_are_refused(
+    pairs: list[str] | None, labels: dict | None, with_labels: bool, message: str
+) -> None:
+    trained = _numbers(["en-de", "en-fr"] if with_labels else ["en-de"])
+    trained.setup("validate")
+    with pytest.raises(ValueError, match=message):
+        _numbers(pairs, labels=labels).load_state_dict(trained.state_dict())
+
+
 def test_state_records_pairs_and_labels() -> None:
     dm = _numbers(["en-de", "en-fr"], labels={"format": "<2{lang}>"})
     dm.setup("validate")

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.cli.errors import ConfigError
-from transformer.evaluation.restore import DATAMODULES, is_masked_lm, task_of
+from transformer.evaluation.restore import DATAMODULES, LANGUAGE_LABELS_KEY, is_masked_lm, task_of
 
 log = logging.getLogger("train")
 
@@ -37,13 +37,16 @@ def _kind(cfg: DictConfig) -> str | None:
 
 def take_init_from(
     cfg: DictConfig, resumed: Mapping[str, Any] | None, explicit: Iterable[str]
-) -> dict[str, str] | None:
+) -> dict[str, Any] | None:
     """For a run with `model.init_from` of its own task: set `cfg.model.config` (and a classifier's
     `pooling`) to the checkpoint's (resuming: to the resumed run's, which took it at its start; `init_from`
     is not read again). A `model.config` key (or `model.pooling`) given on the command line (`explicit`)
     that contradicts it, or `data.src_lang` / `data.tgt_lang` other than the checkpoint's, is a
-    ConfigError. Returns the checkpoint's tokenizer(s) for the datamodule (None when resuming: the resumed
-    checkpoint's are loaded with its datamodule state; None for a masked-LM checkpoint)."""
+    ConfigError. Returns the datamodule state the run starts from: the checkpoint's tokenizer(s)
+    (`tokenizers`) and a multilingual model's target-language labels (`language_labels`, which the run's
+    sources keep: `TranslationDataModule.load_state_dict` checks the run's pairs against them); None
+    when resuming (the resumed checkpoint's are loaded with its datamodule state) and for a masked-LM
+    checkpoint."""
     path, kind = cfg.model.get("init_from"), _kind(cfg)
     if not path or kind is None:
         return None
@@ -75,7 +78,8 @@ def take_init_from(
     tokenizers = (checkpoint.get(DATAMODULES[kind]) or {}).get("tokenizers")
     if not tokenizers:
         raise ConfigError(f"model.init_from={path} carries no tokenizer: its token ids cannot be read")
-    return dict(tokenizers)
+    labels = checkpoint.get(LANGUAGE_LABELS_KEY)
+    return {"tokenizers": dict(tokenizers), **({LANGUAGE_LABELS_KEY: labels} if labels else {})}
 
 
 def _check_task(checkpoint: Mapping[str, Any], path: str, kind: str) -> None:
