@@ -163,7 +163,12 @@ def _plan(
     # evaluate.py decodes a Multi30k de -> en run unless the command names the quickstart's (en -> de) or
     # the multilingual quickstart's (en, de, fr; docs/multilingual.md)
     named = next(
-        (n for n in ("quickstart", "multilingual") if f"ckpt_path=<{n}-run>" in " ".join(args)), None
+        (
+            n
+            for n in ("quickstart", "multilingual")
+            if any(f"{key}=<{n}-run>" in " ".join(args) for key in ("ckpt_path", "model.init_from"))
+        ),
+        None,
     )
     quickstart = not evaluating or named is not None
     # a BERT import (pretrained/bert-*: a tiny one imported here) is a classifier of SST-2
@@ -188,7 +193,7 @@ def _plan(
         elif key in ("ckpt_path", "model.init_from") and value.startswith("pretrained/bert") and bert:
             args[i] = f"{key}={fixtures['bert']}"
         elif key == "model.init_from" and placeholders.search(value):
-            args[i] = f"{key}={fixtures['multi30k'] / 'checkpoints' / 'last.ckpt'}"
+            args[i] = f"{key}={fixtures[named or 'multi30k'] / 'checkpoints' / 'last.ckpt'}"
         elif key == "ckpt_path" and placeholders.search(value):
             run = fixtures[named or ("quickstart" if quickstart else "multi30k")]
             averaging = any(a.startswith("average_last=") for a in args)
