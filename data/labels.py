@@ -48,9 +48,8 @@ class LanguageLabels:
     def for_languages(
         cls, langs: Iterable[str], format: str = DEFAULT_FORMAT, position: Position = "start"
     ) -> LanguageLabels:
-        """Labels spelled by `format` (which must hold `{lang}`), in sorted language order."""
-        if "{lang}" not in format:
-            raise ValueError(f"a label format must contain {{lang}}, got {format!r}")
+        """Labels spelled by `format` (`check_format`), in sorted language order."""
+        check_format(format)
         return cls({lang: format.format(lang=lang) for lang in sorted(set(langs))}, position)
 
     @property
@@ -91,6 +90,18 @@ class LanguageLabels:
 
     def _valid(self) -> str:
         return ", ".join(self.languages)
+
+
+def check_format(format: str) -> None:
+    """ValueError unless `format` spells one word holding `{lang}` and no other field (`>>{lang}<<`)."""
+    if not isinstance(format, str) or "{lang}" not in format:
+        raise ValueError(f"a label format must contain {{lang}}, got {format!r}")
+    if any(c.isspace() for c in format):
+        raise ValueError(f"a label format must spell one word (no spaces), got {format!r}")
+    try:
+        format.format(lang="de")
+    except (IndexError, KeyError, ValueError):
+        raise ValueError(f"a label format may hold {{lang}} and no other {{field}}, got {format!r}") from None
 
 
 def labelled_sources(

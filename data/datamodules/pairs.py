@@ -16,7 +16,7 @@ import numpy as np
 
 from data import prepare, sources
 from data.clean import CleanSettings, clean_split
-from data.labels import DEFAULT_FORMAT, LABELS_KEY, POSITIONS, LanguageLabels
+from data.labels import DEFAULT_FORMAT, LABELS_KEY, POSITIONS, LanguageLabels, check_format
 from data.pairs import (
     Pair,
     PairSampledBatchSampler,
@@ -74,7 +74,7 @@ class PairsMixin:
                 f"data.labels.position: expected one of {', '.join(POSITIONS)}, got {position!r}"
             )
         try:  # checked with one pair too: a value that cannot work is refused wherever it is set
-            LanguageLabels.for_languages(["xx"], label_format)
+            check_format(label_format)
         except ValueError as err:
             raise ValueError(f"data.labels.format: {err} (e.g. '>>{{lang}}<<')") from None
         if pairs is None:

@@ -1,5 +1,7 @@
 """data/labels.py: target-language labels, their errors and their checkpoint state."""
 
+import re
+
 import pytest
 
 from data.labels import LABELS_KEY, LabelError, LanguageLabels, labelled_sources
@@ -46,6 +48,12 @@ def test_a_missing_or_unknown_language_names_the_valid_ones(lang: str | None, me
 def test_bad_formats_and_labels_are_refused() -> None:
     with pytest.raises(ValueError, match="must contain"):
         LanguageLabels.for_languages(["de"], ">>xx<<")
+    with pytest.raises(
+        ValueError, match=r"^a label format must spell one word \(no spaces\), got '>> \{lang\} <<'$"
+    ):
+        LanguageLabels.for_languages(["de"], ">> {lang} <<")
+    with pytest.raises(ValueError, match=re.escape("no other {field}, got '<{lang}{x}>'")):
+        LanguageLabels.for_languages(["de"], "<{lang}{x}>")
     with pytest.raises(ValueError, match="one word"):
         LanguageLabels({"de": ">> de <<"})
     with pytest.raises(ValueError, match="at least one"):
