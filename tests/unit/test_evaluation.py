@@ -487,6 +487,16 @@ def test_ensemble_of_checks_tasks_tokenizers_and_weights() -> None:
     for message, (members, weights) in cases.items():
         with pytest.raises(ConfigError, match=message):
             ensemble_of(members, paths[: len(members)], weights)
+    # the inference API checks an ensemble with the same function, naming its own argument
+    from transformer.inference import InferenceError
+    from transformer.inference.loading import combined
+
+    with pytest.raises(InferenceError, match=r"^weights has 3 values for 2 models$"):
+        combined([member(), member()], paths, [1.0, 1.0, 1.0])
+    with pytest.raises(
+        InferenceError, match=r"^b\.ckpt is a classification checkpoint, a\.ckpt a translation"
+    ):
+        combined([member(), member("classification")], paths, None)
 
 
 def test_data_test_sentences_keeps_the_splits_first_sentences(caplog: pytest.LogCaptureFixture) -> None:

@@ -31,8 +31,9 @@ from transformer.evaluation.reports import (
 )
 from transformer.evaluation.restore import RestoredModel, last_checkpoints, lora_settings
 from transformer.evaluation.scoring import score_classification, score_translation
+from transformer.inference.loading import combined
+from transformer.inference.outputs import InferenceError
 from transformer.search.decoding import DecodingSettings
-from transformer.search.ensemble import Ensemble
 
 log = logging.getLogger("evaluate")
 
@@ -65,33 +66,13 @@ def ensemble_of(
     restored: list[RestoredModel], paths: list[Path], weights: Iterable[float] | None
 ) -> torch.nn.Module:
     """The model to decode with: the one checkpoint's, or an `Ensemble` of translation checkpoints of
-    the same task and tokenizers (`ensemble_weights`: one weight per checkpoint, default equal)."""
-    if len(restored) == 1:
-        if weights is not None:
-            raise ConfigError("ensemble_weights needs a list of checkpoints: ckpt_path='[a.ckpt,b.ckpt]'")
-        return restored[0].model
-    first, first_path = restored[0], paths[0]
-    for other, path in zip(restored[1:], paths[1:]):
-        if other.task != first.task:
-            raise ConfigError(
-                f"ckpt_path: {path} is a {other.task} checkpoint, {first_path} a {first.task} one"
-            )
-        if other.tokenizers != first.tokenizers:
-            raise ConfigError(
-                f"ckpt_path: {path} and {first_path} have different tokenizers: an ensemble averages "
-                "distributions over one vocabulary"
-            )
-    if first.task != "translation":
-        raise ConfigError(
-            f"ckpt_path: ensembles decode translations; {first_path} is a {first.task} checkpoint"
-        )
-    values = None if weights is None else list(weights)
-    if values is not None and any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in values):
-        raise ConfigError(f"ensemble_weights must be numbers, got {values}")
+    the same task, labels and tokenizers (`ensemble_weights`: one weight per checkpoint, default equal),
+    checked as the inference API checks one (`inference.loading.combined`)."""
     try:
-        return Ensemble([member.model for member in restored], values)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+        return combined(restored, paths, weights, weights_key="ensemble_weights")
+    except InferenceError as err:
+        where = "" if str(err).startswith("ensemble_weights") else "ckpt_path: "
+        raise ConfigError(f"{where}{err}") from None
 
 
 def load_checkpoints(cfg: DictConfig, path: Path) -> tuple[dict[str, Any], list[Path]]:

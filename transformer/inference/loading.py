@@ -8,7 +8,7 @@ and arguments instead of config keys.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ __all__ = [
     "Loaded",
     "as_paths",
     "check_shared_labels",
+    "combined",
     "device_of",
     "languages_of",
     "load",
@@ -136,7 +137,7 @@ def load(
     for member, path in zip(restored, paths):
         if member.task != task:
             raise InferenceError(f"checkpoint {path} is a {member.task} checkpoint, not a {task} one")
-    model = _combined(restored, paths, weights)
+    model = combined(restored, paths, weights)
     tokenizers = _tokenizers(restored[0], paths[0])
     data = restored[0].run_config.get("data") or {}
     defaults = DATA_DEFAULTS[task]
@@ -178,31 +179,42 @@ def _restore(path: Path, average_last: int | None) -> tuple[RestoredModel, list[
         raise InferenceError(str(err) if str(path) in str(err) else f"{path}: {err}") from None
 
 
-def _combined(
-    restored: list[RestoredModel], paths: Sequence[Path], weights: Sequence[float] | None
+def combined(
+    restored: Sequence[RestoredModel],
+    paths: Sequence[Path],
+    weights: Iterable[float] | None,
+    weights_key: str = "weights",
 ) -> nn.Module:
-    """The one model, or an `Ensemble` of translation checkpoints with the same tokenizers (`weights`: one
-    per checkpoint, default equal)."""
+    """The one model, or an `Ensemble` of translation checkpoints of one task with the same labels and
+    tokenizers (`weights`: one per checkpoint, default equal; `weights_key` names them in messages, as the
+    caller's user knows them). InferenceError naming both checkpoints, or the weights, and what differs:
+    the inference API's `load` and evaluate.py's `ensemble_of` check an ensemble here alike."""
     if len(restored) == 1:
         if weights is not None:
-            raise InferenceError("weights are for an ensemble: give a list of several checkpoint paths")
+            raise InferenceError(
+                f"{weights_key} needs a list of checkpoints: weights are for an ensemble of several"
+            )
         return restored[0].model
+    first, first_path = restored[0], paths[0]
+    for other, path in zip(restored[1:], paths[1:]):
+        if other.task != first.task:
+            raise InferenceError(f"{path} is a {other.task} checkpoint, {first_path} a {first.task} one")
     check_shared_labels(restored, paths)  # before the tokenizers, which hold the labels
     for other, path in zip(restored[1:], paths[1:]):
-        if other.tokenizers != restored[0].tokenizers:
+        if other.tokenizers != first.tokenizers:
             raise InferenceError(
-                f"checkpoints {path} and {paths[0]} have different tokenizers: an ensemble averages "
+                f"checkpoints {path} and {first_path} have different tokenizers: an ensemble averages "
                 "distributions over one vocabulary"
             )
-    if restored[0].task != "translation":
-        raise InferenceError(f"ensembles decode translations; {paths[0]} is a {restored[0].task} checkpoint")
+    if first.task != "translation":
+        raise InferenceError(f"ensembles decode translations; {first_path} is a {first.task} checkpoint")
     values = None if weights is None else list(weights)
     if values is not None and any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in values):
-        raise InferenceError(f"weights must be numbers, got {values}")
+        raise InferenceError(f"{weights_key} must be numbers, got {values}")
     try:
         return Ensemble([member.model for member in restored], values)
-    except ValueError as err:
-        raise InferenceError(f"weights: {err}") from None
+    except ValueError as err:  # its messages name the weights `ensemble_weights`
+        raise InferenceError(str(err).replace("ensemble_weights", weights_key)) from None
 
 
 def _labels_text(restored: RestoredModel) -> str:
