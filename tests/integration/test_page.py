@@ -295,6 +295,12 @@ def test_api_key_is_sent_and_kept_in_the_tab_only(browser: Browser, served_run: 
             _submit(tab)
         assert request.value.headers["authorization"] == f"Bearer {secret}"
         assert error.text_content() == "" and len(_shown_translations(tab)) == 1
+        with tab.expect_request("**/metrics") as request, context.expect_page() as opened:
+            tab.click("#metrics-link")  # a link cannot carry the key: the page fetches with it
+        assert request.value.headers["authorization"] == f"Bearer {secret}"
+        # the tab opens blank, then shows the fetched metrics (not the 401)
+        expect(opened.value.locator("body")).to_contain_text("aiayn_requests", timeout=WAIT_MS)
+        opened.value.close()
 
         tab.reload()
         expect(tab.locator("#submit")).to_be_enabled(timeout=WAIT_MS)
