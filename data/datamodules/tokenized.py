@@ -16,7 +16,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import datasets
 import lightning as L
@@ -38,6 +38,24 @@ from data.tokenization import (
 log = logging.getLogger(__name__)
 
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
+
+T = TypeVar("T")
+
+
+class _Setting(Generic[T]):
+    """A datamodule attribute that reads one field of its `settings` record (the one copy of the value):
+    `max_len = _Setting[int]()` reads `settings.max_len`; `_Setting("vocab_size")` another field."""
+
+    def __init__(self, field: str | None = None) -> None:
+        self.field = field
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = self.field or name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> T:
+        if obj is None:
+            return self  # type: ignore[return-value]  # the class's own attribute: the descriptor
+        return getattr(obj.settings, self.field)  # type: ignore[arg-type]
 
 
 class TokenizedDataModule(L.LightningDataModule):
@@ -62,6 +80,21 @@ class TokenizedDataModule(L.LightningDataModule):
         tokenizer = getattr(self, "_tokenizers", {}).get("tgt")
         return fixed if tokenizer is None else getattr(tokenizer, name)
 
+    # the shared settings, as the code reads them: each a field of `self.settings` (`TokenizedSettings`)
+    vocab_size_requested = _Setting[int]("vocab_size")
+    min_frequency = _Setting[int]()
+    max_tokens = _Setting[int]()
+    eval_max_tokens = _Setting[int]()  # resolved by the record: never None
+    max_len = _Setting[int]()
+    pool_size = _Setting["int | None"]()
+    max_sentences = _Setting["int | None"]()
+    num_workers = _Setting[int]()
+    cache_dir = _Setting["Path | None"]()  # a Path once checked
+    seed = _Setting[int]()
+    show_progress = _Setting[bool]()
+    bpe_dropout = _Setting[float]()
+    tokenizer_sample_size = _Setting["int | None"]()
+
     _text_columns: tuple[str, ...]  # raw columns that are tokenized, e.g. ("src", "tgt")
     _id_columns: tuple[str, ...]  # the token-id columns `_encode` returns, e.g. ("src_ids", "tgt_ids")
 
@@ -82,19 +115,6 @@ class TokenizedDataModule(L.LightningDataModule):
         self.settings = TokenizedSettings.from_keys(type(self).__name__, settings, self.settings_defaults)
         given = self.settings
         self.splits = {"train": given.train_split, "val": given.val_split, "test": given.test_split}
-        self.vocab_size_requested = given.vocab_size
-        self.min_frequency = given.min_frequency
-        self.max_tokens = given.max_tokens
-        self.eval_max_tokens: int = given.eval_max_tokens  # type: ignore[assignment]  # resolved: never None
-        self.max_len = given.max_len
-        self.pool_size = given.pool_size
-        self.max_sentences = given.max_sentences
-        self.num_workers = given.num_workers
-        self.cache_dir: Path | None = given.cache_dir  # type: ignore[assignment]  # a Path once checked
-        self.seed = given.seed
-        self.show_progress = given.show_progress
-        self.bpe_dropout = given.bpe_dropout
-        self.tokenizer_sample_size = given.tokenizer_sample_size
         self.predict_texts: list[str] | None = None  # predict_dataloader decodes these (None: test sources)
         self._raw: dict[str, datasets.Dataset] = {}
         self._tokenized: dict[str, datasets.Dataset] = {}
