@@ -17,6 +17,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -51,13 +52,38 @@ def _write(args: argparse.Namespace, out: Path, limit: int | None = None) -> Non
     if out.exists():
         raise SystemExit(f"error: {out} exists; choose a new --output-dir")
     source = Path(args.data_dir).resolve()
+    needed = [source / f"train.{lang}.gz" for lang in (args.src_lang, args.tgt_lang, args.third_lang)]
+    needed += [
+        source / f"{s}.{lang}.gz"
+        for s in ("val", "test_2016_flickr")
+        for lang in (args.src_lang, args.tgt_lang)
+    ]
+    missing = [path for path in needed if not path.is_file()]
+    if missing:
+        raise SystemExit(f"error: {missing[0]} is missing: --data-dir must hold Multi30k's gzipped files")
     texts = [
         read_lines(str(source / f"train.{lang}.gz"))
         for lang in (args.src_lang, args.tgt_lang, args.third_lang)
     ]
     rows = make_noisy(*(t[:limit] for t in texts), share=args.share, seed=args.seed)
-    partial = out.with_name(out.name + ".partial")
-    partial.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written in a fresh directory beside `out` and renamed into place: a crash leaves no half `out`, and
+    # what an earlier crash left is this run's to ignore, never an error
+    partial = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
+    try:
+        _fill(args, source, rows, partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    partial.rename(out)
+    kinds = Counter(kind for _, _, kind in rows)
+    print(f"wrote {out}: {len(rows)} train pairs, " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    print(
+        json.dumps({"benchmark": "noisy_data_dir", "pairs": len(rows), "kinds": dict(sorted(kinds.items()))})
+    )
+
+
+def _fill(args: argparse.Namespace, source: Path, rows: list[tuple[str, str, str]], partial: Path) -> None:
     for column, lang in enumerate((args.src_lang, args.tgt_lang)):
         with gzip.open(partial / f"train.{lang}.gz", "wt", encoding="utf-8") as f:
             f.writelines(row[column].replace("\n", " ") + "\n" for row in rows)
@@ -65,12 +91,6 @@ def _write(args: argparse.Namespace, out: Path, limit: int | None = None) -> Non
     for split in ("val", "test_2016_flickr"):
         for lang in (args.src_lang, args.tgt_lang):
             (partial / f"{split}.{lang}.gz").symlink_to(source / f"{split}.{lang}.gz")
-    partial.rename(out)
-    kinds = Counter(kind for _, _, kind in rows)
-    print(f"wrote {out}: {len(rows)} train pairs, " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
-    print(
-        json.dumps({"benchmark": "noisy_data_dir", "pairs": len(rows), "kinds": dict(sorted(kinds.items()))})
-    )
 
 
 if __name__ == "__main__":
