@@ -34,10 +34,7 @@ class LanguageLabels:
     position: Position = "start"
 
     def __post_init__(self) -> None:
-        if self.position not in POSITIONS:
-            raise ValueError(
-                f"a label's position must be one of {', '.join(POSITIONS)}, got {self.position!r}"
-            )
+        check_position(self.position)
         if not self.labels:
             raise ValueError("a multilingual model needs at least one target-language label")
         for lang, label in self.labels.items():
@@ -90,6 +87,12 @@ class LanguageLabels:
 
     def _valid(self) -> str:
         return ", ".join(self.languages)
+
+
+def check_position(position: object) -> None:
+    """ValueError unless `position` is one of POSITIONS (where a label goes in the source)."""
+    if position not in POSITIONS:
+        raise ValueError(f"a label's position must be one of {', '.join(POSITIONS)}, got {position!r}")
 
 
 def check_format(format: str) -> None:

@@ -16,7 +16,14 @@ import numpy as np
 
 from data import prepare, sources
 from data.clean import CleanSettings, clean_split
-from data.labels import DEFAULT_FORMAT, LABELS_KEY, POSITIONS, LanguageLabels, check_format
+from data.labels import (
+    DEFAULT_FORMAT,
+    LABELS_KEY,
+    POSITIONS,
+    LanguageLabels,
+    check_format,
+    check_position,
+)
 from data.pairs import (
     Pair,
     PairSampledBatchSampler,
@@ -69,11 +76,11 @@ class PairsMixin:
                 label_format = str(labels["format"])
             if labels.get("position") is not None:
                 position = labels["position"]
-        if position not in POSITIONS:
-            raise ValueError(
-                f"data.labels.position: expected one of {', '.join(POSITIONS)}, got {position!r}"
-            )
-        try:  # checked with one pair too: a value that cannot work is refused wherever it is set
+        try:  # both checked with one pair too: a value that cannot work is refused wherever it is set
+            check_position(position)
+        except ValueError as err:
+            raise ValueError(f"data.labels.position: {err}") from None
+        try:
             check_format(label_format)
         except ValueError as err:
             raise ValueError(f"data.labels.format: {err} (e.g. '>>{{lang}}<<')") from None

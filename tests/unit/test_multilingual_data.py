@@ -312,7 +312,10 @@ def test_bad_settings_with_pairs() -> None:
         _numbers(["en-de", "en-fr"], labels={"format": "<2x>"})
     with pytest.raises(ValueError, match=r"data\.labels takes format .* and position \(start or end\)"):
         _numbers(["en-de", "en-fr"], labels={"spelling": "x"})
-    with pytest.raises(ValueError, match=r"data\.labels\.position: expected one of start, end, got 'first'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data\.labels\.position: a label's position must be one of start, end, got 'first'$",
+    ):
         _numbers(["en-de"], labels={"position": "first"})  # refused with one pair too
 
 
