@@ -176,7 +176,7 @@ def _routes(app: FastAPI, state: State, page: Path) -> None:
         except InferenceError as err:
             seeded = {"seed": body.seed} if body.seed is not None else {}
             raise _invalid(err, {**body.options(), **seeded}) from None
-        for lang, field in body.target_langs():
+        for lang, field in body.target_langs(served.target_lang):
             try:
                 served.check_target_lang(lang, field)
             except InferenceError as err:

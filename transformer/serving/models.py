@@ -85,9 +85,7 @@ class Served:
 
     def check_target_lang(self, lang: str | None, field: str) -> None:
         """InferenceError naming `field` for a target language the model cannot translate into, or none
-        given to a multilingual model (a request's none is the model's `target_lang` first); the message
-        lists the valid ones."""
-        lang = self.target_lang if lang is None else lang
+        given to a multilingual model; the message lists the valid ones."""
         targets = self.model.target_languages
         if lang is not None:
             targets.check(lang, field)

@@ -89,12 +89,14 @@ class TranslateRequest(BaseModel):
             for item in self.segments
         ]
 
-    def target_langs(self) -> list[tuple[str | None, str]]:
-        """Each segment's target language and the request field it came from."""
+    def target_langs(self, default_lang: str | None = None) -> list[tuple[str | None, str]]:
+        """Each segment's target language, as `inputs` resolves it, and the request field it came from (the
+        model's `default_lang` stands for the request's `target_lang`)."""
+        lang = self.target_lang if self.target_lang is not None else default_lang
         return [
             (item.target_lang, f"segments[{i}].target_lang")
             if isinstance(item, SegmentIn) and item.target_lang is not None
-            else (self.target_lang, "target_lang")
+            else (lang, "target_lang")
             for i, item in enumerate(self.segments)
         ]
 
