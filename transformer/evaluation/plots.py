@@ -189,20 +189,11 @@ def save_bar_chart(
         raise ValueError(
             f"got {len(labels)} labels, {len(values)} values and {counts and len(counts)} counts"
         )
-    # 4 inches wide or more, 3.2 high; the margins hold the title, the axis labels and ticks
-    figure, axes = _panels(
-        1, 1, (max(3.1, 0.8 * len(labels) + 1.1), 2.3), (0.0, 0.0), (0.75, 0.15, 0.55, 0.35)
-    )
-    ax = axes[0, 0]
+    figure, ax = _bar_axes(len(labels), 0.8)
     bars = ax.bar(range(len(values)), values, color="tab:blue")
     if counts is not None:
         ax.bar_label(bars, labels=[f"n={c}" for c in counts], fontsize=7)
-    ax.set_xticks(range(len(labels)), labels=list(labels))
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.margins(y=0.15)
-    return _save(figure, path)
+    return _save_bars(figure, ax, labels, path, title, xlabel, ylabel)
 
 
 def save_grouped_bar_chart(
@@ -219,22 +210,31 @@ def save_grouped_bar_chart(
     if not series or any(len(values) != len(labels) for values in series.values()):
         raise ValueError(f"every series needs a value per label ({len(labels)}), got {dict(series)}")
     width = 0.8 / len(series)
-    figure, axes = _panels(
-        1,
-        1,
-        (max(3.1, (0.3 + 0.25 * len(series)) * len(labels) + 1.1), 2.3),
-        (0.0, 0.0),
-        (0.75, 0.15, 0.55, 0.35),
-    )
-    ax = axes[0, 0]
+    figure, ax = _bar_axes(len(labels), 0.3 + 0.25 * len(series))
     for k, (name, values) in enumerate(series.items()):
         offset = (k - (len(series) - 1) / 2) * width
         ax.bar([i + offset for i in range(len(labels))], values, width, label=name)
+    ax.legend(fontsize=7, loc="best")
+    return _save_bars(figure, ax, labels, path, title, xlabel, ylabel)
+
+
+def _bar_axes(n_labels: int, inches_per_label: float) -> tuple[Figure, Axes]:
+    """A bar chart's figure: 3.1 inches of plot or wider (`inches_per_label` each), 2.3 high; the margins
+    hold the title, the axis labels and ticks."""
+    figure, axes = _panels(
+        1, 1, (max(3.1, inches_per_label * n_labels + 1.1), 2.3), (0.0, 0.0), (0.75, 0.15, 0.55, 0.35)
+    )
+    return figure, axes[0, 0]
+
+
+def _save_bars(
+    figure: Figure, ax: Axes, labels: Sequence[str], path: str | Path, title: str, xlabel: str, ylabel: str
+) -> Path:
+    """A bar chart's ticks (one per label), title and axis names, then the file."""
     ax.set_xticks(range(len(labels)), labels=list(labels))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7, loc="best")
     ax.margins(y=0.15)
     return _save(figure, path)
 
