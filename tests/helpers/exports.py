@@ -96,20 +96,20 @@ def save_checkpoint(
     return path
 
 
+def export_config(src_vocab_size: int, **overrides: object) -> TransformerConfig:
+    """The tiny exported model's shape (2+2 layers, d_model 32, no dropout), `overrides` over it (a separate
+    target vocabulary, its tying)."""
+    shape: dict[str, object] = dict(
+        d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, max_len=MAX_LEN
+    )
+    return TransformerConfig(src_vocab_size=src_vocab_size, **{**shape, **overrides})  # type: ignore[arg-type]
+
+
 def trained_export_model(root: Path) -> dict:
     """A trained tiny model, its tokenizer, its checkpoint under `root`, and test sources."""
     pairs = make_pairs(600, seed=1)
     tokenizer = train_bpe([text for pair in pairs for text in pair], 400)
-    config = TransformerConfig(
-        src_vocab_size=tokenizer.vocab_size,
-        d_model=32,
-        n_heads=4,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        d_ff=64,
-        dropout=0.0,
-        max_len=MAX_LEN,
-    )
+    config = export_config(tokenizer.vocab_size)
     model = train_tiny(config, tokenizer, pairs, steps=250)
     ckpt = save_checkpoint(root / "model.ckpt", model, {"joint": tokenizer.to_json()})
     tests = make_pairs(24, seed=2)

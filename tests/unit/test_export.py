@@ -20,14 +20,13 @@ from torch import Tensor
 
 from data.tokenization import train_bpe
 from tests.helpers.exports import (
-    MAX_LEN,
+    export_config,
     make_pairs,
     padded_batch,
     save_checkpoint,
     train_tiny,
     trained_export_model,
 )
-from transformer.config import TransformerConfig
 from transformer.interop.export_cli import main
 from transformer.model import Seq2SeqTransformer
 from transformer.search.decoding import beam_search, greedy_search
@@ -293,17 +292,10 @@ def test_ctranslate2_separate_vocabularies_greedy_equals_ours(tmp_path: Path) ->
     pairs = make_pairs(600, seed=1)
     src_tokenizer = train_bpe([s for s, _ in pairs], 300)  # English
     tgt_tokenizer = train_bpe([t for _, t in pairs], 360)  # German
-    config = TransformerConfig(
-        src_vocab_size=src_tokenizer.vocab_size,
+    config = export_config(
+        src_tokenizer.vocab_size,
         tgt_vocab_size=tgt_tokenizer.vocab_size,
         tie_embeddings="decoder",  # "all" needs one vocabulary
-        d_model=32,
-        n_heads=4,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        d_ff=64,
-        dropout=0.0,
-        max_len=MAX_LEN,
     )
     assert config.src_vocab_size != config.tgt_vocab_size
     model = train_tiny(config, src_tokenizer, pairs, steps=250, tgt_tokenizer=tgt_tokenizer)

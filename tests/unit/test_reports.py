@@ -7,6 +7,7 @@ import csv
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -139,6 +140,18 @@ def _encode(text: str) -> list[int]:
     return [1, *(4 + sum(map(ord, w)) % 16 for w in text.split()), 2]
 
 
+def _inputs(options: ReportOptions, *, classifier: bool = False, **values: Any) -> ReportInputs:
+    """ReportInputs over a tiny untrained model (a translation model, or a 2-class classifier) with this
+    module's token functions; `values`: info, curves, curves_source."""
+    model = (
+        TransformerClassifier(_tiny_config(n_decoder_layers=0, tie_embeddings="none"), 2)
+        if classifier
+        else Seq2SeqTransformer(_tiny_config())
+    )
+    values = {"info": {}, **values}
+    return ReportInputs(model=model, encode_source=_encode, id_to_token=_token, options=options, **values)
+
+
 def test_translation_outputs(tmp_path: Path) -> None:
     sources = ["1 2 3", "4 5", "6 7 8 9 10 11 12", "1 | 2"]
     references = ["a b c", "d e", "f g h i", "x | y"]
@@ -158,14 +171,11 @@ def test_translation_outputs(tmp_path: Path) -> None:
     files = write_translation_outputs(
         out,
         result,
-        ReportInputs(
+        _inputs(
+            ReportOptions(attention_examples=2, length_buckets=[3, 5]),
             info={"task": "translation", "checkpoint": "/x/epoch_003.ckpt", "split": "test"},
-            model=Seq2SeqTransformer(_tiny_config()),
-            encode_source=_encode,
-            id_to_token=_token,
             curves=read_learning_curves(tmp_path / "run"),
             curves_source=str(tmp_path / "run"),
-            options=ReportOptions(attention_examples=2, length_buckets=[3, 5]),
         ),
         decoding={"search": "auto", "beam_size": 1},
     )
@@ -206,13 +216,7 @@ def test_a_multilingual_report_splits_bleu_by_length_by_direction(tmp_path: Path
     files = write_translation_outputs(
         tmp_path,
         result,
-        ReportInputs(
-            info={},
-            model=Seq2SeqTransformer(_tiny_config()),
-            encode_source=_encode,
-            id_to_token=_token,
-            options=ReportOptions(attention_examples=0, length_buckets=[3, 5]),
-        ),
+        _inputs(ReportOptions(attention_examples=0, length_buckets=[3, 5])),
         decoding={},
     )
     saved = json.loads(files["metrics"].read_text())
@@ -233,15 +237,7 @@ def test_translation_outputs_without_report(tmp_path: Path) -> None:
     files = write_translation_outputs(
         tmp_path,
         result,
-        ReportInputs(
-            info={},
-            model=Seq2SeqTransformer(_tiny_config()),
-            encode_source=_encode,
-            id_to_token=_token,
-            curves={},
-            curves_source=None,
-            options=ReportOptions(enabled=False),
-        ),
+        _inputs(ReportOptions(enabled=False), curves={}, curves_source=None),
         decoding={},
     )
     assert sorted(files) == ["hypotheses", "metrics", "predictions"]
@@ -264,14 +260,12 @@ def test_classification_outputs(tmp_path: Path) -> None:
     files = write_classification_outputs(
         tmp_path,
         result,
-        ReportInputs(
+        _inputs(
+            ReportOptions(samples=3, attention_examples=1, attention_layers=[0, -1]),
+            classifier=True,
             info={"task": "classification", "checkpoint": "c.ckpt"},
-            model=TransformerClassifier(_tiny_config(n_decoder_layers=0, tie_embeddings="none"), 2),
-            encode_source=_encode,
-            id_to_token=_token,
             curves={},
             curves_source=None,
-            options=ReportOptions(samples=3, attention_examples=1, attention_layers=[0, -1]),
         ),
         texts=["1 2", "3 4 5", "6", "7 8"],
     )
@@ -295,15 +289,7 @@ def test_classification_outputs(tmp_path: Path) -> None:
         write_classification_outputs(
             tmp_path / "again",
             result,
-            ReportInputs(
-                info={},
-                model=TransformerClassifier(_tiny_config(n_decoder_layers=0, tie_embeddings="none"), 2),
-                encode_source=_encode,
-                id_to_token=_token,
-                curves={},
-                curves_source=None,
-                options=ReportOptions(attention_layers=[5]),
-            ),
+            _inputs(ReportOptions(attention_layers=[5]), classifier=True, curves={}, curves_source=None),
             texts=["1", "2", "3", "4"],
         )
 
