@@ -40,6 +40,9 @@ class Launches(TorchDispatchMode):
         self.rows = rows  # how many rows the logits have (`passes` counts per row)
         self.names: list[str] = []
         self.touches: list[tuple[str, int, int]] = []  # ("r" or "w", storage, rows)
+        # every tensor touched stays alive while this recording lives: a freed temporary's address could
+        # otherwise come back as another storage's (the gradient's, say) and be counted as that one
+        self.alive: list[Tensor] = []
         self.paused = False  # inside a fused kernel
 
     def __enter__(self) -> Launches:
@@ -64,6 +67,7 @@ class Launches(TorchDispatchMode):
             for mode, tensors in (("r", read), ("w", written)):
                 for t in {id(t): t for t in tree_flatten(tensors)[0] if isinstance(t, Tensor)}.values():
                     if t.dim() and t.size(-1) == self.vocab:
+                        self.alive.append(t)
                         self.touches.append((mode, t.untyped_storage().data_ptr(), t.numel() // self.vocab))
         return out
 
