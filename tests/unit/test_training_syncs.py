@@ -238,3 +238,45 @@ def test_cuda_steps_between_log_writes_do_not_synchronize(
     assert len(watch.caught) >= 6
     syncs = [str(w.message) for step in watch.caught for w in step if "synchroniz" in str(w.message)]
     assert not syncs, syncs[:3]
+
+
+def test_without_a_terminal_the_bar_logs_plain_lines_and_reads_nothing_more(tmp_path, caplog) -> None:
+    """Output to a file (pytest captures it: no terminal): a line per batch with `log_every_s=0`, each with
+    the epoch, batch, step and the bar's values, one per validation with its metrics; the same host reads as
+    the bar alone (none between log writes)."""
+    torch.manual_seed(0)
+    task = TranslationTask({**TINY, "dropout": 0.1}, optimizer=functools.partial(adamw, lr=1e-3))
+    task.model.pack_tokens = False  # the GPU's path
+    counter, progress = _PerBatch(), RichProgressBar(log_every_s=0)
+    trainer = cpu_trainer(
+        tmp_path,
+        max_epochs=2,
+        limit_train_batches=4,
+        limit_val_batches=1,
+        log_every_n_steps=2,
+        logger=CSVLogger(tmp_path),
+        enable_progress_bar=True,
+        callbacks=[counter, progress],
+    )
+    with caplog.at_level("INFO", logger="transformer.training.callbacks"), counter:
+        trainer.fit(task, datamodule=CopyData())
+    assert progress.plain
+    lines = [r.getMessage() for r in caplog.records if r.name == "transformer.training.callbacks"]
+    batches = [line for line in lines if " · batch " in line]
+    assert [line.split(" · ")[:3] for line in batches] == [
+        [f"epoch {e}/2", f"batch {b}/4", f"step {4 * (e - 1) + b}"] for e in (1, 2) for b in (1, 2, 3, 4)
+    ]
+    assert all(" · loss " in line and " · tokens/s " in line for line in batches[2:]), batches
+    validated = [line for line in lines if "validated" in line]
+    assert [line.split(":")[0] for line in validated] == [
+        "epoch 1/2 validated at step 4",
+        "epoch 2/2 validated at step 8",
+    ]
+    assert all(" val/loss " in line and " val/bleu " in line for line in validated)
+    reads = counter.per_batch[1:]
+    assert [n for i, n in enumerate(reads, start=1) if i % 2] == [0] * 4, reads
+
+
+def test_the_bar_refuses_a_negative_interval() -> None:
+    with pytest.raises(ValueError, match=r"callbacks.rich_progress_bar.log_every_s: seconds >= 0, got -1"):
+        RichProgressBar(log_every_s=-1)

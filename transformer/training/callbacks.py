@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -251,11 +252,86 @@ def _python_state(plain: list[Any]) -> tuple:
 
 class RichProgressBar(_LightningRichProgressBar):
     """Lightning's rich progress bar, plus the task's `progress_values` (the training loss and tokens/s),
-    which it reads back once per `log_every_n_steps` instead of after every batch."""
+    which it reads back once per `log_every_n_steps` instead of after every batch.
+
+    Where the output is no terminal (`nohup`, `> train.out`, a cluster job's log), rich draws the bar only
+    when training ends. There the bar logs plain lines instead, as fairseq's `--log-format simple` does:
+    one every `log_every_s` seconds of training (epoch, batch, step, the bar's values, time so far) and one
+    after each validation with its metrics. The values are those already read back for the bar, so the
+    lines add no wait for the device. `log_every_s: 0` writes a line after every batch."""
+
+    def __init__(self, *args: Any, log_every_s: float = 60.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not log_every_s >= 0:
+            raise ValueError(f"callbacks.rich_progress_bar.log_every_s: seconds >= 0, got {log_every_s}")
+        self.log_every_s = log_every_s
+        self._started: float | None = None  # when training started (monotonic), in the plain mode
+        self._last_line = 0.0
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         values = getattr(pl_module, "progress_values", None)
         return {**super().get_metrics(trainer, pl_module), **(values.read() if values is not None else {})}
+
+    @property
+    def plain(self) -> bool:
+        """Lines to the log instead of a bar: the bar is on and its console is no terminal."""
+        return self.is_enabled and self._console is not None and not self._console.is_terminal
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._started = self._last_line = time.monotonic()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        now = time.monotonic()
+        if not self.plain or self._started is None or now - self._last_line < self.log_every_s:
+            return
+        self._last_line = now
+        shown = {
+            k: v
+            for k, v in self.get_metrics(trainer, pl_module).items()
+            if k != "v_num" and not k.startswith("val/")
+        }
+        batches = trainer.num_training_batches
+        of_batches = f"/{batches}" if batches != float("inf") else ""
+        log.info(
+            "%s · batch %d%s · step %d%s · %s elapsed",
+            _epoch(trainer),
+            batch_idx + 1,
+            of_batches,
+            trainer.global_step,
+            "".join(f" · {k} {_number(v)}" for k, v in shown.items()),
+            _clock(now - self._started),
+        )
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self.plain or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        log.info(
+            "%s validated at step %d:%s",
+            _epoch(trainer),
+            trainer.global_step,
+            "".join(f" {k} {_number(v)}" for k, v in sorted(metrics.items())),
+        )
+
+
+def _epoch(trainer: L.Trainer) -> str:
+    last = trainer.max_epochs
+    return f"epoch {trainer.current_epoch + 1}" + (f"/{last}" if last is not None and last > 0 else "")
+
+
+def _number(value: Any) -> str:
+    value = float(value.item() if isinstance(value, torch.Tensor) else value)
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
 
 class ModelSummary(RichModelSummary):
