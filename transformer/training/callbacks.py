@@ -265,8 +265,7 @@ class RichProgressBar(_LightningRichProgressBar):
         if not log_every_s >= 0:
             raise ValueError(f"callbacks.rich_progress_bar.log_every_s: seconds >= 0, got {log_every_s}")
         self.log_every_s = log_every_s
-        self._started: float | None = None  # when training started (monotonic), in the plain mode
-        self._last_line = 0.0
+        self._started = self._last_line = 0.0  # when training started and the last line went (monotonic)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         values = getattr(pl_module, "progress_values", None)
@@ -286,7 +285,7 @@ class RichProgressBar(_LightningRichProgressBar):
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         now = time.monotonic()
-        if not self.plain or self._started is None or now - self._last_line < self.log_every_s:
+        if not self.plain or now - self._last_line < self.log_every_s:
             return
         self._last_line = now
         shown = {
